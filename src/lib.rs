@@ -1,0 +1,4 @@
+//! agent-sandbox: a host daemon that gives every AI-agent session its own
+//! disposable microVM.
+
+pub use sandbox_agent::proto;
