@@ -2,3 +2,5 @@
 //! disposable microVM.
 
 pub use sandbox_agent::proto;
+
+pub mod vm;

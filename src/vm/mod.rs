@@ -1,0 +1,91 @@
+//! VM backends. Everything above this module talks to a [`Backend`] and the
+//! [`Vm`]s it returns, never to Firecracker or QEMU directly.
+//!
+//! Draft interface: the Firecracker and QEMU backends refine it as they land.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("{backend}: {what}: {source}")]
+    Io {
+        backend: &'static str,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The VMM answered, but not with what we asked for.
+    #[error("{backend}: {0}", backend = .backend)]
+    Api { backend: &'static str, msg: String },
+    #[error("{backend}: timed out after {ms} ms waiting for {what}")]
+    Timeout {
+        backend: &'static str,
+        what: String,
+        ms: u64,
+    },
+    /// A file the VM needs is missing or unusable; `fix` says how to repair it.
+    #[error("{path}: {problem} (fix: {fix})")]
+    BadFile {
+        path: PathBuf,
+        problem: String,
+        fix: String,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, VmError>;
+
+/// Where the VM's network device goes: a TAP inside a network namespace.
+#[derive(Debug, Clone)]
+pub struct NetAttachment {
+    /// Path of the namespace handle, e.g. `/run/netns/asbx-<id>`.
+    pub netns: PathBuf,
+    /// TAP name inside that namespace (the same in every namespace).
+    pub tap: String,
+    pub guest_mac: String,
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Unique, validated `[a-z0-9-]` id; names jails, sockets and cgroups.
+    pub id: String,
+    pub kernel: PathBuf,
+    pub rootfs: PathBuf,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+    /// Appended to the backend's own kernel command line.
+    pub cmdline_extra: String,
+    pub net: Option<NetAttachment>,
+    /// Unprivileged uid/gid the VMM runs as.
+    pub uid: u32,
+    pub gid: u32,
+    /// Per-VM runtime directory (sockets, logs); removed on destroy.
+    pub run_dir: PathBuf,
+}
+
+pub trait Backend: Send + Sync {
+    /// `firecracker` or `qemu`.
+    fn name(&self) -> &'static str;
+    /// Version string of the VMM, recorded in snapshot manifests.
+    fn vmm_version(&self) -> Result<String>;
+    /// Cold boot.
+    fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>>;
+    /// Start a fresh VMM from the snapshot in `snapshot_dir`.
+    fn restore(&self, cfg: &VmConfig, snapshot_dir: &std::path::Path) -> Result<Box<dyn Vm>>;
+}
+
+pub trait Vm: Send {
+    fn id(&self) -> &str;
+    /// Host pid of the VMM process, while it runs.
+    fn pid(&self) -> Option<i32>;
+    /// A byte stream to the guest agent (before the protocol hello).
+    fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream>;
+    /// Pause and save the VM into `dir` (files named by the backend).
+    fn snapshot(&mut self, dir: &std::path::Path) -> Result<()>;
+    /// Kill the VMM, reap it and remove everything it created. Idempotent.
+    fn destroy(&mut self) -> Result<()>;
+}
