@@ -17,7 +17,7 @@ pub enum VmError {
         source: std::io::Error,
     },
     /// The VMM answered, but not with what we asked for.
-    #[error("{backend}: {0}", backend = .backend)]
+    #[error("{backend}: {msg}")]
     Api { backend: &'static str, msg: String },
     #[error("{backend}: timed out after {ms} ms waiting for {what}")]
     Timeout {
