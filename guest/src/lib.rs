@@ -4,4 +4,6 @@
 //! definition. The agent itself (PID 1 inside every sandbox VM) lives in
 //! `agent` and is started by the `sandbox-agent` binary.
 
+#[cfg(target_os = "linux")]
+pub mod agent;
 pub mod proto;

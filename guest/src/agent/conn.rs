@@ -1,0 +1,501 @@
+//! One host connection: a reader thread that decodes frames and routes them
+//! to per-request mailboxes, and a shared writer every handler sends on.
+//!
+//! Deadlock rule: the host's reader never writes and always drains, so a
+//! blocking write here always completes eventually; handlers may block on
+//! the writer, the reader thread only for short error frames.
+
+use super::Agent;
+use crate::proto::{
+    self, encode_frame, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame,
+    FrameReader, Hello, Kind, Request, Response,
+};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Most requests one connection may have in flight.
+pub const MAX_INFLIGHT: usize = 4096;
+
+pub struct Writer {
+    out: Mutex<File>,
+    broken: AtomicBool,
+}
+
+impl Writer {
+    pub fn new(out: File) -> Writer {
+        Writer {
+            out: Mutex::new(out),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes one encoded frame. Returns false once the connection is gone.
+    pub fn send(&self, frame: &[u8]) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut out = match self.out.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Err(e) = out.write_all(frame) {
+            log::debug!("connection write failed: {e}");
+            self.broken.store(true, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_broken(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
+    pub fn json<T: serde::Serialize>(&self, kind: Kind, id: u64, v: &T) -> bool {
+        self.send(&encode_json(kind, id, v))
+    }
+
+    pub fn error(&self, id: u64, err: &ErrorBody) -> bool {
+        self.json(Kind::Error, id, err)
+    }
+
+    pub fn window(&self, id: u64, channel: u16, credit: u32) -> bool {
+        self.send(&encode_window(id, channel, credit))
+    }
+}
+
+/// Messages delivered to a request handler (or a process pump).
+#[derive(Debug)]
+pub enum Msg {
+    /// Host data for this request.
+    Data {
+        channel: u16,
+        bytes: Vec<u8>,
+    },
+    Eof {
+        channel: u16,
+    },
+    /// Host grants more credit on an output channel.
+    Window {
+        channel: u16,
+        credit: u32,
+    },
+    Cancel,
+    /// The connection this request arrived on is gone.
+    Closed,
+    /// Stdin forwarded from an attach request; credit goes back to `grant`.
+    Stdin {
+        bytes: Vec<u8>,
+        grant: Grant,
+    },
+    CloseStdin,
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    /// Raw wait status from the reaper.
+    Exited(i32),
+    /// New output in a background process's buffer.
+    Notify,
+}
+
+/// Where to send `Window` frames for stdin bytes once they are consumed.
+#[derive(Clone)]
+pub struct Grant {
+    pub writer: Arc<Writer>,
+    pub id: u64,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Grant({})", self.id)
+    }
+}
+
+/// A handler's inbox, plus the eventfd that wakes it when it sleeps in poll.
+#[derive(Clone)]
+pub struct Mailbox {
+    tx: Sender<Msg>,
+    waker: Option<Arc<super::sys::Waker>>,
+}
+
+impl Mailbox {
+    pub fn new(waker: Option<Arc<super::sys::Waker>>) -> (Mailbox, Receiver<Msg>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (Mailbox { tx, waker }, rx)
+    }
+
+    pub fn send(&self, m: Msg) {
+        if self.tx.send(m).is_ok() {
+            if let Some(w) = &self.waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+pub struct ConnShared {
+    pub writer: Arc<Writer>,
+    routes: Mutex<HashMap<u64, Mailbox>>,
+}
+
+impl ConnShared {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Mailbox>> {
+        match self.routes.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// A request being handled. Ends exactly once, with `respond` or `fail`;
+/// if a handler returns (or panics) without doing so, Drop fails it.
+pub struct Req {
+    pub id: u64,
+    pub conn: Arc<ConnShared>,
+    pub rx: Receiver<Msg>,
+    done: bool,
+}
+
+impl Req {
+    pub fn writer(&self) -> &Arc<Writer> {
+        &self.conn.writer
+    }
+
+    fn finish(&mut self) -> bool {
+        if self.done {
+            return false;
+        }
+        self.done = true;
+        // Unroute first: frames the host still sends for this id are then
+        // dropped as stale instead of piling up in a dead mailbox.
+        self.conn.routes().remove(&self.id);
+        true
+    }
+
+    pub fn respond(&mut self, r: &Response) {
+        if self.finish() {
+            self.conn.writer.json(Kind::Response, self.id, r);
+        }
+    }
+
+    pub fn fail(&mut self, e: ErrorBody) {
+        if self.finish() {
+            self.conn.writer.error(self.id, &e);
+        }
+    }
+
+    pub fn event(&self, e: &Event) -> bool {
+        self.conn.writer.json(Kind::Event, self.id, e)
+    }
+
+    pub fn eof(&self, channel: u16) -> bool {
+        self.conn
+            .writer
+            .send(&encode_frame(Kind::Eof, self.id, channel, &[]))
+    }
+
+    pub fn grant(&self) -> Grant {
+        Grant {
+            writer: self.conn.writer.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl Drop for Req {
+    fn drop(&mut self) {
+        if !self.done {
+            self.fail(ErrorBody::new(
+                ErrorCode::Io,
+                "request handler ended without an answer",
+            ));
+        }
+    }
+}
+
+/// Runs one connection until the host goes away. `reader` and `writer` are
+/// two handles on the same stream.
+pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
+    let writer = Arc::new(Writer::new(writer));
+    let conn = Arc::new(ConnShared {
+        writer: writer.clone(),
+        routes: Mutex::new(HashMap::new()),
+    });
+    let mut frames = FrameReader::new(BufReader::with_capacity(256 * 1024, reader));
+    if let Err(e) = handshake(&mut frames, &writer) {
+        log::info!("connection closed during hello: {e}");
+        writer.mark_broken();
+        return;
+    }
+    loop {
+        let frame = match frames.read_frame() {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                log::info!("closing connection: {e}");
+                if !matches!(e, proto::DecodeError::Io(_) | proto::DecodeError::Truncated) {
+                    writer.error(
+                        proto::CONNECTION_ID,
+                        &ErrorBody::new(ErrorCode::Protocol, e.to_string()),
+                    );
+                }
+                break;
+            }
+        };
+        dispatch(agent, &conn, frame);
+    }
+    writer.mark_broken();
+    let routes: Vec<Mailbox> = conn.routes().drain().map(|(_, m)| m).collect();
+    for m in routes {
+        m.send(Msg::Closed);
+    }
+}
+
+fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Result<(), String> {
+    let f = match frames.read_frame() {
+        Ok(Some(f)) => f,
+        Ok(None) => return Err("closed before hello".into()),
+        Err(e) => {
+            if !matches!(e, proto::DecodeError::Io(_) | proto::DecodeError::Truncated) {
+                writer.error(
+                    proto::CONNECTION_ID,
+                    &ErrorBody::new(ErrorCode::Protocol, format!("expected hello: {e}")),
+                );
+            }
+            return Err(e.to_string());
+        }
+    };
+    if f.kind() != Some(Kind::Hello) {
+        writer.error(
+            proto::CONNECTION_ID,
+            &ErrorBody::new(ErrorCode::Protocol, "expected hello as the first frame"),
+        );
+        return Err("first frame was not hello".into());
+    }
+    let h: Hello = match serde_json::from_slice(&f.payload) {
+        Ok(h) => h,
+        Err(e) => {
+            writer.error(
+                proto::CONNECTION_ID,
+                &ErrorBody::new(ErrorCode::Protocol, format!("bad hello: {e}")),
+            );
+            return Err(format!("bad hello: {e}"));
+        }
+    };
+    let version = h.version.min(proto::PROTOCOL_VERSION);
+    if version < h.min_version || version < proto::MIN_PROTOCOL_VERSION {
+        writer.error(
+            proto::CONNECTION_ID,
+            &ErrorBody::new(
+                ErrorCode::Protocol,
+                format!(
+                    "no common protocol version: host speaks {}..={}, agent {}..={}",
+                    h.min_version,
+                    h.version,
+                    proto::MIN_PROTOCOL_VERSION,
+                    proto::PROTOCOL_VERSION
+                ),
+            ),
+        );
+        return Err("version mismatch".into());
+    }
+    let reply = Hello {
+        version,
+        min_version: proto::MIN_PROTOCOL_VERSION,
+        nonce: h.nonce,
+        software: format!("sandbox-agent/{}", env!("CARGO_PKG_VERSION")),
+        capabilities: proto::CAPABILITIES.iter().map(|s| s.to_string()).collect(),
+        max_payload: proto::MAX_PAYLOAD as u32,
+    };
+    if !writer.json(Kind::Hello, proto::CONNECTION_ID, &reply) {
+        return Err("write failed".into());
+    }
+    Ok(())
+}
+
+fn conn_error(conn: &ConnShared, code: ErrorCode, msg: String, id: u64) {
+    let mut e = ErrorBody::new(code, msg);
+    e.id = Some(id);
+    conn.writer.error(proto::CONNECTION_ID, &e);
+}
+
+fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
+    let id = f.header.id;
+    let Some(kind) = f.kind() else {
+        conn_error(
+            conn,
+            ErrorCode::UnknownKind,
+            format!("unknown frame kind {}", f.header.kind),
+            id,
+        );
+        return;
+    };
+    let channel = f.header.channel;
+    match kind {
+        Kind::Request => start_request(agent, conn, id, &f.payload),
+        Kind::Data | Kind::Eof | Kind::Window | Kind::Cancel => {
+            let msg = match kind {
+                Kind::Data => Msg::Data {
+                    channel,
+                    bytes: f.payload,
+                },
+                Kind::Eof => Msg::Eof { channel },
+                Kind::Window => {
+                    let Ok(b) = <[u8; 4]>::try_from(f.payload.as_slice()) else {
+                        conn_error(
+                            conn,
+                            ErrorCode::Protocol,
+                            "window frame payload must be 4 bytes".into(),
+                            id,
+                        );
+                        return;
+                    };
+                    Msg::Window {
+                        channel,
+                        credit: u32::from_le_bytes(b),
+                    }
+                }
+                _ => Msg::Cancel,
+            };
+            // Frames for finished requests are normal (they crossed the
+            // answer on the wire) and are dropped.
+            let mb = conn.routes().get(&id).cloned();
+            if let Some(mb) = mb {
+                mb.send(msg);
+            }
+        }
+        Kind::Hello => conn_error(
+            conn,
+            ErrorCode::Protocol,
+            "hello already exchanged on this connection".into(),
+            id,
+        ),
+        Kind::Response | Kind::Event | Kind::Error => conn_error(
+            conn,
+            ErrorCode::Protocol,
+            format!("{kind:?} frames are sent by the agent, not to it"),
+            id,
+        ),
+    }
+}
+
+fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &[u8]) {
+    if id == proto::CONNECTION_ID {
+        conn_error(
+            conn,
+            ErrorCode::Invalid,
+            "request id 0 is reserved".into(),
+            id,
+        );
+        return;
+    }
+    let req: Request = match serde_json::from_slice(payload) {
+        Ok(r) => r,
+        Err(e) => {
+            // The id is not routed yet, so answering on it cannot confuse
+            // another request.
+            if !conn.routes().contains_key(&id) {
+                conn.writer.error(
+                    id,
+                    &ErrorBody::new(ErrorCode::Protocol, format!("bad request: {e}")),
+                );
+            } else {
+                conn_error(
+                    conn,
+                    ErrorCode::DuplicateId,
+                    format!("request id {id} is already in flight"),
+                    id,
+                );
+            }
+            return;
+        }
+    };
+    if conn.routes().contains_key(&id) {
+        conn_error(
+            conn,
+            ErrorCode::DuplicateId,
+            format!("request id {id} is already in flight"),
+            id,
+        );
+        return;
+    }
+    // Requests that only touch in-memory state are answered inline.
+    match &req {
+        Request::Ping => {
+            conn.writer.json(
+                Kind::Response,
+                id,
+                &Response::Pong {
+                    uptime_ms: agent.started.elapsed().as_millis() as u64,
+                },
+            );
+            return;
+        }
+        Request::ListProcs => {
+            conn.writer.json(
+                Kind::Response,
+                id,
+                &Response::Procs {
+                    procs: agent.procs.list(),
+                },
+            );
+            return;
+        }
+        _ => {}
+    }
+    let waker = if matches!(req, Request::Exec(_)) {
+        match super::sys::Waker::new() {
+            Ok(w) => Some(Arc::new(w)),
+            Err(e) => {
+                conn.writer.error(id, &ErrorBody::from_io(&e, "exec"));
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let (mailbox, rx) = Mailbox::new(waker.clone());
+    {
+        let mut routes = conn.routes();
+        if routes.contains_key(&id) {
+            drop(routes);
+            conn_error(
+                conn,
+                ErrorCode::DuplicateId,
+                format!("request id {id} is already in flight"),
+                id,
+            );
+            return;
+        }
+        if routes.len() >= MAX_INFLIGHT {
+            drop(routes);
+            conn.writer.error(
+                id,
+                &ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    format!("more than {MAX_INFLIGHT} requests in flight on this connection"),
+                ),
+            );
+            return;
+        }
+        routes.insert(id, mailbox.clone());
+    }
+    let r = Req {
+        id,
+        conn: conn.clone(),
+        rx,
+        done: false,
+    };
+    let agent2 = agent.clone();
+    agent.pool.execute(Box::new(move || {
+        super::handle(&agent2, r, req, mailbox, waker);
+    }));
+}

@@ -1,0 +1,691 @@
+//! Exec: start a process and pump its stdio. One thread per process; it
+//! sleeps in poll(2) on the process's pipes and an eventfd that the
+//! connection reader and the reaper use to wake it.
+
+use super::conn::{Grant, Mailbox, Msg, Req};
+use super::procs::{exit_status, lock, Proc, ProcState, Ring};
+use super::spawn::{resolve_program, spawn, SpawnSpec};
+use super::sys::{self, kill_group, read_nb, write_nb, Waker};
+use super::Agent;
+use crate::proto::{
+    channel, fill_data_header, limits, ErrorBody, ErrorCode, Event, ExecRequest, Response,
+    HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
+};
+use crossbeam_channel::Receiver;
+use std::collections::VecDeque;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PIPE_SIZE: usize = 1 << 20;
+/// After the process exits, how long a PTY may stay silent before we stop
+/// waiting for the terminal layer to hand over its last bytes.
+const PTY_DRAIN_GRACE: Duration = Duration::from_millis(100);
+
+struct Prepared {
+    path: CString,
+    argv: Vec<CString>,
+    argv_str: Vec<String>,
+    envp: Vec<CString>,
+    cwd: CString,
+}
+
+fn invalid(msg: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::Invalid, msg)
+}
+
+fn prepare(agent: &Agent, e: &ExecRequest) -> Result<Prepared, ErrorBody> {
+    let argv_str: Vec<String> = match (&e.shell, e.argv.is_empty()) {
+        (Some(s), true) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+        (None, false) => e.argv.clone(),
+        (Some(_), false) => return Err(invalid("set either argv or shell, not both")),
+        (None, true) => return Err(invalid("argv is empty and no shell command given")),
+    };
+    if argv_str.len() > limits::MAX_ARGS {
+        return Err(invalid(format!("more than {} arguments", limits::MAX_ARGS)));
+    }
+    if e.env.len() > limits::MAX_ENV {
+        return Err(invalid(format!("more than {} variables", limits::MAX_ENV)));
+    }
+    let mut env: Vec<(String, String)> = if e.clear_env {
+        Vec::new()
+    } else {
+        agent.base_env.clone()
+    };
+    for (k, v) in &e.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid(format!("bad environment variable name {k:?}")));
+        }
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let cwd = agent
+        .resolve(e.cwd.as_deref().unwrap_or(""))
+        .map_err(|m| invalid(format!("cwd: {m}")))?;
+    if !cwd.is_dir() {
+        return Err(ErrorBody::new(
+            ErrorCode::NotFound,
+            format!("cwd {} is not a directory", cwd.display()),
+        ));
+    }
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or(super::DEFAULT_PATH);
+    let prog = &argv_str[0];
+    let path = resolve_program(prog, path_var, &cwd).ok_or_else(|| {
+        ErrorBody::new(ErrorCode::SpawnFailed, format!("{prog}: command not found"))
+    })?;
+    let to_c = |s: &str, what: &str| sys::cstring(s, what).map_err(|e| invalid(e.to_string()));
+    let argv = argv_str
+        .iter()
+        .map(|a| to_c(a, "argument"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}"), "environment"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = CString::new(cwd.into_os_string().into_encoded_bytes())
+        .map_err(|_| invalid("cwd contains a NUL byte"))?;
+    Ok(Prepared {
+        path,
+        argv,
+        argv_str,
+        envp,
+        cwd,
+    })
+}
+
+/// The host-facing ends of the child's stdio.
+struct Stdio {
+    /// stdout (or the PTY master), stderr.
+    outs: [Option<OwnedFd>; 2],
+    stdin: Option<OwnedFd>,
+    /// Child ends, closed once the child has them.
+    child: Vec<OwnedFd>,
+    child_fds: [RawFd; 3],
+}
+
+fn open_stdio(e: &ExecRequest) -> std::io::Result<Stdio> {
+    if let Some(size) = e.pty {
+        let mut master: libc::c_int = -1;
+        let mut slave: libc::c_int = -1;
+        let ws = libc::winsize {
+            ws_row: size.rows.max(1),
+            ws_col: size.cols.max(1),
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: valid out pointers and winsize; termios may be null.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &ws,
+            )
+        };
+        sys::cvt(r).map_err(|e| sys::ctx(e, "openpty"))?;
+        // SAFETY: fresh descriptors we own.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        for fd in [master.as_raw_fd(), slave.as_raw_fd()] {
+            // SAFETY: fcntl on descriptors we own.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+        sys::set_nonblocking(master.as_raw_fd(), true)?;
+        let writer = master.try_clone()?;
+        let s = slave.as_raw_fd();
+        return Ok(Stdio {
+            outs: [Some(master), None],
+            stdin: Some(writer),
+            child_fds: [s, s, s],
+            child: vec![slave],
+        });
+    }
+    let (out_r, out_w) = sys::pipe()?;
+    let (err_r, err_w) = sys::pipe()?;
+    sys::grow_pipe(out_r.as_raw_fd(), PIPE_SIZE);
+    sys::grow_pipe(err_r.as_raw_fd(), PIPE_SIZE);
+    sys::set_nonblocking(out_r.as_raw_fd(), true)?;
+    sys::set_nonblocking(err_r.as_raw_fd(), true)?;
+    let (stdin_host, stdin_child) = if e.stdin {
+        let (r, w) = sys::pipe()?;
+        sys::set_nonblocking(w.as_raw_fd(), true)?;
+        (Some(w), r)
+    } else {
+        let f = std::fs::File::open("/dev/null").map_err(|e| sys::ctx(e, "/dev/null"))?;
+        (None, OwnedFd::from(f))
+    };
+    let child_fds = [
+        stdin_child.as_raw_fd(),
+        out_w.as_raw_fd(),
+        err_w.as_raw_fd(),
+    ];
+    Ok(Stdio {
+        outs: [Some(out_r), Some(err_r)],
+        stdin: stdin_host,
+        child_fds,
+        child: vec![stdin_child, out_w, err_w],
+    })
+}
+
+pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>, e: ExecRequest) {
+    let prep = match prepare(agent, &e) {
+        Ok(p) => p,
+        Err(err) => return req.fail(err),
+    };
+    let mut io = match open_stdio(&e) {
+        Ok(io) => io,
+        Err(err) => return req.fail(ErrorBody::from_io(&err, "exec stdio")),
+    };
+    let spec = SpawnSpec {
+        path: &prep.path,
+        argv: &prep.argv,
+        envp: &prep.envp,
+        cwd: &prep.cwd,
+        stdio: io.child_fds,
+        pty: e.pty.is_some(),
+        uid: e.uid,
+        gid: e.gid,
+    };
+    let started = Instant::now();
+    let pid = match spawn(&spec) {
+        Ok(pid) => pid,
+        Err(err) => {
+            return req.fail(ErrorBody::new(
+                ErrorCode::SpawnFailed,
+                format!("cannot start {}: {err}", prep.argv_str[0]),
+            ))
+        }
+    };
+    io.child.clear();
+    let proc = Arc::new(Proc {
+        id: agent.procs.next_id(),
+        pid,
+        argv: prep.argv_str,
+        tag: e.tag.clone(),
+        background: e.background,
+        pty: e.pty.is_some(),
+        started_unix_ms: sys::now_unix_ms(),
+        started,
+        mailbox,
+        state: std::sync::Mutex::new(ProcState {
+            exit: None,
+            ring: Ring::new(if e.background {
+                limits::BACKGROUND_BUFFER
+            } else {
+                0
+            }),
+            attachers: Vec::new(),
+        }),
+    });
+    agent.procs.register(proc.clone());
+    let rx = req.rx.clone();
+    let mut pump = Pump {
+        proc: proc.clone(),
+        outs: io.outs,
+        stdin: io.stdin,
+        stdin_q: VecDeque::new(),
+        stdin_close: false,
+        stdin_queued: 0,
+        credit: [INITIAL_WINDOW as i64; 2],
+        exit: None,
+        exited_at: None,
+        deadline: e.timeout_ms.map(|ms| started + Duration::from_millis(ms)),
+        timed_out: false,
+        cancelled: false,
+        pty: e.pty.is_some(),
+        buf: vec![0u8; HEADER_LEN + MAX_DATA_CHUNK],
+        waker,
+        rx,
+    };
+    if e.background {
+        req.respond(&Response::Started { proc: proc.id, pid });
+        drop(req);
+        pump.run(None);
+    } else {
+        req.event(&Event::Started { proc: proc.id, pid });
+        pump.run(Some(&mut req));
+        if pump.cancelled {
+            req.fail(ErrorBody::new(
+                ErrorCode::Cancelled,
+                "cancelled; process group killed",
+            ));
+        } else if let Some(st) = lock(&proc.state).exit.clone() {
+            req.respond(&Response::Exited(st));
+        }
+    }
+    agent.procs.finished(&proc);
+}
+
+struct Pump {
+    proc: Arc<Proc>,
+    outs: [Option<OwnedFd>; 2],
+    stdin: Option<OwnedFd>,
+    stdin_q: VecDeque<(Vec<u8>, usize, Option<Grant>)>,
+    stdin_close: bool,
+    /// Bytes queued for stdin and not yet written (and so not yet granted back).
+    stdin_queued: usize,
+    /// Bytes we may still send on channels 1 and 2 (foreground only).
+    credit: [i64; 2],
+    exit: Option<i32>,
+    exited_at: Option<Instant>,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    cancelled: bool,
+    pty: bool,
+    buf: Vec<u8>,
+    waker: Arc<Waker>,
+    rx: Receiver<Msg>,
+}
+
+impl Pump {
+    fn kill(&self) {
+        if let Err(e) = kill_group(self.proc.pid, libc::SIGKILL) {
+            log::warn!("proc {}: {e}", self.proc.id);
+        }
+    }
+
+    /// `direct`: the foreground request output goes to (with flow control);
+    /// `None` for background processes, whose output goes to the ring.
+    fn run(&mut self, mut direct: Option<&mut Req>) {
+        let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        let mut slots: Vec<usize> = Vec::with_capacity(4);
+        loop {
+            let outs_open = self.outs.iter().any(Option::is_some);
+            if self.exit.is_some() && !outs_open {
+                break;
+            }
+            pfds.clear();
+            slots.clear();
+            pfds.push(libc::pollfd {
+                fd: self.waker.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            slots.push(usize::MAX);
+            for (i, o) in self.outs.iter().enumerate() {
+                if let Some(fd) = o {
+                    if direct.is_none() || self.credit[i] > 0 {
+                        pfds.push(libc::pollfd {
+                            fd: fd.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        });
+                        slots.push(i);
+                    }
+                }
+            }
+            if let Some(fd) = &self.stdin {
+                if !self.stdin_q.is_empty() {
+                    pfds.push(libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    });
+                    slots.push(2);
+                }
+            }
+            let now = Instant::now();
+            let mut timeout = self.deadline.map(|d| d.saturating_duration_since(now));
+            if let Some(t) = self.exited_at {
+                // Process gone: output still in flight gets a short grace.
+                let g = (t + PTY_DRAIN_GRACE).saturating_duration_since(now);
+                timeout = Some(timeout.map_or(g, |x| x.min(g)));
+            }
+            let ready = match sys::poll(&mut pfds, timeout) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::error!("proc {}: {e}", self.proc.id);
+                    self.kill();
+                    std::thread::sleep(Duration::from_millis(10));
+                    0
+                }
+            };
+            if ready > 0 {
+                for (k, p) in pfds.iter().enumerate() {
+                    if p.revents == 0 {
+                        continue;
+                    }
+                    match slots[k] {
+                        usize::MAX => {
+                            self.waker.drain();
+                            self.drain_mailbox(direct.as_deref_mut());
+                        }
+                        2 => self.write_stdin(),
+                        i => {
+                            if !self.read_out(i, direct.as_deref_mut()) {
+                                self.cancelled = true;
+                                self.kill();
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(d) = self.deadline {
+                if Instant::now() >= d {
+                    self.timed_out = true;
+                    self.deadline = None;
+                    self.kill();
+                }
+            }
+            if let Some(t) = self.exited_at {
+                self.drain_after_exit(t, direct.as_deref_mut());
+            }
+        }
+        let status = exit_status(self.exit.unwrap_or(0), self.proc.started, self.timed_out);
+        let mut st = lock(&self.proc.state);
+        st.exit = Some(status);
+        st.notify_attachers();
+    }
+
+    /// After the exit, pipes are read until empty, not until EOF: a
+    /// grandchild left running in the background may hold them open
+    /// forever. A PTY gets a grace period, because the terminal layer hands
+    /// over the last output asynchronously.
+    fn drain_after_exit(&mut self, exited_at: Instant, mut direct: Option<&mut Req>) {
+        for i in 0..2 {
+            while let Some(fd) = &self.outs[i] {
+                if direct.is_some() && self.credit[i] <= 0 {
+                    break;
+                }
+                let fd = fd.as_raw_fd();
+                let mut probe = [libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                let readable =
+                    matches!(sys::poll(&mut probe, Some(Duration::ZERO)), Ok(n) if n > 0);
+                if readable {
+                    if !self.read_out(i, direct.as_deref_mut()) {
+                        self.cancelled = true;
+                    }
+                    continue;
+                }
+                if !self.pty || exited_at.elapsed() >= PTY_DRAIN_GRACE {
+                    self.close_out(i, direct.as_deref_mut());
+                }
+                break;
+            }
+        }
+    }
+
+    fn close_out(&mut self, i: usize, direct: Option<&mut Req>) {
+        if self.outs[i].take().is_some() {
+            if let Some(r) = direct {
+                r.eof(i as u16 + 1);
+            }
+        }
+    }
+
+    /// One read from output `i`. Returns false if the host connection is gone.
+    fn read_out(&mut self, i: usize, direct: Option<&mut Req>) -> bool {
+        let Some(fd) = &self.outs[i] else { return true };
+        let max = match direct {
+            Some(_) => (self.credit[i].max(0) as usize).min(MAX_DATA_CHUNK),
+            None => MAX_DATA_CHUNK,
+        };
+        if max == 0 {
+            return true;
+        }
+        let n = match read_nb(fd.as_raw_fd(), &mut self.buf[HEADER_LEN..HEADER_LEN + max]) {
+            Ok(Some(0)) => {
+                self.close_out(i, direct);
+                return true;
+            }
+            Ok(Some(n)) => n,
+            Ok(None) => return true,
+            // EIO: PTY master after the last slave closed.
+            Err(_) => {
+                self.close_out(i, direct);
+                return true;
+            }
+        };
+        let ch = i as u16 + 1;
+        match direct {
+            Some(r) => {
+                self.credit[i] -= n as i64;
+                let frame = &mut self.buf[..HEADER_LEN + n];
+                fill_data_header(frame, r.id, ch);
+                r.writer().send(frame)
+            }
+            None => {
+                let mut st = lock(&self.proc.state);
+                st.ring.push(ch, &self.buf[HEADER_LEN..HEADER_LEN + n]);
+                st.notify_attachers();
+                true
+            }
+        }
+    }
+
+    fn write_stdin(&mut self) {
+        let Some(fd) = &self.stdin else {
+            self.stdin_q.clear();
+            return;
+        };
+        let fd = fd.as_raw_fd();
+        while let Some((data, off, grant)) = self.stdin_q.front_mut() {
+            match write_nb(fd, &data[*off..]) {
+                Ok(Some(n)) => {
+                    *off += n;
+                    if *off < data.len() {
+                        continue;
+                    }
+                    if let Some(g) = grant {
+                        g.writer.window(g.id, channel::STDIN, data.len() as u32);
+                    }
+                    self.stdin_queued -= data.len();
+                    self.stdin_q.pop_front();
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    // EPIPE: the process closed its stdin. Discard what is
+                    // queued but hand the credit back so writers don't stall.
+                    self.stdin_queued = 0;
+                    for (d, _, g) in self.stdin_q.drain(..) {
+                        if let Some(g) = g {
+                            g.writer.window(g.id, channel::STDIN, d.len() as u32);
+                        }
+                    }
+                    self.stdin = None;
+                    return;
+                }
+            }
+        }
+        if self.stdin_close {
+            self.stdin = None;
+        }
+    }
+
+    fn queue_stdin(&mut self, bytes: Vec<u8>, grant: Option<Grant>) {
+        if self.stdin.is_none() {
+            if let Some(g) = grant {
+                g.writer.window(g.id, channel::STDIN, bytes.len() as u32);
+            }
+            return;
+        }
+        self.stdin_queued += bytes.len();
+        self.stdin_q.push_back((bytes, 0, grant));
+        self.write_stdin();
+    }
+
+    fn drain_mailbox(&mut self, mut direct: Option<&mut Req>) {
+        while let Ok(m) = self.rx.try_recv() {
+            match m {
+                Msg::Data { channel: 0, bytes } => {
+                    let Some(r) = direct.as_deref_mut() else {
+                        continue;
+                    };
+                    // Unwritten stdin may never exceed the window we granted.
+                    if self.stdin_queued + bytes.len() > INITIAL_WINDOW as usize {
+                        log::warn!("proc {}: host overran its stdin window", self.proc.id);
+                        self.cancelled = true;
+                        self.kill();
+                        continue;
+                    }
+                    let g = r.grant();
+                    self.queue_stdin(bytes, Some(g));
+                }
+                Msg::Data { .. } => {}
+                Msg::Eof { channel: 0 } | Msg::CloseStdin => self.close_stdin(),
+                Msg::Eof { .. } => {}
+                Msg::Window { channel, credit } => {
+                    if (1..=2).contains(&channel) {
+                        let c = &mut self.credit[channel as usize - 1];
+                        *c = (*c + credit as i64).min(i64::from(u32::MAX));
+                    }
+                }
+                Msg::Cancel | Msg::Closed => {
+                    if direct.is_some() {
+                        self.cancelled = true;
+                        self.kill();
+                    }
+                }
+                Msg::Stdin { bytes, grant } => self.queue_stdin(bytes, Some(grant)),
+                Msg::Resize { rows, cols } => self.resize(rows, cols),
+                Msg::Exited(raw) => {
+                    self.exit = Some(raw);
+                    self.exited_at = Some(Instant::now());
+                }
+                Msg::Notify => {}
+            }
+        }
+    }
+
+    fn close_stdin(&mut self) {
+        if self.pty {
+            // A terminal has no half-close: send EOF the way a user would.
+            self.queue_stdin(vec![4], None);
+            return;
+        }
+        self.stdin_close = true;
+        if self.stdin_q.is_empty() {
+            self.stdin = None;
+        }
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        let Some(fd) = &self.outs[0] else { return };
+        if !self.pty {
+            return;
+        }
+        let ws = libc::winsize {
+            ws_row: rows.max(1),
+            ws_col: cols.max(1),
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads a valid winsize.
+        unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    }
+}
+
+/// Attach to a background process: replay its buffered output, follow it
+/// live, and optionally feed its stdin.
+pub fn attach(
+    agent: &Agent,
+    mut req: Req,
+    self_box: Mailbox,
+    proc_id: u64,
+    stdin: bool,
+    replay: bool,
+) {
+    let Some(p) = agent.procs.get(proc_id) else {
+        return req.fail(ErrorBody::new(
+            ErrorCode::NotFound,
+            format!("no process {proc_id}"),
+        ));
+    };
+    if !p.background {
+        return req.fail(invalid(format!(
+            "process {proc_id} is a foreground exec; its output belongs to that request"
+        )));
+    }
+    let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut cursor = {
+        let mut st = lock(&p.state);
+        st.attachers.push(super::procs::Attacher {
+            mailbox: self_box,
+            pending: pending.clone(),
+        });
+        if replay {
+            // From the very beginning: output already evicted is reported
+            // as a `Dropped` event before the replay.
+            0
+        } else {
+            st.ring.end
+        }
+    };
+    let mut credit = [INITIAL_WINDOW as i64; 2];
+    let mut buf = vec![0u8; HEADER_LEN + MAX_DATA_CHUNK];
+    let outcome: Result<(), ErrorBody> = 'outer: loop {
+        pending.store(false, std::sync::atomic::Ordering::Release);
+        // Send everything the credit allows.
+        loop {
+            let st = lock(&p.state);
+            if cursor < st.ring.start {
+                let dropped = st.ring.start - cursor;
+                cursor = st.ring.start;
+                drop(st);
+                req.event(&Event::Dropped { bytes: dropped });
+                continue;
+            }
+            let Some(ch) = st.ring.channel_at(cursor) else {
+                if let Some(exit) = st.exit.clone() {
+                    drop(st);
+                    req.respond(&Response::Exited(exit));
+                    break 'outer Ok(());
+                }
+                break;
+            };
+            let c = &mut credit[ch as usize - 1];
+            if *c <= 0 {
+                break;
+            }
+            let Some((_, data)) = st.ring.read(cursor, (*c as usize).min(MAX_DATA_CHUNK)) else {
+                break;
+            };
+            let n = data.len();
+            buf[HEADER_LEN..HEADER_LEN + n].copy_from_slice(data);
+            drop(st);
+            *c -= n as i64;
+            cursor += n as u64;
+            fill_data_header(&mut buf[..HEADER_LEN + n], req.id, ch);
+            if !req.writer().send(&buf[..HEADER_LEN + n]) {
+                break 'outer Err(ErrorBody::new(ErrorCode::Unavailable, "connection closed"));
+            }
+        }
+        let Ok(m) = req.rx.recv() else {
+            break Err(ErrorBody::new(ErrorCode::Unavailable, "connection closed"));
+        };
+        match m {
+            Msg::Window { channel, credit: n } if (1..=2).contains(&channel) => {
+                let c = &mut credit[channel as usize - 1];
+                *c = (*c + n as i64).min(i64::from(u32::MAX));
+            }
+            // The pump grants the credit back to this request once written.
+            Msg::Data { channel: 0, bytes } if stdin => {
+                p.mailbox.send(Msg::Stdin {
+                    bytes,
+                    grant: req.grant(),
+                });
+            }
+            Msg::Eof { channel: 0 } if stdin => p.mailbox.send(Msg::CloseStdin),
+            Msg::Cancel | Msg::Closed => {
+                break Err(ErrorBody::new(ErrorCode::Cancelled, "attach cancelled"));
+            }
+            _ => {}
+        }
+    };
+    lock(&p.state)
+        .attachers
+        .retain(|a| !Arc::ptr_eq(&a.pending, &pending));
+    if let Err(e) = outcome {
+        req.fail(e);
+    }
+}

@@ -1,0 +1,410 @@
+//! PID 1 duties: mounts, the writable overlay root, hostname, network from
+//! the kernel command line, post-restore fix-ups and power-off.
+//!
+//! Kernel command line keys (all optional):
+//! `sandbox.ip=ADDR/PREFIX sandbox.gw=ADDR sandbox.dns=ADDR[,ADDR]
+//!  sandbox.hostname=NAME sandbox.overlay_size=SIZE sandbox.tmp_size=SIZE
+//!  sandbox.workspace=PATH sandbox.listen=unix:..|vsock:PORT|serial:NAME`
+//! (SIZE in tmpfs syntax: `512m`, `50%`).
+
+use super::sys::{cstring, ctx, cvt};
+use crate::proto::{ErrorBody, ErrorCode};
+use std::collections::HashMap;
+use std::io;
+use std::net::Ipv4Addr;
+
+pub struct Cmdline(pub HashMap<String, String>);
+
+impl Cmdline {
+    pub fn parse(s: &str) -> Cmdline {
+        let mut m = HashMap::new();
+        for tok in s.split_whitespace() {
+            if let Some(rest) = tok.strip_prefix("sandbox.") {
+                let (k, v) = rest.split_once('=').unwrap_or((rest, ""));
+                m.insert(k.to_string(), v.to_string());
+            }
+        }
+        Cmdline(m)
+    }
+
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str).filter(|v| !v.is_empty())
+    }
+}
+
+fn mount(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> io::Result<()> {
+    let c = |s: &str| cstring(s, "mount argument");
+    let (src, tgt, fs, data) = (c(src)?, c(target)?, c(fstype)?, c(data)?);
+    // SAFETY: all pointers are valid NUL-terminated strings.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            tgt.as_ptr(),
+            fs.as_ptr(),
+            flags,
+            data.as_ptr() as *const libc::c_void,
+        )
+    };
+    cvt(r)
+        .map(|_| ())
+        .map_err(|e| ctx(e, &format!("mount {fstype} on {target}")))
+}
+
+/// mount() that treats "already mounted" as success (the kernel may have
+/// mounted devtmpfs itself).
+fn mount_once(src: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &str) {
+    let _ = std::fs::create_dir_all(target);
+    if let Err(e) = mount(src, target, fstype, flags, data) {
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+fn move_mount(from: &str, to: &str) -> io::Result<()> {
+    mount(from, to, "", libc::MS_MOVE, "")
+}
+
+const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
+
+/// Everything init does before serving. Failures are logged and the agent
+/// still starts: a sandbox with a read-only root is more useful to debug
+/// than a kernel panic.
+pub fn setup() -> Cmdline {
+    mount_once("proc", "/proc", "proc", NOSUID_NODEV | libc::MS_NOEXEC, "");
+    mount_once("sysfs", "/sys", "sysfs", NOSUID_NODEV | libc::MS_NOEXEC, "");
+    mount_once("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755");
+    let cmd = Cmdline::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    if let Err(e) = overlay_root(cmd.get("overlay_size").unwrap_or("50%")) {
+        log::error!("root stays read-only: {e}");
+    }
+    mount_once("tmpfs", "/run", "tmpfs", NOSUID_NODEV, "mode=0755,size=64m");
+    mount_once(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        "mode=0620,ptmxmode=0666,gid=5",
+    );
+    mount_once("tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777");
+    let tmp = format!("mode=1777,size={}", cmd.get("tmp_size").unwrap_or("25%"));
+    mount_once("tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, &tmp);
+    mount_once(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        NOSUID_NODEV | libc::MS_NOEXEC,
+        "",
+    );
+    let ws = cmd.get("workspace").unwrap_or("/workspace");
+    if let Err(e) = std::fs::create_dir_all(ws) {
+        log::warn!("workspace {ws}: {e}");
+    }
+    let host = cmd.get("hostname").unwrap_or("sandbox");
+    // SAFETY: pointer and length describe a valid buffer.
+    if unsafe { libc::sethostname(host.as_ptr() as *const libc::c_char, host.len()) } < 0 {
+        log::warn!("sethostname: {}", io::Error::last_os_error());
+    }
+    let _ = std::fs::write(
+        "/etc/hosts",
+        format!("127.0.0.1 localhost\n::1 localhost\n127.0.1.1 {host}\n"),
+    );
+    if let Err(e) = net::link_up("lo") {
+        log::warn!("{e}");
+    }
+    if let Some(ip) = cmd.get("ip") {
+        if let Err(e) = net::configure("eth0", ip, cmd.get("gw")) {
+            log::error!("network: {e}");
+        }
+    }
+    if let Some(dns) = cmd.get("dns") {
+        let body: String = dns
+            .split(',')
+            .map(|d| format!("nameserver {d}\n"))
+            .collect();
+        let _ = std::fs::write("/etc/resolv.conf", body);
+    }
+    cmd
+}
+
+/// Turns the read-only root into an overlay whose upper layer is a
+/// size-capped tmpfs, then pivots into it. Writes vanish with the VM.
+fn overlay_root(size: &str) -> io::Result<()> {
+    // pivot_root refuses shared mounts.
+    mount("", "/", "", libc::MS_REC | libc::MS_PRIVATE, "")?;
+    mount(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        NOSUID_NODEV,
+        &format!("mode=0755,size={size}"),
+    )?;
+    for d in ["/run/ov/upper", "/run/ov/work", "/run/ov/root"] {
+        std::fs::create_dir_all(d).map_err(|e| ctx(e, d))?;
+    }
+    mount(
+        "overlay",
+        "/run/ov/root",
+        "overlay",
+        0,
+        "lowerdir=/,upperdir=/run/ov/upper,workdir=/run/ov/work",
+    )?;
+    for m in ["/dev", "/proc", "/sys"] {
+        move_mount(m, &format!("/run/ov/root{m}"))?;
+    }
+    std::env::set_current_dir("/run/ov/root").map_err(|e| ctx(e, "chdir new root"))?;
+    let (new, old) = (cstring(".", "")?, cstring("mnt", "")?);
+    // SAFETY: valid paths; pivot_root has no memory preconditions.
+    cvt(unsafe { libc::syscall(libc::SYS_pivot_root, new.as_ptr(), old.as_ptr()) } as i32)
+        .map_err(|e| ctx(e, "pivot_root"))?;
+    let root = cstring(".", "")?;
+    // SAFETY: valid path.
+    cvt(unsafe { libc::chroot(root.as_ptr()) }).map_err(|e| ctx(e, "chroot"))?;
+    std::env::set_current_dir("/").map_err(|e| ctx(e, "chdir /"))?;
+    // The old root stays alive as the overlay's lower layer; only its
+    // mount-tree entry goes.
+    let mnt = cstring("/mnt", "")?;
+    // SAFETY: valid path.
+    cvt(unsafe { libc::umount2(mnt.as_ptr(), libc::MNT_DETACH) })
+        .map_err(|e| ctx(e, "umount old root"))?;
+    Ok(())
+}
+
+/// Post-restore fix-ups: wall clock, RNG, neighbour caches.
+pub fn restored(unix_time_ns: u64, entropy_hex: &str) -> Result<(), ErrorBody> {
+    let entropy = hex_decode(entropy_hex)
+        .ok_or_else(|| ErrorBody::new(ErrorCode::Invalid, "entropy_hex is not hex"))?;
+    if entropy.len() > 4096 {
+        return Err(ErrorBody::new(
+            ErrorCode::Invalid,
+            "more than 4096 bytes of entropy",
+        ));
+    }
+    let ts = libc::timespec {
+        tv_sec: (unix_time_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_time_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: valid timespec.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } < 0 {
+        return Err(ErrorBody::from_io(
+            &io::Error::last_os_error(),
+            "clock_settime",
+        ));
+    }
+    if !entropy.is_empty() {
+        add_entropy(&entropy).map_err(|e| ErrorBody::from_io(&e, "reseed RNG"))?;
+    }
+    if let Err(e) = net::flush_arp() {
+        return Err(ErrorBody::from_io(&e, "flush neighbours"));
+    }
+    Ok(())
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+// _IOW('R', 0x03, int[2]) and _IO('R', 0x07) from <linux/random.h>.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Mixes host-provided bytes into the kernel pool and credits them, then
+/// forces a CRNG reseed so two VMs restored from one snapshot diverge now,
+/// not at the next scheduled reseed.
+fn add_entropy(bytes: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")
+        .map_err(|e| ctx(e, "/dev/urandom"))?;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + bytes.len() + 4);
+    info.extend_from_slice(&((bytes.len() * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(bytes.len() as i32).to_ne_bytes());
+    info.extend_from_slice(bytes);
+    info.resize(info.len().next_multiple_of(4), 0);
+    // SAFETY: info holds a complete rand_pool_info of the declared size.
+    cvt(unsafe { libc::ioctl(f.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) })
+        .map_err(|e| ctx(e, "RNDADDENTROPY"))?;
+    // SAFETY: no argument.
+    cvt(unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG) })
+        .map_err(|e| ctx(e, "RNDRESEEDCRNG"))?;
+    Ok(())
+}
+
+pub fn power_down(poweroff: bool) -> ! {
+    // SAFETY: plain syscalls; init owns the machine.
+    unsafe {
+        libc::kill(-1, libc::SIGTERM);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(-1, libc::SIGKILL);
+        libc::sync();
+        libc::reboot(if poweroff {
+            libc::RB_POWER_OFF
+        } else {
+            libc::RB_AUTOBOOT
+        });
+    }
+    std::process::exit(0)
+}
+
+/// Interface setup with classic ioctls: four calls, no netlink code needed
+/// in the guest.
+pub mod net {
+    use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    fn sock() -> io::Result<OwnedFd> {
+        // SAFETY: plain socket creation.
+        let fd =
+            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
+                .map_err(|e| ctx(e, "socket"))?;
+        // SAFETY: fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad interface name {name:?}"),
+            ));
+        }
+        // SAFETY: ifreq is plain old data.
+        let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in r.ifr_name.iter_mut().zip(name.bytes()) {
+            *d = s as libc::c_char;
+        }
+        Ok(r)
+    }
+
+    fn sockaddr(a: Ipv4Addr) -> libc::sockaddr {
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(a).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sockaddr_in and sockaddr have the same size on Linux.
+        unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+    }
+
+    pub fn link_up(name: &str) -> io::Result<()> {
+        let s = sock()?;
+        let mut r = ifreq(name)?;
+        // SAFETY: valid ifreq.
+        cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut r) })
+            .map_err(|e| ctx(e, &format!("SIOCGIFFLAGS {name}")))?;
+        // SAFETY: union field written by the kernel above.
+        unsafe { r.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        // SAFETY: valid ifreq.
+        cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &r) })
+            .map_err(|e| ctx(e, &format!("SIOCSIFFLAGS {name}")))?;
+        Ok(())
+    }
+
+    /// `cidr` like `172.16.0.2/30`.
+    pub fn configure(ifname: &str, cidr: &str, gw: Option<&str>) -> io::Result<()> {
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("bad {what}"));
+        let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, "24"));
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad("sandbox.ip"))?;
+        let prefix: u32 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= 32)
+            .ok_or_else(|| bad("prefix"))?;
+        let mask = Ipv4Addr::from(if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - prefix)
+        });
+        let s = sock()?;
+        let mut r = ifreq(ifname)?;
+        r.ifr_ifru.ifru_addr = sockaddr(addr);
+        // SAFETY: valid ifreq.
+        cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFADDR, &r) })
+            .map_err(|e| ctx(e, &format!("SIOCSIFADDR {ifname}")))?;
+        r.ifr_ifru.ifru_netmask = sockaddr(mask);
+        // SAFETY: valid ifreq.
+        cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFNETMASK, &r) })
+            .map_err(|e| ctx(e, &format!("SIOCSIFNETMASK {ifname}")))?;
+        link_up(ifname)?;
+        if let Some(gw) = gw {
+            let gw: Ipv4Addr = gw.parse().map_err(|_| bad("sandbox.gw"))?;
+            // SAFETY: rtentry is plain old data.
+            let mut rt: RtEntry = unsafe { std::mem::zeroed() };
+            rt.rt_dst = sockaddr(Ipv4Addr::UNSPECIFIED);
+            rt.rt_genmask = sockaddr(Ipv4Addr::UNSPECIFIED);
+            rt.rt_gateway = sockaddr(gw);
+            rt.rt_flags = (libc::RTF_UP | libc::RTF_GATEWAY) as libc::c_ushort;
+            // SAFETY: valid rtentry.
+            cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT, &rt) })
+                .map_err(|e| ctx(e, "SIOCADDRT default"))?;
+        }
+        Ok(())
+    }
+
+    /// `struct rtentry` from <net/route.h> (not in the libc crate for glibc).
+    #[repr(C)]
+    struct RtEntry {
+        rt_pad1: libc::c_ulong,
+        rt_dst: libc::sockaddr,
+        rt_gateway: libc::sockaddr,
+        rt_genmask: libc::sockaddr,
+        rt_flags: libc::c_ushort,
+        rt_pad2: libc::c_short,
+        rt_pad3: libc::c_ulong,
+        rt_pad4: *mut libc::c_void,
+        rt_metric: libc::c_short,
+        rt_dev: *mut libc::c_char,
+        rt_mtu: libc::c_ulong,
+        rt_window: libc::c_ulong,
+        rt_irtt: libc::c_ushort,
+    }
+
+    /// Deletes every IPv4 neighbour entry: after a restore the host side
+    /// of the link may have a new MAC.
+    pub fn flush_arp() -> io::Result<()> {
+        let table = match std::fs::read_to_string("/proc/net/arp") {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ctx(e, "/proc/net/arp")),
+        };
+        let s = sock()?;
+        for line in table.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(ip), Some(dev)) = (cols.first(), cols.get(5)) else {
+                continue;
+            };
+            let Ok(ip) = ip.parse::<Ipv4Addr>() else {
+                continue;
+            };
+            // SAFETY: arpreq is plain old data.
+            let mut req: libc::arpreq = unsafe { std::mem::zeroed() };
+            req.arp_pa = sockaddr(ip);
+            for (d, c) in req.arp_dev.iter_mut().zip(dev.bytes().take(15)) {
+                *d = c as libc::c_char;
+            }
+            // SAFETY: valid arpreq. Entries that vanished meanwhile are fine.
+            unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) };
+        }
+        Ok(())
+    }
+}

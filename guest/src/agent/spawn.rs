@@ -1,0 +1,286 @@
+//! Starting processes. `posix_spawn` (vfork-based in glibc) for the common
+//! case because exec latency is the product's hot path; `fork` only when the
+//! child must change uid/gid, which posix_spawn cannot do.
+//!
+//! We never call `wait` here: the agent's single reaper owns every child
+//! (it must, as PID 1), so std::process::Command, which waits on exec
+//! failure, is not usable.
+
+use super::sys::{ctx, cvt};
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+
+pub struct SpawnSpec<'a> {
+    pub path: &'a CStr,
+    pub argv: &'a [CString],
+    pub envp: &'a [CString],
+    pub cwd: &'a CStr,
+    /// Descriptors that become the child's 0, 1 and 2.
+    pub stdio: [RawFd; 3],
+    /// New session with the terminal on fd 0 as controlling tty (PTY mode);
+    /// otherwise a new process group.
+    pub pty: bool,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// Returns the child's pid. The child leads its own process group (or
+/// session, with a PTY), so signals reach everything it starts.
+pub fn spawn(spec: &SpawnSpec) -> io::Result<i32> {
+    let mut argv: Vec<*mut libc::c_char> = spec
+        .argv
+        .iter()
+        .map(|a| a.as_ptr() as *mut libc::c_char)
+        .collect();
+    argv.push(ptr::null_mut());
+    let mut envp: Vec<*mut libc::c_char> = spec
+        .envp
+        .iter()
+        .map(|a| a.as_ptr() as *mut libc::c_char)
+        .collect();
+    envp.push(ptr::null_mut());
+    // posix_spawn cannot change identity or claim a controlling terminal
+    // (TIOCSCTTY), so those children take the fork path.
+    if spec.uid.is_some() || spec.gid.is_some() || spec.pty {
+        fork_exec(spec, &argv, &envp)
+    } else {
+        posix_spawn(spec, &argv, &envp)
+    }
+}
+
+struct FileActions(libc::posix_spawn_file_actions_t);
+impl Drop for FileActions {
+    fn drop(&mut self) {
+        // SAFETY: initialised in posix_spawn() before this guard exists.
+        unsafe { libc::posix_spawn_file_actions_destroy(&mut self.0) };
+    }
+}
+struct Attr(libc::posix_spawnattr_t);
+impl Drop for Attr {
+    fn drop(&mut self) {
+        // SAFETY: initialised in posix_spawn() before this guard exists.
+        unsafe { libc::posix_spawnattr_destroy(&mut self.0) };
+    }
+}
+
+fn spawn_err(rc: libc::c_int, what: &str) -> io::Result<()> {
+    if rc != 0 {
+        return Err(ctx(io::Error::from_raw_os_error(rc), what));
+    }
+    Ok(())
+}
+
+fn posix_spawn(
+    spec: &SpawnSpec,
+    argv: &[*mut libc::c_char],
+    envp: &[*mut libc::c_char],
+) -> io::Result<i32> {
+    // SAFETY: every pointer handed to libc below is valid for the duration
+    // of the call: CStrings and the argv/envp arrays outlive posix_spawn, the
+    // attr/file-action objects are initialised before use and destroyed by
+    // their guards.
+    unsafe {
+        let mut fa = FileActions(std::mem::zeroed());
+        spawn_err(
+            libc::posix_spawn_file_actions_init(&mut fa.0),
+            "posix_spawn_file_actions_init",
+        )?;
+        for (target, &src) in spec.stdio.iter().enumerate() {
+            spawn_err(
+                libc::posix_spawn_file_actions_adddup2(&mut fa.0, src, target as libc::c_int),
+                "posix_spawn_file_actions_adddup2",
+            )?;
+        }
+        spawn_err(
+            libc::posix_spawn_file_actions_addchdir_np(&mut fa.0, spec.cwd.as_ptr()),
+            "posix_spawn_file_actions_addchdir_np",
+        )?;
+
+        let mut attr = Attr(std::mem::zeroed());
+        spawn_err(
+            libc::posix_spawnattr_init(&mut attr.0),
+            "posix_spawnattr_init",
+        )?;
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        // The agent blocks SIGCHLD and friends for its signal thread and
+        // ignores SIGPIPE: none of that may leak into user processes.
+        spawn_err(
+            libc::posix_spawnattr_setsigmask(&mut attr.0, &empty),
+            "posix_spawnattr_setsigmask",
+        )?;
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::sigdelset(&mut all, libc::SIGKILL);
+        libc::sigdelset(&mut all, libc::SIGSTOP);
+        spawn_err(
+            libc::posix_spawnattr_setsigdefault(&mut attr.0, &all),
+            "posix_spawnattr_setsigdefault",
+        )?;
+        let flags = libc::POSIX_SPAWN_SETSIGMASK
+            | libc::POSIX_SPAWN_SETSIGDEF
+            | libc::POSIX_SPAWN_SETPGROUP;
+        spawn_err(
+            libc::posix_spawnattr_setpgroup(&mut attr.0, 0),
+            "posix_spawnattr_setpgroup",
+        )?;
+        spawn_err(
+            libc::posix_spawnattr_setflags(&mut attr.0, flags as libc::c_short),
+            "posix_spawnattr_setflags",
+        )?;
+        let mut pid: libc::pid_t = 0;
+        let rc = libc::posix_spawn(
+            &mut pid,
+            spec.path.as_ptr(),
+            &fa.0,
+            &attr.0,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        );
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(pid)
+    }
+}
+
+/// fork + exec for children that change identity or need a controlling
+/// terminal. Between fork and exec only async-signal-safe calls are made;
+/// everything is prepared before the fork.
+fn fork_exec(
+    spec: &SpawnSpec,
+    argv: &[*mut libc::c_char],
+    envp: &[*mut libc::c_char],
+) -> io::Result<i32> {
+    // Exec failure is reported through a close-on-exec pipe: EOF means the
+    // exec succeeded, 4 bytes are the child's errno.
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds is a valid 2-element array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }).map_err(|e| ctx(e, "pipe2"))?;
+    // SAFETY: fresh descriptors we own.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: a zeroed sigset is valid storage; sigemptyset initialises it.
+    let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointer.
+    unsafe { libc::sigemptyset(&mut empty) };
+    let wr_fd = wr.as_raw_fd();
+    // SAFETY: the child runs only async-signal-safe libc calls on memory
+    // prepared before the fork, then execs or _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(ctx(io::Error::last_os_error(), "fork"));
+    }
+    if pid == 0 {
+        // Child.
+        unsafe {
+            let fail = |wr_fd: RawFd| -> ! {
+                let errno = *libc::__errno_location();
+                let b = errno.to_ne_bytes();
+                libc::write(wr_fd, b.as_ptr() as *const libc::c_void, 4);
+                libc::_exit(127)
+            };
+            for sig in 1..libc::SIGRTMIN() {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            if spec.pty {
+                if libc::setsid() < 0 {
+                    fail(wr_fd);
+                }
+            } else if libc::setpgid(0, 0) < 0 {
+                fail(wr_fd);
+            }
+            // Move the stdio sources out of 0..3 first so that dup2 of one
+            // cannot clobber another.
+            let mut src = spec.stdio;
+            for s in src.iter_mut() {
+                if *s < 3 {
+                    let n = libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, 3);
+                    if n < 0 {
+                        fail(wr_fd);
+                    }
+                    *s = n;
+                }
+            }
+            for (target, &s) in src.iter().enumerate() {
+                if libc::dup2(s, target as libc::c_int) < 0 {
+                    fail(wr_fd);
+                }
+            }
+            if spec.pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                fail(wr_fd);
+            }
+            if libc::chdir(spec.cwd.as_ptr()) < 0 {
+                fail(wr_fd);
+            }
+            if let Some(gid) = spec.gid {
+                if libc::setgroups(0, ptr::null()) < 0 || libc::setgid(gid) < 0 {
+                    fail(wr_fd);
+                }
+            }
+            if let Some(uid) = spec.uid {
+                if libc::setuid(uid) < 0 {
+                    fail(wr_fd);
+                }
+            }
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
+            libc::execve(spec.path.as_ptr(), argv.as_ptr() as _, envp.as_ptr() as _);
+            fail(wr_fd);
+        }
+    }
+    drop(wr);
+    let mut b = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        // SAFETY: reads into the valid remainder of b.
+        let n = unsafe {
+            libc::read(
+                rd.as_raw_fd(),
+                b[got..].as_mut_ptr() as *mut libc::c_void,
+                4 - got,
+            )
+        };
+        if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        got += n as usize;
+    }
+    if got == 4 {
+        // The child has _exited; the reaper collects it.
+        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(b)));
+    }
+    Ok(pid)
+}
+
+/// Finds `prog` on `path` like execvp would, so that "command not found"
+/// is an error we report instead of an exit code 127 with no message.
+pub fn resolve_program(prog: &str, path: &str, cwd: &std::path::Path) -> Option<CString> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if prog.contains('/') {
+        let p = if prog.starts_with('/') {
+            std::path::PathBuf::from(prog)
+        } else {
+            cwd.join(prog)
+        };
+        return CString::new(p.into_os_string().into_encoded_bytes()).ok();
+    }
+    for dir in path.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let cand = std::path::Path::new(dir).join(prog);
+        if executable(&cand) {
+            return CString::new(cand.into_os_string().into_encoded_bytes()).ok();
+        }
+    }
+    None
+}

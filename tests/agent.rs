@@ -1,0 +1,907 @@
+//! The real guest agent binary, driven over a Unix socket by the host's
+//! protocol client (and, for malformed input, by raw bytes).
+
+mod common;
+
+use agent_sandbox::agent::{ClientError, Inbound};
+use agent_sandbox::proto::{
+    self, channel, encode_frame, encode_json, ErrorCode, Event, ExecRequest, FileType, FrameReader,
+    Hello, Kind, PtySize, Request, Response,
+};
+use common::{marker, procs_with, sleepers, wait_until, TestAgent};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn sh(cmd: &str) -> ExecRequest {
+    ExecRequest {
+        shell: Some(cmd.into()),
+        ..Default::default()
+    }
+}
+
+fn argv(a: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: a.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+const MAX: usize = 256 << 20;
+
+#[test]
+fn exec_basics_env_cwd_stderr_and_exit_codes() {
+    let a = TestAgent::start();
+    let c = a.client();
+    assert_eq!(c.hello.version, proto::PROTOCOL_VERSION);
+    assert!(c.hello.capabilities.iter().any(|s| s == "exec"));
+
+    let out = c.exec(argv(&["echo", "hello", "world"]), MAX).unwrap();
+    assert_eq!(out.stdout, b"hello world\n");
+    assert_eq!(out.status.code, Some(0));
+    assert!(out.pid > 0);
+
+    let mut r = sh("echo out; echo err >&2; exit 3");
+    r.env = BTreeMap::from([("FOO".into(), "bar".into())]);
+    let out = c.exec(r, MAX).unwrap();
+    assert_eq!(out.stdout, b"out\n");
+    assert_eq!(out.stderr, b"err\n");
+    assert_eq!(out.status.code, Some(3));
+
+    let mut r = sh("printf %s \"$FOO\"; pwd");
+    r.env = BTreeMap::from([("FOO".into(), "bar".into())]);
+    let out = c.exec(r, MAX).unwrap();
+    let ws = a.workspace.canonicalize().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("bar{}\n", ws.display())
+    );
+
+    // cwd relative to the workspace.
+    std::fs::create_dir_all(a.workspace.join("sub")).unwrap();
+    let mut r = argv(&["pwd"]);
+    r.cwd = Some("sub".into());
+    let out = c.exec(r, MAX).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        ws.join("sub").display().to_string()
+    );
+
+    // Killed by a signal.
+    let out = c.exec(sh("kill -TERM $$"), MAX).unwrap();
+    assert_eq!(out.status.signal, Some(libc::SIGTERM));
+    assert_eq!(out.status.code, None);
+
+    // Errors are typed.
+    match c.exec(argv(&["definitely-not-a-command-xyz"]), MAX) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::SpawnFailed),
+        other => panic!("expected spawn_failed, got {other:?}"),
+    }
+    let mut r = argv(&["true"]);
+    r.cwd = Some("/nonexistent-dir".into());
+    match c.exec(r, MAX) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("expected not_found, got {other:?}"),
+    }
+    match c.exec(ExecRequest::default(), MAX) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::Invalid),
+        other => panic!("expected invalid, got {other:?}"),
+    }
+    // The connection still works after all of that.
+    c.ping(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn hundred_concurrent_execs() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut calls = Vec::new();
+    for i in 0..100 {
+        let call = c
+            .call(&Request::Exec(sh(&format!("sleep 0.2; echo {i}"))))
+            .unwrap();
+        calls.push((i, call));
+    }
+    let t = Instant::now();
+    for (i, mut call) in calls {
+        let mut stdout = Vec::new();
+        loop {
+            match call.recv().unwrap() {
+                Inbound::Data { channel: 1, bytes } => stdout.extend(bytes),
+                Inbound::Response(Response::Exited(st)) => {
+                    assert_eq!(st.code, Some(0));
+                    break;
+                }
+                Inbound::Error(e) => panic!("exec {i}: {e}"),
+                _ => {}
+            }
+        }
+        assert_eq!(String::from_utf8(stdout).unwrap(), format!("{i}\n"));
+    }
+    // 100 x 0.2 s run concurrently, not one after another.
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+fn seq_bytes(n: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(110 << 20);
+    for i in 1..=n {
+        writeln!(v, "{i}").unwrap();
+    }
+    v
+}
+
+#[test]
+fn hundred_mib_stdout_arrives_complete_and_in_order() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let n = 13_000_000u64; // ~105 MB of text
+    let expected = seq_bytes(n);
+    assert!(expected.len() > 100 << 20);
+    let out = c.exec(argv(&["seq", "1", &n.to_string()]), MAX).unwrap();
+    assert_eq!(out.status.code, Some(0));
+    assert_eq!(out.stdout.len(), expected.len());
+    assert!(out.stdout == expected, "stream differs from seq output");
+}
+
+#[test]
+fn slow_reader_applies_backpressure_not_memory() {
+    // A reader that stops consuming must stall the producer: the agent
+    // may not buffer more than the window.
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    let mut call = c
+        .call(&Request::Exec(sh(&format!(
+            "exec yes {m}-backpressure-line-padding-padding-padding"
+        ))))
+        .unwrap();
+    // Read nothing for a while.
+    std::thread::sleep(Duration::from_millis(700));
+    let agent_rss = rss_kib(a.pid());
+    // Credit is 1 MiB, the pipe 1 MiB: the agent holds at most a chunk.
+    assert!(agent_rss < 64 * 1024, "agent RSS grew to {agent_rss} KiB");
+    let (received, _) = c.traffic();
+    assert!(
+        received < 4 << 20,
+        "{received} bytes arrived although nobody granted credit"
+    );
+    // Now consume some and cancel.
+    let mut got = 0usize;
+    while got < 8 << 20 {
+        if let Inbound::Data { bytes, .. } = call.recv().unwrap() {
+            got += bytes.len();
+        }
+    }
+    call.cancel().unwrap();
+    loop {
+        match call.recv().unwrap() {
+            Inbound::Error(e) => {
+                assert_eq!(e.code, ErrorCode::Cancelled);
+                break;
+            }
+            Inbound::Response(r) => panic!("expected cancel, got {r:?}"),
+            _ => {}
+        }
+    }
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()));
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn stdin_round_trip() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut r = argv(&["cat"]);
+    r.stdin = true;
+    let mut call = c.call(&Request::Exec(r)).unwrap();
+    // More than the window, so credit must flow back.
+    let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    let sender = {
+        let data = data.clone();
+        let tx = call.sender();
+        std::thread::spawn(move || {
+            tx.send_all(&data).unwrap();
+            tx.send_eof().unwrap();
+        })
+    };
+    let mut out = Vec::new();
+    loop {
+        match call.recv().unwrap() {
+            Inbound::Data { bytes, .. } => out.extend(bytes),
+            Inbound::Response(Response::Exited(st)) => {
+                assert_eq!(st.code, Some(0));
+                break;
+            }
+            Inbound::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    sender.join().unwrap();
+    assert_eq!(out.len(), data.len());
+    assert!(out == data);
+}
+
+#[test]
+fn timeout_and_cancel_kill_the_whole_group() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    // A child and a grandchild, both sleeping.
+    let mut r = sh(&format!("sleep {m} & sh -c 'sleep {m}' ; wait"));
+    r.timeout_ms = Some(500);
+    let t = Instant::now();
+    let out = c.exec(r, MAX).unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(out.status.signal, Some(libc::SIGKILL));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(
+        wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()),
+        "processes left behind: {:?}",
+        procs_with(&m)
+    );
+
+    // Cancel.
+    let m2 = marker();
+    let mut call = c
+        .call(&Request::Exec(sh(&format!(
+            "sleep {m2} & sleep {m2}; wait"
+        ))))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&m2) == 2));
+    call.cancel().unwrap();
+    match call.finish() {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::Cancelled),
+        other => panic!("expected cancelled, got {other:?}"),
+    }
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m2).is_empty()));
+
+    // Dropping a connection kills its foreground processes too.
+    let m3 = marker();
+    let c2 = a.client();
+    let _call = c2.call(&Request::Exec(sh(&format!("sleep {m3}")))).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&m3) == 1));
+    c2.close();
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m3).is_empty()));
+    // And the agent has reaped everything: no zombies of ours.
+    let zombies = zombie_children(a.pid());
+    assert!(zombies.is_empty(), "zombies: {zombies:?}");
+}
+
+fn zombie_children(ppid: i32) -> Vec<i32> {
+    let mut z = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.first() == Some(&"Z") && f.get(1).and_then(|p| p.parse().ok()) == Some(ppid) {
+                z.push(pid);
+            }
+        }
+    }
+    z
+}
+
+#[test]
+fn background_process_lifecycle() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    let mut r = sh(&format!(
+        "echo started; while read l; do echo \"got $l\"; done; echo bye; sleep {m}"
+    ));
+    r.background = true;
+    r.stdin = true;
+    r.tag = Some("worker".into());
+    let (proc, pid) = match c.simple(&Request::Exec(r), Duration::from_secs(5)).unwrap() {
+        Response::Started { proc, pid } => (proc, pid),
+        other => panic!("{other:?}"),
+    };
+    assert!(pid > 0);
+    // It outlives the request, and is listed.
+    let procs = match c
+        .simple(&Request::ListProcs, Duration::from_secs(5))
+        .unwrap()
+    {
+        Response::Procs { procs } => procs,
+        other => panic!("{other:?}"),
+    };
+    let me = procs.iter().find(|p| p.proc == proc).expect("listed");
+    assert!(me.background && me.exit.is_none());
+    assert_eq!(me.tag.as_deref(), Some("worker"));
+
+    // Write to its stdin from a second connection (no output attach).
+    let c2 = a.client();
+    let w = c2
+        .call(&Request::Attach {
+            proc,
+            stdin: true,
+            replay: false,
+        })
+        .unwrap();
+    w.send_all(b"one\ntwo\n").unwrap();
+    // Re-attach with replay on the first connection: earlier output first.
+    let mut att = c
+        .call(&Request::Attach {
+            proc,
+            stdin: false,
+            replay: true,
+        })
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("got two") {
+        match att.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Some(Inbound::Data { bytes, .. }) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(other) => panic!("unexpected {other:?}"),
+            None => panic!("no output; so far {seen:?}"),
+        }
+    }
+    assert!(seen.starts_with("started\n"), "{seen:?}");
+    // Close stdin: the loop ends and the process sleeps.
+    assert!(matches!(
+        c.simple(&Request::CloseStdin { proc }, Duration::from_secs(5)),
+        Ok(Response::Ok)
+    ));
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&m) == 1));
+    // Kill it with a chosen signal; the attach sees the exit.
+    assert!(matches!(
+        c.simple(
+            &Request::Signal {
+                proc,
+                signal: libc::SIGTERM
+            },
+            Duration::from_secs(5)
+        ),
+        Ok(Response::Ok)
+    ));
+    let st = loop {
+        match att.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Some(Inbound::Response(Response::Exited(st))) => break st,
+            Some(Inbound::Data { bytes, .. }) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(seen.contains("bye"));
+    assert_eq!(st.signal, Some(libc::SIGTERM));
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()));
+    drop(w);
+    // Still listed, with its exit status; signalling it now is an error.
+    let procs = match c
+        .simple(&Request::ListProcs, Duration::from_secs(5))
+        .unwrap()
+    {
+        Response::Procs { procs } => procs,
+        other => panic!("{other:?}"),
+    };
+    let me = procs.iter().find(|p| p.proc == proc).expect("still listed");
+    assert_eq!(me.exit.as_ref().and_then(|e| e.signal), Some(libc::SIGTERM));
+    match c.simple(&Request::Signal { proc, signal: 9 }, Duration::from_secs(5)) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("{other:?}"),
+    }
+    // A late attach replays the buffer and the exit.
+    let mut late = c
+        .call(&Request::Attach {
+            proc,
+            stdin: false,
+            replay: true,
+        })
+        .unwrap();
+    let mut all = Vec::new();
+    loop {
+        match late.recv().unwrap() {
+            Inbound::Data { bytes, .. } => all.extend(bytes),
+            Inbound::Response(Response::Exited(_)) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&all),
+        "started\ngot one\ngot two\nbye\n"
+    );
+}
+
+#[test]
+fn background_output_buffer_is_bounded() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut r = sh("head -c 20000000 /dev/zero; echo; echo tail-marker");
+    r.background = true;
+    let proc = match c.simple(&Request::Exec(r), Duration::from_secs(5)).unwrap() {
+        Response::Started { proc, .. } => proc,
+        other => panic!("{other:?}"),
+    };
+    // Let it finish unobserved: only the bounded buffer can remain.
+    assert!(wait_until(Duration::from_secs(20), || {
+        match c.simple(&Request::ListProcs, Duration::from_secs(5)) {
+            Ok(Response::Procs { procs }) => {
+                procs.iter().any(|p| p.proc == proc && p.exit.is_some())
+            }
+            _ => false,
+        }
+    }));
+    let mut call = c
+        .call(&Request::Attach {
+            proc,
+            stdin: false,
+            replay: true,
+        })
+        .unwrap();
+    let mut dropped = 0;
+    let mut data = Vec::new();
+    loop {
+        match call.recv().unwrap() {
+            Inbound::Event(Event::Dropped { bytes }) => dropped += bytes,
+            Inbound::Data { bytes, .. } => data.extend(bytes),
+            Inbound::Response(Response::Exited(st)) => {
+                assert_eq!(st.code, Some(0));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(data.ends_with(b"tail-marker\n"));
+    assert_eq!(dropped + data.len() as u64, 20_000_000 + 1 + 12);
+    assert!(dropped > 0);
+    assert!(data.len() <= proto::limits::BACKGROUND_BUFFER);
+    assert!(rss_kib(a.pid()) < 64 * 1024);
+}
+
+#[test]
+fn pty_exec_with_resize() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut r = sh("stty size; read x; stty size; echo \"tty:$x\"");
+    r.pty = Some(PtySize { rows: 24, cols: 80 });
+    r.stdin = true;
+    let mut call = c.call(&Request::Exec(r)).unwrap();
+    let mut out = String::new();
+    let mut proc = 0;
+    while !out.contains("24 80") {
+        match call.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Some(Inbound::Event(Event::Started { proc: p, .. })) => proc = p,
+            Some(Inbound::Data { channel, bytes }) => {
+                assert_eq!(channel, channel::STDOUT, "pty output is all on channel 1");
+                out.push_str(&String::from_utf8_lossy(&bytes));
+            }
+            other => panic!("unexpected {other:?} after {out:?}"),
+        }
+    }
+    assert!(matches!(
+        c.simple(
+            &Request::Resize {
+                proc,
+                rows: 50,
+                cols: 132
+            },
+            Duration::from_secs(5)
+        ),
+        Ok(Response::Ok)
+    ));
+    call.send_all(b"hi\n").unwrap();
+    loop {
+        match call.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Some(Inbound::Data { bytes, .. }) => out.push_str(&String::from_utf8_lossy(&bytes)),
+            Some(Inbound::Response(Response::Exited(st))) => {
+                assert_eq!(st.code, Some(0));
+                break;
+            }
+            Some(Inbound::Eof { .. }) | Some(Inbound::Event(_)) => {}
+            other => panic!("unexpected {other:?} after {out:?}"),
+        }
+    }
+    assert!(out.contains("50 132"), "{out:?}");
+    assert!(out.contains("tty:hi"), "{out:?}");
+}
+
+#[test]
+fn binary_file_round_trips() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let big: Vec<u8> = {
+        // Deterministic, incompressible-looking bytes (xorshift).
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        (0..(100usize << 20))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    };
+    for (name, data) in [
+        ("empty.bin", Vec::new()),
+        ("one.bin", vec![0xFFu8]),
+        ("nested/dir/big.bin", big),
+    ] {
+        let n = c.write_file(name, &data, Some(0o600)).unwrap();
+        assert_eq!(n, data.len() as u64);
+        let on_disk = std::fs::read(a.workspace.join(name)).unwrap();
+        assert!(on_disk == data, "{name} differs on disk");
+        let back = c.read_file(name, 200 << 20).unwrap();
+        assert_eq!(back.len(), data.len());
+        assert!(back == data, "{name} differs after read");
+        let st = c.stat(name).unwrap();
+        assert_eq!(st.size, data.len() as u64);
+        assert_eq!(st.mode, 0o600);
+        assert_eq!(st.file_type, FileType::File);
+    }
+    // No temporary files left next to them.
+    let leftovers: Vec<_> = std::fs::read_dir(a.workspace.join("nested/dir"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+}
+
+#[test]
+fn file_operations() {
+    let a = TestAgent::start();
+    let c = a.client();
+    c.write_file("a/b/c.txt", b"0123456789", None).unwrap();
+    // Range read.
+    let mut call = c
+        .call(&Request::ReadFile {
+            path: "a/b/c.txt".into(),
+            offset: 3,
+            len: Some(4),
+        })
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        match call.recv().unwrap() {
+            Inbound::Data { bytes, .. } => got.extend(bytes),
+            Inbound::Response(Response::Read { bytes, size }) => {
+                assert_eq!((bytes, size), (4, 10));
+                break;
+            }
+            Inbound::Eof { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, b"3456");
+    // Atomic replace keeps readers from seeing half files; mode kept.
+    std::fs::set_permissions(
+        a.workspace.join("a/b/c.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o751),
+    )
+    .unwrap();
+    c.write_file("a/b/c.txt", b"new", None).unwrap();
+    assert_eq!(c.stat("a/b/c.txt").unwrap().mode, 0o751);
+    // Absolute paths work too.
+    let abs = a.workspace.join("a/b/c.txt");
+    assert_eq!(c.read_file(abs.to_str().unwrap(), 100).unwrap(), b"new");
+
+    let ok = |r: Request| c.simple(&r, Duration::from_secs(5));
+    assert!(matches!(
+        ok(Request::Mkdir {
+            path: "x/y/z".into(),
+            parents: true,
+            mode: None
+        }),
+        Ok(Response::Ok)
+    ));
+    c.write_file("x/y/z/f", b"f", None).unwrap();
+    let (entries, truncated) = c.list("", true, 1000).unwrap();
+    assert!(!truncated);
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    for p in ["a", "a/b", "a/b/c.txt", "x", "x/y/z", "x/y/z/f"] {
+        assert!(paths.contains(&p), "{p} missing from {paths:?}");
+    }
+    let (_, truncated) = c.list("", true, 2).unwrap();
+    assert!(truncated);
+    let (top, _) = c.list("", false, 1000).unwrap();
+    assert_eq!(top.len(), 2);
+
+    // Rename without overwrite refuses an existing target.
+    match ok(Request::Rename {
+        from: "x/y/z/f".into(),
+        to: "a/b/c.txt".into(),
+        overwrite: false,
+    }) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::AlreadyExists),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ok(Request::Rename {
+            from: "x/y/z/f".into(),
+            to: "moved".into(),
+            overwrite: false
+        }),
+        Ok(Response::Ok)
+    ));
+    // Non-recursive remove of a non-empty dir fails; recursive works.
+    match ok(Request::Remove {
+        path: "a".into(),
+        recursive: false,
+    }) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::DirectoryNotEmpty),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ok(Request::Remove {
+            path: "a".into(),
+            recursive: true
+        }),
+        Ok(Response::Ok)
+    ));
+    assert!(!a.workspace.join("a").exists());
+    match c.stat("a") {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("{other:?}"),
+    }
+    match c.read_file("x", 100) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::IsADirectory),
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Malformed input, sent as raw bytes.
+// ---------------------------------------------------------------------------
+
+struct Raw {
+    s: std::os::unix::net::UnixStream,
+    r: FrameReader<std::os::unix::net::UnixStream>,
+}
+
+impl Raw {
+    fn new(a: &TestAgent) -> Raw {
+        let s = a.stream();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = Raw {
+            r: FrameReader::new(s.try_clone().unwrap()),
+            s,
+        };
+        raw.send(&encode_json(
+            Kind::Hello,
+            0,
+            &Hello {
+                version: 1,
+                min_version: 1,
+                nonce: 7,
+                software: "test".into(),
+                capabilities: vec![],
+                max_payload: 1 << 20,
+            },
+        ));
+        let f = raw.next().expect("hello reply");
+        assert_eq!(f.kind(), Some(Kind::Hello));
+        raw
+    }
+    fn send(&mut self, b: &[u8]) {
+        self.s.write_all(b).unwrap();
+    }
+    fn next(&mut self) -> Option<proto::Frame> {
+        self.r.read_frame().ok().flatten()
+    }
+    fn next_error(&mut self) -> (u64, proto::ErrorBody) {
+        loop {
+            let f = self.next().expect("a frame");
+            if f.kind() == Some(Kind::Error) {
+                return (f.header.id, serde_json::from_slice(&f.payload).unwrap());
+            }
+        }
+    }
+}
+
+#[test]
+fn malformed_frames_get_errors_without_harming_other_requests() {
+    let a = TestAgent::start();
+    let mut raw = Raw::new(&a);
+    // A long-running request in flight on the same connection.
+    raw.send(&encode_json(
+        Kind::Request,
+        1,
+        &Request::Exec(sh("sleep 1; echo survivor")),
+    ));
+
+    // Unknown kind.
+    raw.send(
+        &encode_frame(Kind::Data, 5, 0, b"x")
+            .iter()
+            .enumerate()
+            .map(|(i, b)| if i == 1 { 200 } else { *b })
+            .collect::<Vec<u8>>(),
+    );
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code, e.id), (0, ErrorCode::UnknownKind, Some(5)));
+
+    // Not JSON / wrong shape / unknown op.
+    for (rid, body) in [
+        (10u64, &b"{not json"[..]),
+        (11, br#"{"op":"exec","argv":"notalist"}"#),
+        (12, br#"{"op":"launch_missiles"}"#),
+    ] {
+        raw.send(&encode_frame(Kind::Request, rid, 0, body));
+        let (id, e) = raw.next_error();
+        assert_eq!((id, e.code), (rid, ErrorCode::Protocol), "{}", e.message);
+    }
+    // Invalid UTF-8 inside a path string.
+    let mut bad = br#"{"op":"stat","path":"a"#.to_vec();
+    bad.extend_from_slice(&[0xff, 0xfe]);
+    bad.extend_from_slice(br#""}"#);
+    raw.send(&encode_frame(Kind::Request, 13, 0, &bad));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code), (13, ErrorCode::Protocol));
+    // NUL in a path.
+    raw.send(&encode_json(
+        Kind::Request,
+        14,
+        &Request::Stat {
+            path: "a\0b".into(),
+        },
+    ));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code), (14, ErrorCode::Invalid));
+    // Id 0 and a reused id.
+    raw.send(&encode_json(Kind::Request, 0, &Request::Ping));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code), (0, ErrorCode::Invalid));
+    raw.send(&encode_json(Kind::Request, 1, &Request::Ping));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code, e.id), (0, ErrorCode::DuplicateId, Some(1)));
+    // Frames for unknown ids are ignored; a window with a bad payload is reported.
+    raw.send(&encode_frame(Kind::Data, 999, 0, b"stray"));
+    raw.send(&encode_frame(Kind::Window, 1, 1, b"abc"));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code), (0, ErrorCode::Protocol));
+    // Sent-by-agent kinds are refused.
+    raw.send(&encode_frame(Kind::Response, 1, 0, b"{}"));
+    let (_, e) = raw.next_error();
+    assert_eq!(e.code, ErrorCode::Protocol);
+
+    // The first request still completes normally.
+    let mut stdout = Vec::new();
+    loop {
+        let f = raw.next().expect("frame");
+        if f.header.id != 1 {
+            continue;
+        }
+        match f.kind() {
+            Some(Kind::Data) => stdout.extend(f.payload),
+            Some(Kind::Response) => {
+                let r: Response = serde_json::from_slice(&f.payload).unwrap();
+                assert!(
+                    matches!(r, Response::Exited(ref s) if s.code == Some(0)),
+                    "{r:?}"
+                );
+                break;
+            }
+            Some(Kind::Error) => panic!("{}", String::from_utf8_lossy(&f.payload)),
+            _ => {}
+        }
+    }
+    assert_eq!(stdout, b"survivor\n");
+}
+
+#[test]
+fn fatal_frames_close_only_their_connection() {
+    let a = TestAgent::start();
+    let good = a.client();
+    let m = marker();
+    let mut long = good
+        .call(&Request::Exec(sh(&format!("sleep 1.{m}; echo fine"))))
+        .unwrap();
+
+    // Oversized frame: error, then close.
+    let mut raw = Raw::new(&a);
+    let mut h = encode_frame(Kind::Request, 1, 0, b"");
+    h[4..8].copy_from_slice(&((proto::MAX_PAYLOAD as u32) + 1).to_le_bytes());
+    raw.send(&h);
+    let (_, e) = raw.next_error();
+    assert_eq!(e.code, ErrorCode::Protocol);
+    assert!(raw.next().is_none(), "connection should close");
+
+    // Random bytes (bad magic).
+    let mut raw = Raw::new(&a);
+    let junk: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 | 1)
+        .collect();
+    let _ = raw.s.write_all(&junk);
+    let (_, e) = raw.next_error();
+    assert_eq!(e.code, ErrorCode::Protocol);
+    assert!(raw.next().is_none());
+
+    // Truncated frame, then hang-up.
+    let mut raw = Raw::new(&a);
+    let f = encode_json(Kind::Request, 3, &Request::Ping);
+    raw.send(&f[..f.len() - 3]);
+    raw.s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(raw.next().is_none());
+
+    // Garbage before any hello.
+    let mut s = a.stream();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = FrameReader::new(s);
+    let f = r.read_frame().unwrap().expect("error frame");
+    assert_eq!(f.kind(), Some(Kind::Error));
+
+    // Version with no overlap.
+    let mut s = a.stream();
+    s.write_all(&encode_json(
+        Kind::Hello,
+        0,
+        &Hello {
+            version: 99,
+            min_version: 50,
+            nonce: 1,
+            software: "future".into(),
+            capabilities: vec![],
+            max_payload: 1024,
+        },
+    ))
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let f = FrameReader::new(s)
+        .read_frame()
+        .unwrap()
+        .expect("error frame");
+    assert_eq!(f.kind(), Some(Kind::Error));
+
+    // The well-behaved connection was not disturbed.
+    let mut out = Vec::new();
+    loop {
+        match long.recv().unwrap() {
+            Inbound::Data { bytes, .. } => out.extend(bytes),
+            Inbound::Response(Response::Exited(st)) => {
+                assert_eq!(st.code, Some(0));
+                break;
+            }
+            Inbound::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    assert_eq!(out, b"fine\n");
+    good.ping(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn host_finds_its_hello_after_stale_bytes() {
+    // virtio-serial hands a new client whatever the guest wrote for the
+    // previous one; the client must skip it. Simulate with a socket pair:
+    // the fake "agent" writes junk, then a hello with another nonce, then
+    // the real answer.
+    use std::io::Read;
+    let (host, mut guest) = std::os::unix::net::UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        let mut r = FrameReader::new(guest.try_clone().unwrap());
+        let f = r.read_frame().unwrap().unwrap();
+        let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+        let mut stale = encode_frame(Kind::Data, 4, 1, b"old output");
+        stale.truncate(20); // half a frame
+        guest.write_all(&stale).unwrap();
+        guest.write_all(b"\xa5\x01garbage").unwrap();
+        let other = Hello {
+            nonce: h.nonce ^ 1,
+            ..h.clone()
+        };
+        guest
+            .write_all(&encode_json(Kind::Hello, 0, &other))
+            .unwrap();
+        guest.write_all(&encode_json(Kind::Hello, 0, &h)).unwrap();
+        let mut b = [0u8; 1];
+        let _ = guest.read(&mut b);
+    });
+    let c = agent_sandbox::agent::AgentClient::connect(host, Duration::from_secs(5)).unwrap();
+    assert_eq!(c.hello.version, 1);
+    c.close();
+    t.join().unwrap();
+}

@@ -1,0 +1,159 @@
+//! Shared test helpers: start the real agent binary on a Unix socket.
+#![allow(dead_code)]
+
+use agent_sandbox::agent::AgentClient;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Path of the `sandbox-agent` binary, built on first use if cargo has
+/// not built it yet (it belongs to another package of the workspace).
+pub fn agent_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("SANDBOX_AGENT_BIN") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("test exe path");
+        // target/<profile>/deps/<test> -> target/<profile>/sandbox-agent
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+        let bin = profile_dir.join("sandbox-agent");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "sandbox-agent",
+            "--bin",
+            "sandbox-agent",
+        ]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("run cargo build for sandbox-agent");
+        assert!(st.success(), "building sandbox-agent failed");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A running agent process with its own socket and workspace; killed and
+/// cleaned up on drop.
+pub struct TestAgent {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub sock: PathBuf,
+    pub workspace: PathBuf,
+}
+
+impl TestAgent {
+    pub fn start() -> TestAgent {
+        let dir = tempfile::Builder::new()
+            .prefix("sbx-agent-test")
+            .tempdir()
+            .expect("tempdir");
+        let sock = dir.path().join("agent.sock");
+        let workspace = dir.path().join("workspace");
+        let mut child = Command::new(agent_bin())
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--workspace")
+            .arg(&workspace)
+            .env("SANDBOX_AGENT_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sandbox-agent");
+        let out = child.stdout.take().expect("agent stdout");
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .expect("read READY");
+        assert!(
+            line.starts_with(agent_sandbox::proto::READY_LINE),
+            "agent printed {line:?} instead of READY"
+        );
+        TestAgent {
+            child,
+            dir,
+            sock,
+            workspace,
+        }
+    }
+
+    pub fn stream(&self) -> UnixStream {
+        UnixStream::connect(&self.sock).expect("connect to agent socket")
+    }
+
+    pub fn client(&self) -> AgentClient {
+        AgentClient::connect(self.stream(), Duration::from_secs(10)).expect("agent hello")
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pids of live (non-zombie) processes whose command line contains `marker`.
+pub fn procs_with(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Polls `f` until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// A marker unique to this call, for finding processes in /proc.
+pub fn marker() -> String {
+    format!("{}", 100_000 + agent_sandbox::agent::random_u64() % 800_000)
+}
+
+/// Live `sleep <marker>` processes (exact command line), not the shells
+/// whose command strings merely mention the marker.
+pub fn sleepers(marker: &str) -> usize {
+    let want = format!("sleep\0{marker}\0");
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    rd.flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).unwrap_or_default() == want.as_bytes())
+        .count()
+}
