@@ -70,7 +70,8 @@ pub enum Kind {
     Error = 4,
     /// Raw bytes on `channel`. Consumes the receiver's credit.
     Data = 5,
-    /// End of the data on `channel` (no payload).
+    /// Host -> guest: end of the data on `channel` (no payload). The guest
+    /// sends none: its final `Response` ends all of a request's output.
     Eof = 6,
     /// Receiver grants `u32 LE` more bytes of credit on `channel`.
     Window = 7,

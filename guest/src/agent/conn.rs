@@ -7,8 +7,8 @@
 
 use super::Agent;
 use crate::proto::{
-    self, encode_frame, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame,
-    FrameReader, Hello, Kind, Request, Response,
+    self, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame, FrameReader, Hello, Kind,
+    Request, Response,
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
@@ -194,12 +194,6 @@ impl Req {
 
     pub fn event(&self, e: &Event) -> bool {
         self.conn.writer.json(Kind::Event, self.id, e)
-    }
-
-    pub fn eof(&self, channel: u16) -> bool {
-        self.conn
-            .writer
-            .send(&encode_frame(Kind::Eof, self.id, channel, &[]))
     }
 
     pub fn grant(&self) -> Grant {

@@ -108,7 +108,6 @@ pub fn read_file(agent: &Agent, mut req: Req, path: &str, offset: u64, len: Opti
             }
         }
     }
-    req.eof(channel::STDOUT);
     req.respond(&Response::Read {
         bytes: sent,
         size: meta.len(),

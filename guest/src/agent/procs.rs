@@ -181,6 +181,11 @@ impl Procs {
         }
     }
 
+    /// The pump reaped `pid` itself (through its pidfd).
+    pub fn forget_pid(&self, pid: i32) {
+        lock(&self.table).by_pid.remove(&pid);
+    }
+
     pub fn get(&self, id: u64) -> Option<Arc<Proc>> {
         lock(&self.table).by_id.get(&id).cloned()
     }

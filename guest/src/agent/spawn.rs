@@ -111,12 +111,14 @@ fn posix_spawn(
             libc::posix_spawnattr_setsigmask(&mut attr.0, &empty),
             "posix_spawnattr_setsigmask",
         )?;
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::sigdelset(&mut all, libc::SIGKILL);
-        libc::sigdelset(&mut all, libc::SIGSTOP);
+        // Only SIGPIPE is ignored by the agent (Rust's runtime does it);
+        // listing every signal here would cost the child ~60 sigaction
+        // calls on the exec hot path.
+        let mut dfl: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut dfl);
+        libc::sigaddset(&mut dfl, libc::SIGPIPE);
         spawn_err(
-            libc::posix_spawnattr_setsigdefault(&mut attr.0, &all),
+            libc::posix_spawnattr_setsigdefault(&mut attr.0, &dfl),
             "posix_spawnattr_setsigdefault",
         )?;
         let flags = libc::POSIX_SPAWN_SETSIGMASK

@@ -193,3 +193,44 @@ pub fn ensure_stdio() {
         }
     }
 }
+
+/// A pollable handle on a child process (Linux 5.3+). `None` if the
+/// kernel lacks pidfds or the child is already gone; callers then wait for
+/// the reaper instead.
+pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fresh descriptor we own.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Reaps the child behind `pidfd` if it has exited. Returns its raw wait
+/// status, or `None` if it still runs or someone else reaped it.
+pub fn reap_pidfd(pidfd: RawFd) -> Option<i32> {
+    const P_PIDFD: libc::idtype_t = 3;
+    // SAFETY: siginfo_t is plain data filled by the kernel.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    let r = unsafe {
+        libc::waitid(
+            P_PIDFD,
+            pidfd as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
+    };
+    // SAFETY: si_pid/si_status are valid for SIGCHLD siginfo.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if r < 0 || pid == 0 {
+        return None;
+    }
+    // Rebuild a classic wait status so one decoder serves both paths.
+    Some(match info.si_code {
+        libc::CLD_EXITED => (status & 0xff) << 8,
+        libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+        _ => status & 0x7f,
+    })
+}
