@@ -124,7 +124,10 @@ impl fmt::Display for DecodeError {
         match self {
             DecodeError::BadMagic(b) => write!(f, "bad frame magic 0x{b:02x}"),
             DecodeError::TooLarge(n) => {
-                write!(f, "frame payload of {n} bytes exceeds the {MAX_PAYLOAD}-byte limit")
+                write!(
+                    f,
+                    "frame payload of {n} bytes exceeds the {MAX_PAYLOAD}-byte limit"
+                )
             }
             DecodeError::Truncated => write!(f, "stream ended inside a frame"),
             DecodeError::Io(e) => write!(f, "read failed: {e}"),
@@ -335,11 +338,20 @@ pub enum Request {
         replay: bool,
     },
     /// Send a signal to a process's whole process group.
-    Signal { proc: u64, signal: i32 },
+    Signal {
+        proc: u64,
+        signal: i32,
+    },
     /// Change the PTY size of a process started with a PTY.
-    Resize { proc: u64, rows: u16, cols: u16 },
+    Resize {
+        proc: u64,
+        rows: u16,
+        cols: u16,
+    },
     /// Close a background process's stdin.
-    CloseStdin { proc: u64 },
+    CloseStdin {
+        proc: u64,
+    },
     ListProcs,
     ReadFile {
         path: String,
@@ -685,6 +697,12 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         let w: Request = serde_json::from_str(r#"{"op":"write_file","path":"a"}"#).unwrap();
-        assert!(matches!(w, Request::WriteFile { create_parents: true, .. }));
+        assert!(matches!(
+            w,
+            Request::WriteFile {
+                create_parents: true,
+                ..
+            }
+        ));
     }
 }
