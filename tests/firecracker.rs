@@ -388,6 +388,9 @@ impl Spawner for FakeFc {
         let vmm = root.join(&exec_name);
         fs::copy("/bin/sleep", &vmm).unwrap();
         let secs = if mode == Mode::VmmDies { "0" } else { "60" };
+        // Reaped by the backend's teardown (waitpid), like a VMM under a
+        // subreaper would be.
+        #[allow(clippy::zombie_processes)]
         let child = std::process::Command::new(&vmm).arg(secs).spawn().unwrap();
         fs::write(
             root.join(format!("{exec_name}.pid")),
