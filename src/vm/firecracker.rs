@@ -173,7 +173,7 @@ impl FirecrackerBackend {
         // exists, and this wait is short and bounded.
         loop {
             if vm.vmm.is_none() {
-                match jailer::open_vmm(&vm.paths) {
+                match jailer::open_pid_file(&vm.paths) {
                     Ok(Some(p)) => vm.vmm = Some(p),
                     Ok(None) => {}
                     Err(e) => {
@@ -640,7 +640,7 @@ pub fn vsock_connect(
 ) -> Result<UnixStream> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
-    let mut last: String;
+    let mut last = String::from("no answer");
     loop {
         if !alive() {
             return Err(VmError::Api {
@@ -653,6 +653,8 @@ pub fn vsock_connect(
         }
         match handshake(uds, port, deadline) {
             Ok(s) => return Ok(s),
+            // An empty reason (deadline hit before trying) keeps the last real one.
+            Err(Attempt::Retry(why)) if why.is_empty() => {}
             Err(Attempt::Retry(why)) => last = why,
             Err(Attempt::Fatal(e)) => return Err(e),
         }
@@ -698,7 +700,7 @@ fn handshake(uds: &Path, port: u32, deadline: Instant) -> std::result::Result<Un
     };
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return Err(Attempt::Retry("deadline reached".into()));
+        return Err(Attempt::Retry(String::new()));
     }
     let set = s
         .set_read_timeout(Some(left))

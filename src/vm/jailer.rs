@@ -461,13 +461,22 @@ impl Pidfd {
     }
 }
 
-/// Read the VMM pid the jailer wrote.
-pub fn read_pid_file(paths: &JailPaths) -> io::Result<i32> {
-    let s = fs::read_to_string(paths.pid_file())?;
+/// Read the VMM pid the jailer wrote; `None` while the file is missing or
+/// still empty (the jailer creates it, then writes it).
+pub fn read_pid_file(paths: &JailPaths) -> io::Result<Option<i32>> {
+    let s = match fs::read_to_string(paths.pid_file()) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
     s.trim()
         .parse::<i32>()
         .ok()
         .filter(|p| *p > 0)
+        .map(Some)
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -476,23 +485,31 @@ pub fn read_pid_file(paths: &JailPaths) -> io::Result<i32> {
         })
 }
 
-/// Open a handle to the VMM named by the pid file, but only if that process
-/// really is the VMM: its `comm` must be the exec file name. Guards against
-/// killing an unrelated process that reused a stale pid.
-pub fn open_vmm(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
-    let pid = match read_pid_file(paths) {
-        Ok(p) => p,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+/// Handle to the process the pid file names, without checking what it is.
+/// For use right after launching, when the file is fresh: the jailer writes
+/// it just after cloning the VMM, possibly before the VMM has exec'd, so its
+/// name may still be the jailer's.
+pub fn open_pid_file(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
+    let Some(pid) = read_pid_file(paths)? else {
+        return Ok(None);
     };
-    let pfd = match Pidfd::open(pid) {
-        Ok(p) => p,
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
-        Err(e) => return Err(e),
+    match Pidfd::open(pid) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Open a handle to the VMM named by a possibly stale pid file, but only if
+/// that process really is the VMM: its `comm` must be the exec file name.
+/// Guards against killing an unrelated process that reused the pid.
+pub fn open_vmm(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
+    let Some(pfd) = open_pid_file(paths)? else {
+        return Ok(None);
     };
     // Check identity after opening the pidfd: if comm matches now, the pidfd
     // refers to that process for good.
-    let comm = match fs::read(format!("/proc/{pid}/comm")) {
+    let comm = match fs::read(format!("/proc/{}/comm", pfd.pid())) {
         Ok(c) => c,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
