@@ -427,14 +427,22 @@ fn serve(l: UnixListener, root: PathBuf, spec: Arc<Spec>, shared: Arc<Mutex<Shar
                 parts.next().unwrap_or("").to_string(),
             );
             let mut len = 0usize;
+            let mut bad_headers: Vec<String> = Vec::new();
             loop {
                 let mut h = String::new();
                 if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                     break;
                 }
                 if let Some((k, v)) = h.split_once(':') {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.trim().parse().unwrap_or(0);
+                    let (k, v) = (k.to_ascii_lowercase(), v.trim());
+                    match k.as_str() {
+                        "content-length" => len = v.parse().unwrap_or(0),
+                        // Firecracker's micro_http accepts only these media types.
+                        "content-type" | "accept" if v != "application/json" => {
+                            bad_headers.push(format!("{k}: {v}"))
+                        }
+                        "content-type" | "accept" | "host" => {}
+                        _ => bad_headers.push(format!("unexpected header {k}")),
                     }
                 }
             }
@@ -452,6 +460,10 @@ fn serve(l: UnixListener, root: PathBuf, spec: Arc<Spec>, shared: Arc<Mutex<Shar
                 None
             };
             let mut s = shared.lock().unwrap();
+            if !bad_headers.is_empty() {
+                s.violations
+                    .push(format!("{method} {path}: headers {bad_headers:?}"));
+            }
             let (status, reply) = if len > 0 && json.is_none() {
                 s.violations
                     .push(format!("{method} {path}: body is not JSON"));
