@@ -502,3 +502,14 @@ fn direct_spawner_captures_output_and_bounds_time() {
         .unwrap_err();
     assert!(e.to_string().contains("/nonexistent/jailer"), "{e}");
 }
+
+#[test]
+fn cgroup2_mount_is_found_like_the_jailer_finds_it() {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let want = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(2) == Some("cgroup2"))
+        .and_then(|l| l.split(' ').nth(1))
+        .map(PathBuf::from);
+    assert_eq!(jailer::cgroup2_mount(), want);
+}

@@ -70,7 +70,8 @@ pub struct JailerConfig {
     pub firecracker_bin: PathBuf,
     /// `--chroot-base-dir`; the jailer's own default is `/srv/jailer`.
     pub chroot_base: PathBuf,
-    /// Where cgroup v2 is mounted; used to find the dir the jailer made.
+    /// Where cgroup v2 is mounted (see [`cgroup2_mount`]); used to find the
+    /// dir the jailer made, `<cgroup_root>/<parent_cgroup>/<id>`.
     pub cgroup_root: PathBuf,
     /// `--parent-cgroup`: every VM's cgroup is `<parent>/<id>`.
     pub parent_cgroup: String,
@@ -102,6 +103,18 @@ impl Default for JailerConfig {
             fsize_slack_bytes: 64 << 20,
         }
     }
+}
+
+/// Where cgroup v2 is mounted, found the way the jailer finds it: the first
+/// `cgroup2` entry of `/proc/mounts`. `None` without cgroup v2.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        let (_dev, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        // /proc/mounts escapes spaces as \040; cgroup mounts do not have any.
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
 }
 
 /// Per-VM launch parameters.
