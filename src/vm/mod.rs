@@ -3,6 +3,11 @@
 //!
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
+pub mod firecracker;
+pub mod http;
+pub mod jailer;
+pub mod snapshot;
+
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,6 +37,10 @@ pub enum VmError {
         problem: String,
         fix: String,
     },
+    /// The snapshot was made from other inputs (kernel, rootfs, VMM
+    /// version, VM shape) than a restore would use now: rebuild it.
+    #[error("snapshot {dir} is stale: {reason} (fix: rebuild it)")]
+    StaleSnapshot { dir: PathBuf, reason: String },
     #[error("{0}")]
     Other(String),
 }
@@ -74,7 +83,10 @@ pub trait Backend: Send + Sync {
     fn vmm_version(&self) -> Result<String>;
     /// Cold boot.
     fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>>;
-    /// Start a fresh VMM from the snapshot in `snapshot_dir`.
+    /// Start a fresh VMM from the snapshot in `snapshot_dir`. Fails with
+    /// [`VmError::StaleSnapshot`] when the manifest does not match `cfg` and
+    /// this host (the caller rebuilds), [`VmError::BadFile`] when files are
+    /// missing or unreadable.
     fn restore(&self, cfg: &VmConfig, snapshot_dir: &std::path::Path) -> Result<Box<dyn Vm>>;
 }
 
@@ -84,7 +96,9 @@ pub trait Vm: Send {
     fn pid(&self) -> Option<i32>;
     /// A byte stream to the guest agent (before the protocol hello).
     fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream>;
-    /// Pause and save the VM into `dir` (files named by the backend).
+    /// Pause and save the VM into `dir` (files named by the backend) and
+    /// write `dir/manifest.json` (see [`snapshot::Manifest`]) last. The VM is
+    /// left paused; destroy it afterwards.
     fn snapshot(&mut self, dir: &std::path::Path) -> Result<()>;
     /// Kill the VMM, reap it and remove everything it created. Idempotent.
     fn destroy(&mut self) -> Result<()>;

@@ -1,0 +1,793 @@
+//! Firecracker backend: one jailed Firecracker process per VM, driven over
+//! its API socket (see `http`), with the agent reached through Firecracker's
+//! vsock-over-UDS bridge.
+//!
+//! Every request body here is checked in `tests/firecracker.rs` against
+//! Firecracker's published v1.16.1 API spec.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::jailer::{self, in_jail, JailFile, JailPaths, JailerConfig, LaunchSpec, Pidfd, Spawner};
+use super::snapshot::{self, Manifest};
+use super::{Backend, Result, Vm, VmConfig, VmError};
+
+const NAME: &str = "firecracker";
+
+/// Snapshot file names inside a snapshot directory.
+pub const SNAP_STATE_FILE: &str = "vmstate";
+pub const SNAP_MEM_FILE: &str = "memory";
+
+/// Guest vsock CID (3 is the first one not reserved).
+pub const GUEST_CID: u32 = 3;
+
+/// Kernel command line before `cmdline_extra`.
+pub const DEFAULT_CMDLINE: &str =
+    "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda ro rootfstype=erofs init=/sbin/sandbox-agent";
+
+/// Largest API response body read (errors are a line of JSON).
+const MAX_API_BODY: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// Jailer process run to exit.
+    pub jailer: Duration,
+    /// Jailer exit to API socket accepting.
+    pub api_socket: Duration,
+    /// One ordinary API request.
+    pub request: Duration,
+    /// Snapshot create / load (writes or maps the whole guest memory).
+    pub snapshot: Duration,
+    /// Kill to exit, and cgroup removal.
+    pub teardown: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            jailer: Duration::from_secs(5),
+            api_socket: Duration::from_secs(5),
+            request: Duration::from_secs(5),
+            snapshot: Duration::from_secs(120),
+            teardown: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct FirecrackerBackend {
+    jailer: JailerConfig,
+    spawner: Arc<dyn Spawner>,
+    timeouts: Timeouts,
+    /// Guest port the agent listens on.
+    agent_port: u32,
+    log_level: &'static str,
+    version: Mutex<Option<String>>,
+}
+
+impl FirecrackerBackend {
+    pub fn new(jailer: JailerConfig, spawner: Arc<dyn Spawner>) -> Self {
+        FirecrackerBackend {
+            jailer,
+            spawner,
+            timeouts: Timeouts::default(),
+            agent_port: crate::proto::DEFAULT_VSOCK_PORT,
+            log_level: "Warning",
+            version: Mutex::new(None),
+        }
+    }
+
+    pub fn with_timeouts(mut self, t: Timeouts) -> Self {
+        self.timeouts = t;
+        self
+    }
+
+    pub fn with_agent_port(mut self, port: u32) -> Self {
+        self.agent_port = port;
+        self
+    }
+
+    pub fn jailer_config(&self) -> &JailerConfig {
+        &self.jailer
+    }
+
+    /// Remove what a VM with this id left behind (after a daemon crash).
+    pub fn cleanup_stale(&self, id: &str) -> Result<()> {
+        let paths = JailPaths::new(&self.jailer, id)?;
+        jailer::teardown(&paths, None, Instant::now() + self.timeouts.teardown)
+    }
+
+    /// Start a jailed VMM with `files` in its chroot and wait until its API
+    /// socket answers. On error everything created is removed.
+    fn launch(&self, cfg: &VmConfig, files: Vec<JailFile>) -> Result<FcVm> {
+        let paths = JailPaths::new(&self.jailer, &cfg.id)?;
+        jailer::check_socket_path(&paths.api_sock())?;
+        jailer::check_socket_path(&paths.vsock())?;
+        if paths.jail_dir.exists() {
+            return Err(VmError::BadFile {
+                path: paths.jail_dir.clone(),
+                problem: "left over from an earlier VM with this id".into(),
+                fix: "clean it up (FirecrackerBackend::cleanup_stale) or use a new id".into(),
+            });
+        }
+        let spec = LaunchSpec {
+            id: cfg.id.clone(),
+            uid: cfg.uid,
+            gid: cfg.gid,
+            netns: cfg.net.as_ref().map(|n| n.netns.clone()),
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+        };
+        let argv = jailer::build_argv(&self.jailer, &spec)?;
+        let mut vm = FcVm {
+            id: cfg.id.clone(),
+            paths,
+            vmm: None,
+            timeouts: self.timeouts.clone(),
+            agent_port: self.agent_port,
+            cfg: cfg.clone(),
+            vmm_version: String::new(),
+            destroyed: false,
+        };
+        // From here on `vm` owns the cleanup: its Drop tears everything down.
+        jailer::prepare_chroot(&vm.paths, cfg.uid, cfg.gid, &files, &[in_jail::LOG])?;
+        self.start(&mut vm, &argv)?;
+        vm.api(
+            "PUT",
+            "/logger",
+            &json!({ "log_path": in_jail::LOG, "level": self.log_level, "show_level": true }),
+            self.timeouts.request,
+        )?;
+        Ok(vm)
+    }
+
+    fn start(&self, vm: &mut FcVm, argv: &[OsString]) -> Result<()> {
+        let out = self
+            .spawner
+            .run(argv, Instant::now() + self.timeouts.jailer)?;
+        if out.code != Some(0) {
+            return Err(VmError::Api {
+                backend: NAME,
+                msg: format!(
+                    "jailer for {} failed ({}): {}",
+                    vm.id,
+                    match out.code {
+                        Some(c) => format!("exit code {c}"),
+                        None => "killed by a signal".into(),
+                    },
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let started = Instant::now();
+        let deadline = started + self.timeouts.api_socket;
+        let mut pause = Duration::from_millis(1);
+        // The jailer wrote the pid file before it exited; the VMM may still
+        // be starting. Poll the socket: there is nothing to block on until it
+        // exists, and this wait is short and bounded.
+        loop {
+            if vm.vmm.is_none() {
+                match jailer::open_pid_file(&vm.paths) {
+                    Ok(Some(p)) => vm.vmm = Some(p),
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(VmError::Io {
+                            backend: NAME,
+                            what: format!("read VMM pid file {}", vm.paths.pid_file().display()),
+                            source: e,
+                        })
+                    }
+                }
+            }
+            if let Some(p) = &vm.vmm {
+                if !p.is_alive() {
+                    return Err(vm.died("while starting"));
+                }
+                if UnixStream::connect(vm.paths.api_sock()).is_ok() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let what = if vm.vmm.is_none() {
+                    format!("VMM pid file {}", vm.paths.pid_file().display())
+                } else {
+                    format!("API socket {}", vm.paths.api_sock().display())
+                };
+                return Err(VmError::Timeout {
+                    backend: NAME,
+                    what,
+                    ms: ms(started, deadline),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    fn check_input(path: &Path, what: &str) -> Result<()> {
+        match fs::metadata(path) {
+            Ok(m) if m.is_file() => Ok(()),
+            Ok(_) => Err(VmError::BadFile {
+                path: path.to_path_buf(),
+                problem: format!("{what} is not a regular file"),
+                fix: "agent-sandbox image build".into(),
+            }),
+            Err(e) => Err(VmError::BadFile {
+                path: path.to_path_buf(),
+                problem: format!("{what}: {e}"),
+                fix: "agent-sandbox image build".into(),
+            }),
+        }
+    }
+}
+
+fn ms(from: Instant, to: Instant) -> u64 {
+    to.saturating_duration_since(from).as_millis() as u64
+}
+
+fn cmdline(cfg: &VmConfig) -> String {
+    let extra = cfg.cmdline_extra.trim();
+    if extra.is_empty() {
+        DEFAULT_CMDLINE.to_string()
+    } else {
+        format!("{DEFAULT_CMDLINE} {extra}")
+    }
+}
+
+impl Backend for FirecrackerBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn vmm_version(&self) -> Result<String> {
+        let mut cached = self
+            .version
+            .lock()
+            .map_err(|_| VmError::Other("firecracker version cache poisoned".into()))?;
+        if let Some(v) = cached.as_ref() {
+            return Ok(v.clone());
+        }
+        let argv = vec![
+            self.jailer.firecracker_bin.clone().into_os_string(),
+            OsString::from("--version"),
+        ];
+        let out = self
+            .spawner
+            .run(&argv, Instant::now() + self.timeouts.jailer)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `Firecracker v1.16.1` on the first line.
+        let v = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .filter(|_| out.code == Some(0))
+            .ok_or_else(|| VmError::Api {
+                backend: NAME,
+                msg: format!(
+                    "{} --version gave no version (exit {:?}): {}",
+                    self.jailer.firecracker_bin.display(),
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            })?
+            .to_string();
+        *cached = Some(v.clone());
+        Ok(v)
+    }
+
+    fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>> {
+        Self::check_input(&cfg.kernel, "kernel")?;
+        Self::check_input(&cfg.rootfs, "rootfs")?;
+        let version = self.vmm_version()?;
+        let files = vec![
+            JailFile {
+                src: cfg.kernel.clone(),
+                in_jail: in_jail::KERNEL,
+            },
+            JailFile {
+                src: cfg.rootfs.clone(),
+                in_jail: in_jail::ROOTFS,
+            },
+        ];
+        let mut vm = self.launch(cfg, files)?;
+        vm.vmm_version = version;
+        let t = self.timeouts.request;
+        vm.api(
+            "PUT",
+            "/boot-source",
+            &json!({ "kernel_image_path": in_jail::KERNEL, "boot_args": cmdline(cfg) }),
+            t,
+        )?;
+        vm.api(
+            "PUT",
+            "/drives/rootfs",
+            &json!({
+                "drive_id": "rootfs",
+                "path_on_host": in_jail::ROOTFS,
+                "is_root_device": true,
+                "is_read_only": true,
+            }),
+            t,
+        )?;
+        vm.api(
+            "PUT",
+            "/machine-config",
+            &json!({ "vcpu_count": cfg.vcpus, "mem_size_mib": cfg.mem_mib, "smt": false }),
+            t,
+        )?;
+        if let Some(net) = &cfg.net {
+            vm.api(
+                "PUT",
+                "/network-interfaces/eth0",
+                &json!({
+                    "iface_id": "eth0",
+                    "host_dev_name": net.tap,
+                    "guest_mac": net.guest_mac,
+                }),
+                t,
+            )?;
+        }
+        vm.api(
+            "PUT",
+            "/vsock",
+            &json!({ "guest_cid": GUEST_CID, "uds_path": in_jail::VSOCK }),
+            t,
+        )?;
+        vm.api(
+            "PUT",
+            "/actions",
+            &json!({ "action_type": "InstanceStart" }),
+            t,
+        )?;
+        Ok(Box::new(vm))
+    }
+
+    fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
+        let manifest = Manifest::read(snapshot_dir)?;
+        let version = self.vmm_version()?;
+        let inputs = snapshot::Inputs {
+            backend: NAME,
+            vmm_version: &version,
+            kernel: &cfg.kernel,
+            rootfs: &cfg.rootfs,
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+        };
+        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
+            return Err(VmError::StaleSnapshot {
+                dir: snapshot_dir.to_path_buf(),
+                reason,
+            });
+        }
+        // The kernel is inside the saved memory; only the rootfs is reopened.
+        let files = vec![
+            JailFile {
+                src: cfg.rootfs.clone(),
+                in_jail: in_jail::ROOTFS,
+            },
+            JailFile {
+                src: snapshot_dir.join(SNAP_STATE_FILE),
+                in_jail: in_jail::SNAP_STATE,
+            },
+            JailFile {
+                src: snapshot_dir.join(SNAP_MEM_FILE),
+                in_jail: in_jail::SNAP_MEM,
+            },
+        ];
+        let mut vm = self.launch(cfg, files)?;
+        vm.vmm_version = version;
+        let mut body = json!({
+            "snapshot_path": in_jail::SNAP_STATE,
+            "mem_backend": { "backend_type": "File", "backend_path": in_jail::SNAP_MEM },
+            "resume_vm": true,
+        });
+        if let Some(net) = &cfg.net {
+            // Same TAP name in every namespace, so this is a no-op for
+            // snapshots made by this daemon; it keeps a renamed TAP working.
+            body["network_overrides"] = json!([{ "iface_id": "eth0", "host_dev_name": net.tap }]);
+        }
+        vm.api("PUT", "/snapshot/load", &body, self.timeouts.snapshot)?;
+        Ok(Box::new(vm))
+    }
+}
+
+pub struct FcVm {
+    id: String,
+    paths: JailPaths,
+    vmm: Option<Pidfd>,
+    timeouts: Timeouts,
+    agent_port: u32,
+    cfg: VmConfig,
+    vmm_version: String,
+    destroyed: bool,
+}
+
+impl FcVm {
+    pub fn paths(&self) -> &JailPaths {
+        &self.paths
+    }
+
+    /// One API call; any non-2xx answer becomes a `VmError` naming the call
+    /// and Firecracker's `fault_message`.
+    fn api(&self, method: &str, path: &str, body: &Value, timeout: Duration) -> Result<()> {
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| VmError::Other(format!("serialize {method} {path}: {e}")))?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let resp = super::http::request(
+            &self.paths.api_sock(),
+            method,
+            path,
+            Some(&bytes),
+            deadline,
+            MAX_API_BODY,
+        );
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                if self.vmm.as_ref().is_some_and(|p| !p.is_alive()) {
+                    return Err(self.died(&format!("during {method} {path}")));
+                }
+                return Err(match e {
+                    super::http::HttpError::Timeout { .. } => VmError::Timeout {
+                        backend: NAME,
+                        what: format!("VM {}: answer to {method} {path}", self.id),
+                        ms: ms(started, deadline),
+                    },
+                    other => VmError::Api {
+                        backend: NAME,
+                        msg: format!("VM {}: {method} {path}: {other}", self.id),
+                    },
+                });
+            }
+        };
+        if resp.is_success() {
+            return Ok(());
+        }
+        let fault = serde_json::from_slice::<Value>(&resp.body)
+            .ok()
+            .and_then(|v| {
+                v.get("fault_message")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&resp.body).trim().to_string());
+        Err(VmError::Api {
+            backend: NAME,
+            msg: format!(
+                "VM {}: {method} {path} rejected (HTTP {}): {fault}",
+                self.id, resp.status
+            ),
+        })
+    }
+
+    /// Error for a VMM that exited, with the tail of its log.
+    fn died(&self, when: &str) -> VmError {
+        let pid = self.vmm.as_ref().map(Pidfd::pid).unwrap_or(0);
+        let tail = log_tail(&self.paths.host(in_jail::LOG), 1024);
+        VmError::Api {
+            backend: NAME,
+            msg: format!(
+                "VM {}: firecracker (pid {pid}) exited {when}{}",
+                self.id,
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; log: {tail}")
+                }
+            ),
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.vmm.as_ref().is_some_and(Pidfd::is_alive)
+    }
+
+    fn take_snapshot_file(&self, in_jail_name: &str, dst: &Path) -> Result<()> {
+        let src = self.paths.host(in_jail_name);
+        if fs::rename(&src, dst).is_err() {
+            // Across filesystems: copy, then drop the jail's copy.
+            fs::copy(&src, dst).map_err(|e| VmError::Io {
+                backend: NAME,
+                what: format!("copy {} to {}", src.display(), dst.display()),
+                source: e,
+            })?;
+            let _ = fs::remove_file(&src);
+        }
+        // Restored VMs hard-link these files: make them read-only to the VM
+        // user so no VMM can write into the template others restore from.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            jailer::chown(dst, 0, self.cfg.gid)?;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dst, fs::Permissions::from_mode(0o440)).map_err(|e| VmError::Io {
+            backend: NAME,
+            what: format!("chmod {}", dst.display()),
+            source: e,
+        })
+    }
+}
+
+fn log_tail(path: &Path, max: u64) -> String {
+    let Ok(mut f) = fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut buf = Vec::new();
+    use std::io::Seek;
+    if f.seek(io::SeekFrom::Start(len.saturating_sub(max)))
+        .is_err()
+    {
+        return String::new();
+    }
+    let _ = f.take(max).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).trim().replace('\n', " | ")
+}
+
+impl Vm for FcVm {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.vmm.as_ref().filter(|p| p.is_alive()).map(Pidfd::pid)
+    }
+
+    fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream> {
+        let vmm = &self.vmm;
+        vsock_connect(&self.paths.vsock(), self.agent_port, deadline, &|| {
+            vmm.as_ref().is_some_and(Pidfd::is_alive)
+        })
+        .map_err(|e| match e {
+            VmError::Api { msg, .. } if !self.alive() => self.died(&format!("({msg})")),
+            other => other,
+        })
+    }
+
+    fn snapshot(&mut self, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|e| VmError::Io {
+            backend: NAME,
+            what: format!("create snapshot dir {}", dir.display()),
+            source: e,
+        })?;
+        // A stale manifest must not describe the files about to be replaced.
+        let _ = fs::remove_file(dir.join(snapshot::MANIFEST_FILE));
+        for f in [in_jail::NEW_SNAP_STATE, in_jail::NEW_SNAP_MEM] {
+            let _ = fs::remove_file(self.paths.host(f));
+        }
+        self.api(
+            "PATCH",
+            "/vm",
+            &json!({ "state": "Paused" }),
+            self.timeouts.request,
+        )?;
+        self.api(
+            "PUT",
+            "/snapshot/create",
+            &json!({
+                "snapshot_type": "Full",
+                "snapshot_path": in_jail::NEW_SNAP_STATE,
+                "mem_file_path": in_jail::NEW_SNAP_MEM,
+            }),
+            self.timeouts.snapshot,
+        )?;
+        self.take_snapshot_file(in_jail::NEW_SNAP_STATE, &dir.join(SNAP_STATE_FILE))?;
+        self.take_snapshot_file(in_jail::NEW_SNAP_MEM, &dir.join(SNAP_MEM_FILE))?;
+        let manifest = Manifest::create(
+            &snapshot::Inputs {
+                backend: NAME,
+                vmm_version: &self.vmm_version,
+                kernel: &self.cfg.kernel,
+                rootfs: &self.cfg.rootfs,
+                vcpus: self.cfg.vcpus,
+                mem_mib: self.cfg.mem_mib,
+            },
+            vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
+        )?;
+        manifest.write(dir)
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.destroyed {
+            return Ok(());
+        }
+        let r = jailer::teardown(
+            &self.paths,
+            self.vmm.as_ref(),
+            Instant::now() + self.timeouts.teardown,
+        );
+        let r2 = match fs::remove_dir_all(&self.cfg.run_dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(VmError::Io {
+                backend: NAME,
+                what: format!("remove run dir {}", self.cfg.run_dir.display()),
+                source: e,
+            }),
+        };
+        r.and(r2)?;
+        self.vmm = None;
+        self.destroyed = true;
+        Ok(())
+    }
+}
+
+impl Drop for FcVm {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            log::warn!("firecracker VM {}: teardown on drop: {e}", self.id);
+        }
+    }
+}
+
+/// Open a stream to guest port `port` through Firecracker's vsock UDS:
+/// connect, send `CONNECT <port>\n`, expect `OK <host port>\n`. Retries
+/// while the socket is missing or the guest is not listening yet (Firecracker
+/// then closes the connection); gives up at `deadline`, on a malformed
+/// answer, or when `alive()` says the VMM is gone.
+pub fn vsock_connect(
+    uds: &Path,
+    port: u32,
+    deadline: Instant,
+    alive: &dyn Fn() -> bool,
+) -> Result<UnixStream> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    let mut last = String::from("no answer");
+    loop {
+        if !alive() {
+            return Err(VmError::Api {
+                backend: NAME,
+                msg: format!(
+                    "VMM gone while connecting to guest port {port} via {}",
+                    uds.display()
+                ),
+            });
+        }
+        match handshake(uds, port, deadline) {
+            Ok(s) => return Ok(s),
+            // An empty reason (deadline hit before trying) keeps the last real one.
+            Err(Attempt::Retry(why)) if why.is_empty() => {}
+            Err(Attempt::Retry(why)) => last = why,
+            Err(Attempt::Fatal(e)) => return Err(e),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(VmError::Timeout {
+                backend: NAME,
+                what: format!(
+                    "guest agent on vsock port {port} via {} (last: {last})",
+                    uds.display()
+                ),
+                ms: ms(started, deadline),
+            });
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+enum Attempt {
+    Retry(String),
+    Fatal(VmError),
+}
+
+fn handshake(uds: &Path, port: u32, deadline: Instant) -> std::result::Result<UnixStream, Attempt> {
+    let mut s = match UnixStream::connect(uds) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Err(Attempt::Retry(format!("connect: {e}")))
+        }
+        Err(e) => {
+            return Err(Attempt::Fatal(VmError::Io {
+                backend: NAME,
+                what: format!("connect to vsock socket {}", uds.display()),
+                source: e,
+            }))
+        }
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Attempt::Retry(String::new()));
+    }
+    let set = s
+        .set_read_timeout(Some(left))
+        .and_then(|_| s.set_write_timeout(Some(left)));
+    if let Err(e) = set {
+        return Err(Attempt::Fatal(VmError::Io {
+            backend: NAME,
+            what: "set vsock socket timeout".into(),
+            source: e,
+        }));
+    }
+    if let Err(e) = s.write_all(format!("CONNECT {port}\n").as_bytes()) {
+        return Err(Attempt::Retry(format!("write CONNECT: {e}")));
+    }
+    // Read byte by byte up to the newline: anything after it belongs to the
+    // guest's stream and must stay in the socket. The line is short.
+    let mut line = Vec::with_capacity(24);
+    let mut b = [0u8; 1];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => {
+                return Err(Attempt::Retry(if line.is_empty() {
+                    "closed before answering (guest not listening yet?)".into()
+                } else {
+                    format!("closed after {:?}", String::from_utf8_lossy(&line))
+                }))
+            }
+            Ok(_) if b[0] == b'\n' => break,
+            Ok(_) => {
+                line.push(b[0]);
+                if line.len() > 32 {
+                    return Err(Attempt::Fatal(bad_answer(uds, &line)));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Attempt::Retry("no answer to CONNECT".into()))
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Attempt::Retry(format!("read: {e}")))
+            }
+            Err(e) => {
+                return Err(Attempt::Fatal(VmError::Io {
+                    backend: NAME,
+                    what: format!("read vsock answer from {}", uds.display()),
+                    source: e,
+                }))
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&line);
+    let ok = text.strip_prefix("OK ").is_some_and(|n| {
+        !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) && n.parse::<u32>().is_ok()
+    });
+    if !ok {
+        return Err(Attempt::Fatal(bad_answer(uds, &line)));
+    }
+    if let Err(e) = s
+        .set_read_timeout(None)
+        .and_then(|_| s.set_write_timeout(None))
+    {
+        return Err(Attempt::Fatal(VmError::Io {
+            backend: NAME,
+            what: "clear vsock socket timeout".into(),
+            source: e,
+        }));
+    }
+    Ok(s)
+}
+
+fn bad_answer(uds: &Path, line: &[u8]) -> VmError {
+    VmError::Api {
+        backend: NAME,
+        msg: format!(
+            "vsock socket {} answered {:?} to CONNECT, expected \"OK <port>\"",
+            uds.display(),
+            String::from_utf8_lossy(line)
+        ),
+    }
+}
+
+/// Where a VM's files are, for callers that need them (doctor, tests).
+pub fn jail_root(cfg: &JailerConfig, id: &str) -> Result<PathBuf> {
+    Ok(JailPaths::new(cfg, id)?.root)
+}

@@ -1,0 +1,732 @@
+//! Firecracker's jailer: argv construction, chroot preparation, process
+//! handles and teardown.
+//!
+//! Building the argv and running it are separate on purpose: seccomp filters
+//! are inherited across `exec`, so in the daemon the jailer is started by a
+//! small unfiltered spawner process, not by a filtered worker thread. The
+//! [`Spawner`] trait is that seam; [`DirectSpawner`] runs it in-process.
+//!
+//! Layout made by the jailer (`exec_name` is the file name of the Firecracker
+//! binary, normally `firecracker`):
+//!
+//! ```text
+//! <chroot_base>/<exec_name>/<id>/            jail dir (removed on teardown)
+//! <chroot_base>/<exec_name>/<id>/root/       chroot; `/` for the VMM
+//! <chroot_base>/<exec_name>/<id>/root/<exec_name>.pid   written with --new-pid-ns
+//! <cgroup_root>/<parent_cgroup>/<id>/        cgroup v2 dir (removed on teardown)
+//! ```
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Result, VmError};
+
+const BACKEND: &str = "firecracker";
+
+/// Paths as the jailed VMM sees them (relative to its chroot).
+pub mod in_jail {
+    pub const API_SOCK: &str = "/api.sock";
+    pub const VSOCK: &str = "/v.sock";
+    pub const KERNEL: &str = "/vmlinux";
+    pub const ROOTFS: &str = "/rootfs";
+    pub const LOG: &str = "/firecracker.log";
+    /// Snapshot being restored (hard links to the template's files).
+    pub const SNAP_STATE: &str = "/snapshot.state";
+    pub const SNAP_MEM: &str = "/snapshot.mem";
+    /// Snapshot being created. Distinct from the restore names so a restored
+    /// VM never writes through a hard link into the template it came from.
+    pub const NEW_SNAP_STATE: &str = "/new-snapshot.state";
+    pub const NEW_SNAP_MEM: &str = "/new-snapshot.mem";
+}
+
+/// Every flag the jailer v1.16 documents (docs/jailer.md, "Jailer Usage").
+/// The argv builder only emits flags from this list; tests hold it to that.
+pub const DOCUMENTED_JAILER_FLAGS: &[&str] = &[
+    "--id",
+    "--exec-file",
+    "--uid",
+    "--gid",
+    "--parent-cgroup",
+    "--cgroup-version",
+    "--cgroup",
+    "--chroot-base-dir",
+    "--netns",
+    "--resource-limit",
+    "--daemonize",
+    "--new-pid-ns",
+];
+
+/// Host-wide jailer settings.
+#[derive(Debug, Clone)]
+pub struct JailerConfig {
+    pub jailer_bin: PathBuf,
+    pub firecracker_bin: PathBuf,
+    /// `--chroot-base-dir`; the jailer's own default is `/srv/jailer`.
+    pub chroot_base: PathBuf,
+    /// Where cgroup v2 is mounted (see [`cgroup2_mount`]); used to find the
+    /// dir the jailer made, `<cgroup_root>/<parent_cgroup>/<id>`.
+    pub cgroup_root: PathBuf,
+    /// `--parent-cgroup`: every VM's cgroup is `<parent>/<id>`.
+    pub parent_cgroup: String,
+    /// CPU quota beyond `vcpus` whole CPUs, in percent of one CPU, for the
+    /// VMM's own API and device threads.
+    pub cpu_overhead_pct: u32,
+    /// memory.max = guest memory + this.
+    pub mem_overhead_mib: u32,
+    pub pids_max: u32,
+    /// `--resource-limit no-file`.
+    pub no_file: u64,
+    /// Added to the guest memory size for `--resource-limit fsize`: the
+    /// largest file the VMM writes is the snapshot memory file.
+    pub fsize_slack_bytes: u64,
+}
+
+impl Default for JailerConfig {
+    fn default() -> Self {
+        JailerConfig {
+            jailer_bin: "/usr/local/bin/jailer".into(),
+            firecracker_bin: "/usr/local/bin/firecracker".into(),
+            chroot_base: "/srv/jailer".into(),
+            cgroup_root: "/sys/fs/cgroup".into(),
+            parent_cgroup: "agent-sandbox".into(),
+            cpu_overhead_pct: 25,
+            mem_overhead_mib: 64,
+            pids_max: 64,
+            no_file: 1024,
+            fsize_slack_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Where cgroup v2 is mounted, found the way the jailer finds it: the first
+/// `cgroup2` entry of `/proc/mounts`. `None` without cgroup v2.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        let (_dev, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        // /proc/mounts escapes spaces as \040; cgroup mounts do not have any.
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+/// Per-VM launch parameters.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub id: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub netns: Option<PathBuf>,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+}
+
+/// Jailer rule: alphanumeric and '-', 1..=64 chars.
+pub fn validate_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(VmError::Other(format!(
+            "invalid VM id {id:?}: the jailer allows 1-64 characters from [A-Za-z0-9-]"
+        )))
+    }
+}
+
+/// Where everything of one VM lives, as seen from the host.
+#[derive(Debug, Clone)]
+pub struct JailPaths {
+    pub id: String,
+    pub exec_name: String,
+    pub jail_dir: PathBuf,
+    pub root: PathBuf,
+    pub cgroup_dir: PathBuf,
+}
+
+impl JailPaths {
+    pub fn new(cfg: &JailerConfig, id: &str) -> Result<Self> {
+        validate_id(id)?;
+        let exec_name = exec_name(cfg)?;
+        let jail_dir = cfg.chroot_base.join(&exec_name).join(id);
+        Ok(JailPaths {
+            id: id.to_string(),
+            root: jail_dir.join("root"),
+            jail_dir,
+            cgroup_dir: cfg.cgroup_root.join(&cfg.parent_cgroup).join(id),
+            exec_name,
+        })
+    }
+
+    /// Host path of a path inside the chroot.
+    pub fn host(&self, in_jail: &str) -> PathBuf {
+        self.root.join(in_jail.trim_start_matches('/'))
+    }
+
+    pub fn api_sock(&self) -> PathBuf {
+        self.host(in_jail::API_SOCK)
+    }
+
+    pub fn vsock(&self) -> PathBuf {
+        self.host(in_jail::VSOCK)
+    }
+
+    /// Written by the jailer with `--new-pid-ns`: `<chroot>/<exec_name>.pid`.
+    pub fn pid_file(&self) -> PathBuf {
+        self.root.join(format!("{}.pid", self.exec_name))
+    }
+}
+
+fn exec_name(cfg: &JailerConfig) -> Result<String> {
+    let name = cfg
+        .firecracker_bin
+        .file_name()
+        .and_then(OsStr::to_str)
+        .ok_or_else(|| {
+            VmError::Other(format!(
+                "firecracker binary path {} has no usable file name",
+                cfg.firecracker_bin.display()
+            ))
+        })?;
+    // Older jailers insist on this; keep to it so any 1.x jailer accepts us.
+    if !name.contains("firecracker") {
+        return Err(VmError::Other(format!(
+            "firecracker binary {} must have \"firecracker\" in its file name (jailer rule)",
+            cfg.firecracker_bin.display()
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// The full jailer argv (argv[0] is the jailer binary).
+pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>> {
+    validate_id(&spec.id)?;
+    exec_name(cfg)?;
+    for (what, p) in [
+        ("jailer binary", &cfg.jailer_bin),
+        ("firecracker binary", &cfg.firecracker_bin),
+        ("chroot base", &cfg.chroot_base),
+    ] {
+        if !p.is_absolute() {
+            return Err(VmError::Other(format!(
+                "{what} path {} must be absolute",
+                p.display()
+            )));
+        }
+    }
+    let parent = Path::new(&cfg.parent_cgroup);
+    if cfg.parent_cgroup.is_empty()
+        || parent.is_absolute()
+        || parent
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(VmError::Other(format!(
+            "parent cgroup {:?} must be a relative path without '.' or '..'",
+            cfg.parent_cgroup
+        )));
+    }
+    if spec.vcpus == 0 || spec.mem_mib == 0 {
+        return Err(VmError::Other(format!(
+            "VM {}: vcpus and mem_mib must be non-zero",
+            spec.id
+        )));
+    }
+
+    let period: u64 = 100_000;
+    let quota = period * u64::from(spec.vcpus) + period * u64::from(cfg.cpu_overhead_pct) / 100;
+    let mem_max = (u64::from(spec.mem_mib) + u64::from(cfg.mem_overhead_mib)) << 20;
+    let fsize = (u64::from(spec.mem_mib) << 20) + cfg.fsize_slack_bytes;
+
+    let mut a: Vec<OsString> = Vec::with_capacity(40);
+    let mut push = |s: &dyn AsRef<OsStr>| a.push(s.as_ref().to_os_string());
+    push(&cfg.jailer_bin);
+    push(&"--id");
+    push(&spec.id);
+    push(&"--exec-file");
+    push(&cfg.firecracker_bin);
+    push(&"--uid");
+    push(&spec.uid.to_string());
+    push(&"--gid");
+    push(&spec.gid.to_string());
+    push(&"--chroot-base-dir");
+    push(&cfg.chroot_base);
+    if let Some(ns) = &spec.netns {
+        if !ns.is_absolute() {
+            return Err(VmError::Other(format!(
+                "VM {}: netns path {} must be absolute",
+                spec.id,
+                ns.display()
+            )));
+        }
+        push(&"--netns");
+        push(ns);
+    }
+    push(&"--cgroup-version");
+    push(&"2");
+    push(&"--parent-cgroup");
+    push(&cfg.parent_cgroup);
+    push(&"--cgroup");
+    push(&format!("cpu.max={quota} {period}"));
+    push(&"--cgroup");
+    push(&format!("memory.max={mem_max}"));
+    push(&"--cgroup");
+    push(&format!("pids.max={}", cfg.pids_max));
+    push(&"--resource-limit");
+    push(&format!("fsize={fsize}"));
+    push(&"--resource-limit");
+    push(&format!("no-file={}", cfg.no_file));
+    // --new-pid-ns makes the jailer exit once the VMM runs (it writes the
+    // VMM's pid to <chroot>/<exec_name>.pid), so the spawner can wait for it.
+    push(&"--new-pid-ns");
+    push(&"--daemonize");
+    push(&"--");
+    push(&"--api-sock");
+    push(&in_jail::API_SOCK);
+    Ok(a)
+}
+
+/// Output of a finished helper process.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// Exit code; `None` when killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs a short-lived process (the jailer, `firecracker --version`) to
+/// completion. The daemon plugs in its unfiltered spawner process here.
+pub trait Spawner: Send + Sync {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output>;
+}
+
+/// Spawns from the calling process. Fine for tools and tests; the daemon
+/// should route this through its seccomp-free spawner.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DirectSpawner;
+
+impl Spawner for DirectSpawner {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        let Some((prog, args)) = argv.split_first() else {
+            return Err(VmError::Other("empty argv".into()));
+        };
+        let prog_s = prog.to_string_lossy().into_owned();
+        let mut child = Command::new(prog)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| VmError::Io {
+                backend: BACKEND,
+                what: format!("spawn {prog_s}"),
+                source: e,
+            })?;
+        let budget_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let pid = child.id() as i32;
+        let exited = match Pidfd::open(pid) {
+            Ok(pfd) => pfd.wait_exit(deadline),
+            Err(_) => true, // already gone; wait() below collects it
+        };
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(VmError::Timeout {
+                backend: BACKEND,
+                what: format!("{prog_s} to exit"),
+                ms: budget_ms,
+            });
+        }
+        let status = child.wait().map_err(|e| VmError::Io {
+            backend: BACKEND,
+            what: format!("wait for {prog_s}"),
+            source: e,
+        })?;
+        // The process has exited; with --daemonize its child holds
+        // /dev/null, not our pipes, so these reads end at EOF. Non-blocking
+        // anyway, so a misbehaving grandchild cannot hang us.
+        let mut out = Output {
+            code: status.code(),
+            ..Output::default()
+        };
+        if let Some(mut s) = child.stdout.take() {
+            read_available(&mut s, &mut out.stdout);
+        }
+        if let Some(mut s) = child.stderr.take() {
+            read_available(&mut s, &mut out.stderr);
+        }
+        Ok(out)
+    }
+}
+
+fn read_available<R: Read + AsRawFd>(r: &mut R, out: &mut Vec<u8>) {
+    // SAFETY: fcntl on an fd we own; only toggles O_NONBLOCK.
+    unsafe {
+        let fd = r.as_raw_fd();
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+    let mut buf = [0u8; 4096];
+    while out.len() < 64 * 1024 {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A process handle that cannot be confused with a later process reusing
+/// the pid.
+#[derive(Debug)]
+pub struct Pidfd {
+    fd: OwnedFd,
+    pid: i32,
+}
+
+impl Pidfd {
+    pub fn open(pid: i32) -> io::Result<Self> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        // SAFETY: plain syscall; returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just handed us this fd and nobody else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Pidfd { fd, pid })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Wait until the process exits or `deadline` passes; true if it exited.
+    pub fn wait_exit(&self, deadline: Instant) -> bool {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            let mut p = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, ms) };
+            if r > 0 {
+                return true;
+            }
+            if r == 0 {
+                return false;
+            }
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return false;
+            }
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.wait_exit(Instant::now())
+    }
+
+    pub fn kill(&self) -> io::Result<()> {
+        // SAFETY: plain syscall on our fd.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Collect the exit status if the process is our child (it is not when
+    /// the jailer forked it, unless we are a child subreaper).
+    pub fn reap(&self) {
+        let mut status = 0;
+        // SAFETY: waitpid with WNOHANG on a specific pid.
+        unsafe {
+            libc::waitpid(self.pid, &mut status, libc::WNOHANG);
+        }
+    }
+}
+
+/// Read the VMM pid the jailer wrote; `None` while the file is missing or
+/// still empty (the jailer creates it, then writes it).
+pub fn read_pid_file(paths: &JailPaths) -> io::Result<Option<i32>> {
+    let s = match fs::read_to_string(paths.pid_file()) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .map(Some)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("pid file holds {:?}", s.trim()),
+            )
+        })
+}
+
+/// Handle to the process the pid file names, without checking what it is.
+/// For use right after launching, when the file is fresh: the jailer writes
+/// it just after cloning the VMM, possibly before the VMM has exec'd, so its
+/// name may still be the jailer's.
+pub fn open_pid_file(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
+    let Some(pid) = read_pid_file(paths)? else {
+        return Ok(None);
+    };
+    match Pidfd::open(pid) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Open a handle to the VMM named by a possibly stale pid file, but only if
+/// that process really is the VMM: its `comm` must be the exec file name.
+/// Guards against killing an unrelated process that reused the pid.
+pub fn open_vmm(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
+    let Some(pfd) = open_pid_file(paths)? else {
+        return Ok(None);
+    };
+    // Check identity after opening the pidfd: if comm matches now, the pidfd
+    // refers to that process for good.
+    let comm = match fs::read(format!("/proc/{}/comm", pfd.pid())) {
+        Ok(c) => c,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let comm = String::from_utf8_lossy(&comm).trim_end().to_string();
+    let want: String = paths.exec_name.chars().take(15).collect();
+    if comm == want {
+        Ok(Some(pfd))
+    } else {
+        Ok(None)
+    }
+}
+
+/// A file to place in the chroot.
+#[derive(Debug, Clone)]
+pub struct JailFile {
+    pub src: PathBuf,
+    pub in_jail: &'static str,
+}
+
+/// Create `<root>` and hard-link (or, across filesystems, copy) the VM's
+/// files into it. Also creates empty files the VMM writes to (`writable`),
+/// owned by the VM user. The jailer chowns `<root>` itself.
+pub fn prepare_chroot(
+    paths: &JailPaths,
+    uid: u32,
+    gid: u32,
+    files: &[JailFile],
+    writable: &[&str],
+) -> Result<()> {
+    let io_err = |what: String, source: io::Error| VmError::Io {
+        backend: BACKEND,
+        what,
+        source,
+    };
+    fs::create_dir_all(&paths.root)
+        .map_err(|e| io_err(format!("create jail root {}", paths.root.display()), e))?;
+    // SAFETY: geteuid has no preconditions.
+    let root_user = unsafe { libc::geteuid() } == 0;
+    for f in files {
+        let meta = fs::metadata(&f.src).map_err(|e| VmError::BadFile {
+            path: f.src.clone(),
+            problem: format!("cannot stat: {e}"),
+            fix: "check the path, or rebuild the image/snapshot".into(),
+        })?;
+        if !meta.is_file() {
+            return Err(VmError::BadFile {
+                path: f.src.clone(),
+                problem: "not a regular file".into(),
+                fix: "point the config at the image file".into(),
+            });
+        }
+        let dst = paths.host(f.in_jail);
+        let _ = fs::remove_file(&dst);
+        match fs::hard_link(&f.src, &dst) {
+            Ok(()) => {
+                // A link shares the inode: the VM user must be able to read
+                // it and must not be able to write it (a compromised VMM
+                // would otherwise corrupt the image every VM shares).
+                check_shared_file(&f.src, &meta, uid, gid)?;
+            }
+            Err(_) => {
+                // Typically EXDEV. A private copy is the VM user's own.
+                fs::copy(&f.src, &dst).map_err(|e| {
+                    io_err(format!("copy {} to {}", f.src.display(), dst.display()), e)
+                })?;
+                fs::set_permissions(&dst, fs::Permissions::from_mode(0o400))
+                    .map_err(|e| io_err(format!("chmod {}", dst.display()), e))?;
+                if root_user {
+                    chown(&dst, uid, gid)?;
+                }
+            }
+        }
+    }
+    for w in writable {
+        let dst = paths.host(w);
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&dst)
+            .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
+        fs::set_permissions(&dst, fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_err(format!("chmod {}", dst.display()), e))?;
+        if root_user {
+            chown(&dst, uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_shared_file(path: &Path, meta: &fs::Metadata, uid: u32, gid: u32) -> Result<()> {
+    let mode = meta.mode();
+    let readable = (meta.uid() == uid && mode & 0o400 != 0)
+        || (meta.gid() == gid && mode & 0o040 != 0)
+        || mode & 0o004 != 0;
+    let writable = (meta.uid() == uid && mode & 0o200 != 0)
+        || (meta.gid() == gid && mode & 0o020 != 0)
+        || mode & 0o002 != 0;
+    if !readable {
+        return Err(VmError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("not readable by the VM user {uid}:{gid}"),
+            fix: format!("chgrp {gid} {0} && chmod g+r {0}", path.display()),
+        });
+    }
+    if writable {
+        return Err(VmError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("writable by the VM user {uid}:{gid}, and shared by every VM"),
+            fix: format!("chown root:{gid} {0} && chmod 0440 {0}", path.display()),
+        });
+    }
+    Ok(())
+}
+
+pub fn chown(path: &Path, uid: u32, gid: u32) -> Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| VmError::Io {
+        backend: BACKEND,
+        what: format!("chown {uid}:{gid} {}", path.display()),
+        source: e,
+    })
+}
+
+/// Kill the VMM, reap it, remove the jail dir and the VM's cgroup.
+/// Idempotent: whatever is already gone is skipped. `vmm` is the handle
+/// taken at launch; without it the pid file is consulted (and only a
+/// process whose name is the exec file's is killed).
+pub fn teardown(paths: &JailPaths, vmm: Option<&Pidfd>, deadline: Instant) -> Result<()> {
+    let budget_ms = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis() as u64;
+    let mut first_err: Option<VmError> = None;
+    let opened;
+    let vmm = match vmm {
+        Some(p) => Some(p),
+        None => {
+            opened = open_vmm(paths).unwrap_or(None);
+            opened.as_ref()
+        }
+    };
+    if let Some(p) = vmm {
+        if let Err(e) = p.kill() {
+            first_err.get_or_insert(VmError::Io {
+                backend: BACKEND,
+                what: format!("kill VMM pid {} of {}", p.pid(), paths.id),
+                source: e,
+            });
+        }
+        if p.wait_exit(deadline) {
+            p.reap();
+        } else {
+            first_err.get_or_insert(VmError::Timeout {
+                backend: BACKEND,
+                what: format!("VMM pid {} of {} to exit after SIGKILL", p.pid(), paths.id),
+                ms: budget_ms,
+            });
+        }
+    }
+    match fs::remove_dir_all(&paths.jail_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            first_err.get_or_insert(VmError::Io {
+                backend: BACKEND,
+                what: format!("remove jail dir {}", paths.jail_dir.display()),
+                source: e,
+            });
+        }
+    }
+    // A cgroup dir can be removed once its last process is gone; the kernel
+    // may take a moment after the kill to notice.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match fs::remove_dir(&paths.cgroup_dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            Err(e) => {
+                first_err.get_or_insert(VmError::Io {
+                    backend: BACKEND,
+                    what: format!("remove cgroup {}", paths.cgroup_dir.display()),
+                    source: e,
+                });
+                break;
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Sockets paths must fit `sockaddr_un.sun_path` (108 bytes with the NUL).
+pub fn check_socket_path(p: &Path) -> Result<()> {
+    if p.as_os_str().as_bytes().len() >= 108 {
+        return Err(VmError::Other(format!(
+            "socket path {} is longer than 107 bytes; use a shorter chroot base or id",
+            p.display()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Snapshot manifest: what a snapshot was made from, so the daemon can tell
+//! a stale snapshot (new kernel, new rootfs, VMM upgrade, other VM shape) and
+//! rebuild it instead of failing at restore. Backend-neutral.
+//!
+//! Inputs are identified two ways: a SHA-256 of the content (truth, computed
+//! once when the snapshot is made; ~1 s for a 300 MiB rootfs) and a cheap
+//! fingerprint (device, inode, size, mtime). [`Manifest::is_stale`] trusts a
+//! matching fingerprint and only re-hashes a file whose fingerprint changed,
+//! so the common check costs two `stat`s.
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{Result, VmError};
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+const FORMAT: u32 = 1;
+
+/// Identity of one input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileId {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub size: u64,
+    pub dev: u64,
+    pub inode: u64,
+    pub mtime_ns: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    pub backend: String,
+    pub vmm_version: String,
+    pub kernel: FileId,
+    pub rootfs: FileId,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+    /// Seconds since the Unix epoch.
+    pub created_unix: u64,
+    /// Files of the snapshot, relative to its directory.
+    pub files: Vec<String>,
+}
+
+/// What a restore would run with now.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub backend: &'a str,
+    pub vmm_version: &'a str,
+    pub kernel: &'a Path,
+    pub rootfs: &'a Path,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+}
+
+fn bad(path: &Path, problem: String, fix: &str) -> VmError {
+    VmError::BadFile {
+        path: path.to_path_buf(),
+        problem,
+        fix: fix.to_string(),
+    }
+}
+
+struct Fingerprint {
+    size: u64,
+    dev: u64,
+    inode: u64,
+    mtime_ns: i64,
+}
+
+fn fingerprint(path: &Path) -> io::Result<Fingerprint> {
+    let m = fs::metadata(path)?;
+    Ok(Fingerprint {
+        size: m.len(),
+        dev: m.dev(),
+        inode: m.ino(),
+        mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+    })
+}
+
+pub fn sha256_file(path: &Path) -> io::Result<String> {
+    let mut f = fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>())
+}
+
+impl FileId {
+    pub fn of(path: &Path) -> Result<Self> {
+        let fix = "check the path, or rebuild the image";
+        let fp = fingerprint(path).map_err(|e| bad(path, format!("cannot stat: {e}"), fix))?;
+        let sha256 = sha256_file(path).map_err(|e| bad(path, format!("cannot read: {e}"), fix))?;
+        Ok(FileId {
+            path: path.to_path_buf(),
+            sha256,
+            size: fp.size,
+            dev: fp.dev,
+            inode: fp.inode,
+            mtime_ns: fp.mtime_ns,
+        })
+    }
+
+    /// `None` if `current` has the same content, else why not.
+    fn differs(&self, what: &str, current: &Path) -> Option<String> {
+        let fp = match fingerprint(current) {
+            Ok(fp) => fp,
+            Err(e) => return Some(format!("{what} {}: {e}", current.display())),
+        };
+        if fp.size == self.size
+            && fp.dev == self.dev
+            && fp.inode == self.inode
+            && fp.mtime_ns == self.mtime_ns
+        {
+            return None;
+        }
+        if fp.size != self.size {
+            return Some(format!(
+                "{what} {} changed size ({} -> {} bytes)",
+                current.display(),
+                self.size,
+                fp.size
+            ));
+        }
+        match sha256_file(current) {
+            Ok(h) if h == self.sha256 => None,
+            Ok(_) => Some(format!("{what} {} changed content", current.display())),
+            Err(e) => Some(format!("{what} {}: {e}", current.display())),
+        }
+    }
+}
+
+impl Manifest {
+    /// Describe a snapshot made now from `inputs` (hashes kernel and rootfs).
+    pub fn create(inputs: &Inputs<'_>, files: Vec<String>) -> Result<Self> {
+        Ok(Manifest {
+            format: FORMAT,
+            backend: inputs.backend.to_string(),
+            vmm_version: inputs.vmm_version.to_string(),
+            kernel: FileId::of(inputs.kernel)?,
+            rootfs: FileId::of(inputs.rootfs)?,
+            vcpus: inputs.vcpus,
+            mem_mib: inputs.mem_mib,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            files,
+        })
+    }
+
+    /// Write `<dir>/manifest.json` atomically (temp file + rename), last, so
+    /// a manifest exists only for a complete snapshot.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(MANIFEST_FILE);
+        let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp"));
+        let io_err = |what: String, source: io::Error| VmError::Io {
+            backend: "snapshot",
+            what,
+            source,
+        };
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(|e| VmError::Other(format!("serialize snapshot manifest: {e}")))?;
+        fs::write(&tmp, json).map_err(|e| io_err(format!("write {}", tmp.display()), e))?;
+        fs::rename(&tmp, &path).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            io_err(format!("rename {} to {}", tmp.display(), path.display()), e)
+        })
+    }
+
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join(MANIFEST_FILE);
+        let fix = "rebuild it: agent-sandbox snapshot create --template <T>";
+        let data = fs::read(&path).map_err(|e| bad(&path, format!("cannot read: {e}"), fix))?;
+        let m: Manifest = serde_json::from_slice(&data)
+            .map_err(|e| bad(&path, format!("not a valid snapshot manifest: {e}"), fix))?;
+        if m.format != FORMAT {
+            return Err(bad(
+                &path,
+                format!("manifest format {} (this build reads {FORMAT})", m.format),
+                fix,
+            ));
+        }
+        for f in &m.files {
+            if f.is_empty() || f.contains('/') || f == "." || f == ".." {
+                return Err(bad(&path, format!("bad file name {f:?} in manifest"), fix));
+            }
+        }
+        Ok(m)
+    }
+
+    /// Why a snapshot in `dir` made per this manifest cannot serve `current`,
+    /// or `None` if it can.
+    pub fn is_stale(&self, dir: &Path, current: &Inputs<'_>) -> Option<String> {
+        if self.backend != current.backend {
+            return Some(format!(
+                "made by backend {}, not {}",
+                self.backend, current.backend
+            ));
+        }
+        if self.vmm_version != current.vmm_version {
+            return Some(format!(
+                "made by VMM {}, this host runs {}",
+                self.vmm_version, current.vmm_version
+            ));
+        }
+        if self.vcpus != current.vcpus || self.mem_mib != current.mem_mib {
+            return Some(format!(
+                "made for {} vCPUs / {} MiB, wanted {} vCPUs / {} MiB",
+                self.vcpus, self.mem_mib, current.vcpus, current.mem_mib
+            ));
+        }
+        for f in &self.files {
+            if !dir.join(f).is_file() {
+                return Some(format!(
+                    "snapshot file {} is missing",
+                    dir.join(f).display()
+                ));
+            }
+        }
+        if let Some(r) = self.kernel.differs("kernel", current.kernel) {
+            return Some(r);
+        }
+        self.rootfs.differs("rootfs", current.rootfs)
+    }
+}

@@ -1,0 +1,1080 @@
+//! The Firecracker backend against a fake Firecracker: a real Unix-socket
+//! HTTP server that checks every request against Firecracker's published
+//! v1.16.1 API spec (tests/data/firecracker-v1.16.1-swagger.yaml) and answers
+//! with the status codes the spec lists. A fake spawner plays the jailer:
+//! it builds the jail layout, starts a stand-in VMM process (a copy of
+//! `sleep` named `firecracker`) and the fake API server.
+//!
+//! Runs as any user; as root the VM user is 4242, otherwise the caller.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_sandbox::vm::firecracker::{FirecrackerBackend, Timeouts, DEFAULT_CMDLINE};
+use agent_sandbox::vm::jailer::{JailerConfig, Output, Spawner, DOCUMENTED_JAILER_FLAGS};
+use agent_sandbox::vm::snapshot::Manifest;
+use agent_sandbox::vm::{Backend, NetAttachment, VmConfig, VmError};
+use serde_json::{json, Value as Json};
+use serde_yaml_ng::Value as Yaml;
+
+// ---------------------------------------------------------------- spec ----
+
+/// Validator for the subset of Swagger 2.0 the Firecracker spec uses:
+/// paths with `{param}` templates, body parameters, `$ref` to definitions,
+/// object/string/integer/boolean/array types, `required`, `enum`,
+/// `minimum`/`maximum`. Unknown properties are rejected unless the schema
+/// says `additionalProperties: true`: Firecracker deserializes request
+/// bodies with `deny_unknown_fields`, so an extra field is a 400 there.
+struct Spec {
+    root: Yaml,
+}
+
+impl Spec {
+    fn load() -> Spec {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/firecracker-v1.16.1-swagger.yaml");
+        let text = fs::read_to_string(&p).unwrap();
+        let root: Yaml = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(root.get("swagger").and_then(Yaml::as_str), Some("2.0"));
+        Spec { root }
+    }
+
+    fn version(&self) -> &str {
+        self.root["info"]["version"].as_str().unwrap_or("?")
+    }
+
+    /// The operation object for `method path`, and the path parameters.
+    fn operation(
+        &self,
+        method: &str,
+        path: &str,
+    ) -> Result<(&Yaml, HashMap<String, String>), String> {
+        let paths = self.root["paths"].as_mapping().ok_or("spec has no paths")?;
+        let segs: Vec<&str> = path.split('/').collect();
+        for (tmpl, item) in paths {
+            let Some(tmpl) = tmpl.as_str() else { continue };
+            let tsegs: Vec<&str> = tmpl.split('/').collect();
+            if tsegs.len() != segs.len() {
+                continue;
+            }
+            let mut params = HashMap::new();
+            let matched = tsegs.iter().zip(&segs).all(|(t, s)| {
+                if t.starts_with('{') && t.ends_with('}') {
+                    params.insert(t[1..t.len() - 1].to_string(), s.to_string());
+                    !s.is_empty()
+                } else {
+                    t == s
+                }
+            });
+            if matched {
+                return match item.get(method.to_ascii_lowercase().as_str()) {
+                    Some(op) => Ok((op, params)),
+                    None => Err(format!("{method} is not an operation on {tmpl}")),
+                };
+            }
+        }
+        Err(format!("no path {path} in the spec"))
+    }
+
+    fn validate_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Json>,
+    ) -> Result<(), String> {
+        let (op, params) = self.operation(method, path)?;
+        let mut body_schema = None;
+        let mut body_required = false;
+        for p in op
+            .get("parameters")
+            .and_then(Yaml::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            match p["in"].as_str() {
+                Some("body") => {
+                    body_schema = Some(&p["schema"]);
+                    body_required = p.get("required").and_then(Yaml::as_bool).unwrap_or(false);
+                }
+                Some("path") => {
+                    let name = p["name"].as_str().unwrap_or_default();
+                    if !params.contains_key(name) {
+                        return Err(format!("path parameter {name} missing"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        match (body_schema, body) {
+            (None, Some(_)) => Err(format!("{method} {path} takes no body")),
+            (Some(_), None) if body_required => Err(format!("{method} {path} needs a body")),
+            (Some(s), Some(b)) => {
+                self.validate(b, s, "body")?;
+                // Firecracker also insists the id in the path is the id in the body.
+                for (param, field) in [
+                    ("drive_id", "drive_id"),
+                    ("iface_id", "iface_id"),
+                    ("id", "id"),
+                ] {
+                    if let Some(v) = params.get(param) {
+                        if b.get(field).and_then(Json::as_str) != Some(v.as_str()) {
+                            return Err(format!(
+                                "body.{field} does not match path parameter {v:?}"
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn resolve<'a>(&'a self, schema: &'a Yaml) -> Result<&'a Yaml, String> {
+        match schema.get("$ref").and_then(Yaml::as_str) {
+            Some(r) => {
+                let name = r
+                    .strip_prefix("#/definitions/")
+                    .ok_or(format!("unsupported $ref {r}"))?;
+                self.root["definitions"]
+                    .get(name)
+                    .ok_or(format!("dangling $ref {r}"))
+            }
+            None => Ok(schema),
+        }
+    }
+
+    fn validate(&self, v: &Json, schema: &Yaml, at: &str) -> Result<(), String> {
+        let schema = self.resolve(schema)?;
+        if let Some(en) = schema.get("enum").and_then(Yaml::as_sequence) {
+            let ok = en.iter().any(|e| match (e, v) {
+                (Yaml::String(a), Json::String(b)) => a == b,
+                (Yaml::Number(a), Json::Number(b)) => a.as_f64() == b.as_f64(),
+                (Yaml::Bool(a), Json::Bool(b)) => a == b,
+                _ => false,
+            });
+            if !ok {
+                return Err(format!("{at}: {v} is not one of {en:?}"));
+            }
+        }
+        let ty = schema.get("type").and_then(Yaml::as_str);
+        match ty {
+            Some("object") | None if schema.get("properties").is_some() || ty.is_some() => {
+                let obj = v
+                    .as_object()
+                    .ok_or(format!("{at}: expected an object, got {v}"))?;
+                for r in schema
+                    .get("required")
+                    .and_then(Yaml::as_sequence)
+                    .into_iter()
+                    .flatten()
+                {
+                    let r = r.as_str().unwrap_or_default();
+                    if !obj.contains_key(r) {
+                        return Err(format!("{at}: required property {r} missing"));
+                    }
+                }
+                let props = schema.get("properties").and_then(Yaml::as_mapping);
+                let extra_ok =
+                    schema.get("additionalProperties").and_then(Yaml::as_bool) == Some(true);
+                for (k, val) in obj {
+                    match props.and_then(|p| p.get(k.as_str())) {
+                        Some(ps) => self.validate(val, ps, &format!("{at}.{k}"))?,
+                        None if extra_ok => {}
+                        None => return Err(format!("{at}: unknown property {k}")),
+                    }
+                }
+                Ok(())
+            }
+            Some("string") => v
+                .as_str()
+                .map(|_| ())
+                .ok_or(format!("{at}: expected a string, got {v}")),
+            Some("boolean") => v
+                .as_bool()
+                .map(|_| ())
+                .ok_or(format!("{at}: expected a boolean, got {v}")),
+            Some("integer") => {
+                let n = match v {
+                    Json::Number(n) if n.is_i64() || n.is_u64() => n.as_f64().unwrap_or(f64::NAN),
+                    _ => return Err(format!("{at}: expected an integer, got {v}")),
+                };
+                if let Some(min) = schema.get("minimum").and_then(Yaml::as_f64) {
+                    if n < min {
+                        return Err(format!("{at}: {n} below minimum {min}"));
+                    }
+                }
+                if let Some(max) = schema.get("maximum").and_then(Yaml::as_f64) {
+                    if n > max {
+                        return Err(format!("{at}: {n} above maximum {max}"));
+                    }
+                }
+                Ok(())
+            }
+            Some("array") => {
+                let arr = v
+                    .as_array()
+                    .ok_or(format!("{at}: expected an array, got {v}"))?;
+                for (i, item) in arr.iter().enumerate() {
+                    self.validate(item, &schema["items"], &format!("{at}[{i}]"))?;
+                }
+                Ok(())
+            }
+            Some(other) => Err(format!("{at}: validator does not know type {other}")),
+            None => Ok(()),
+        }
+    }
+
+    /// The success status the spec lists for an operation (204 or 200).
+    fn success_status(&self, method: &str, path: &str) -> u16 {
+        let (op, _) = self.operation(method, path).unwrap();
+        op["responses"]
+            .as_mapping()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, _)| k.as_u64())
+            .find(|c| (200..300).contains(c))
+            .unwrap_or(204) as u16
+    }
+
+    fn lists_status(&self, method: &str, path: &str, status: u16) -> bool {
+        let Ok((op, _)) = self.operation(method, path) else {
+            return false;
+        };
+        op["responses"]
+            .as_mapping()
+            .into_iter()
+            .flatten()
+            .any(|(k, _)| k.as_u64() == Some(u64::from(status)) || k.as_str() == Some("default"))
+    }
+}
+
+// ------------------------------------------------------- fake firecracker --
+
+#[derive(Debug, Clone, PartialEq)]
+struct Req {
+    method: String,
+    path: String,
+    body: Json,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    Normal,
+    /// The jailer exits 1 with a message.
+    JailerFails,
+    /// The VMM exits at once; no API socket ever appears.
+    VmmDies,
+    /// The VMM runs but never creates its API socket.
+    NoSocket,
+    /// The API accepts connections and never answers.
+    Hang,
+}
+
+#[derive(Default)]
+struct Shared {
+    log: Vec<Req>,
+    violations: Vec<String>,
+    /// (method, path) -> (status, fault_message)
+    faults: HashMap<(String, String), (u16, String)>,
+    hung: Vec<UnixStream>,
+}
+
+struct FakeFc {
+    spec: Arc<Spec>,
+    mode: Mutex<Mode>,
+    shared: Arc<Mutex<Shared>>,
+    jailer_argv: Mutex<Vec<Vec<OsString>>>,
+    cgroup_root: Mutex<Option<PathBuf>>,
+}
+
+impl FakeFc {
+    fn new() -> Arc<FakeFc> {
+        Arc::new(FakeFc {
+            spec: Arc::new(Spec::load()),
+            mode: Mutex::new(Mode::Normal),
+            shared: Arc::default(),
+            jailer_argv: Mutex::default(),
+            cgroup_root: Mutex::default(),
+        })
+    }
+
+    fn set_mode(&self, m: Mode) {
+        *self.mode.lock().unwrap() = m;
+    }
+
+    fn fail(&self, method: &str, path: &str, status: u16, msg: &str) {
+        assert!(
+            self.spec.lists_status(method, path, status),
+            "spec does not list {status} for {method} {path}"
+        );
+        self.shared
+            .lock()
+            .unwrap()
+            .faults
+            .insert((method.into(), path.into()), (status, msg.into()));
+    }
+
+    fn take_log(&self) -> Vec<Req> {
+        std::mem::take(&mut self.shared.lock().unwrap().log)
+    }
+
+    fn violations(&self) -> Vec<String> {
+        self.shared.lock().unwrap().violations.clone()
+    }
+}
+
+fn arg_value(argv: &[OsString], flag: &str) -> Option<String> {
+    argv.iter()
+        .position(|a| a == flag)
+        .and_then(|i| argv.get(i + 1))
+        .map(|v| v.to_string_lossy().into_owned())
+}
+
+impl Spawner for FakeFc {
+    fn run(&self, argv: &[OsString], _deadline: Instant) -> agent_sandbox::vm::Result<Output> {
+        if argv.get(1).is_some_and(|a| a == "--version") {
+            return Ok(Output {
+                code: Some(0),
+                stdout: format!("Firecracker v{}\n", self.spec.version()).into_bytes(),
+                stderr: vec![],
+            });
+        }
+        self.jailer_argv.lock().unwrap().push(argv.to_vec());
+        // Play the jailer: only documented flags before `--`.
+        let sep = argv
+            .iter()
+            .position(|a| a == "--")
+            .expect("no -- in jailer argv");
+        for a in &argv[1..sep] {
+            let s = a.to_string_lossy();
+            if s.starts_with("--") {
+                assert!(
+                    DOCUMENTED_JAILER_FLAGS.contains(&s.as_ref()),
+                    "undocumented jailer flag {s}"
+                );
+            }
+        }
+        let mode = *self.mode.lock().unwrap();
+        if mode == Mode::JailerFails {
+            return Ok(Output {
+                code: Some(1),
+                stdout: vec![],
+                stderr: b"Jailer error: Failed to join network namespace: netns: No such file"
+                    .to_vec(),
+            });
+        }
+        let id = arg_value(argv, "--id").unwrap();
+        let base = PathBuf::from(arg_value(argv, "--chroot-base-dir").unwrap());
+        let exec = PathBuf::from(arg_value(argv, "--exec-file").unwrap());
+        let exec_name = exec.file_name().unwrap().to_string_lossy().into_owned();
+        let root = base.join(&exec_name).join(&id).join("root");
+        fs::create_dir_all(&root).unwrap();
+        // The jailer makes <cgroup_root>/<parent>/<id>; so do we, to see it removed.
+        if let Some(cg) = self.cgroup_root.lock().unwrap().as_ref() {
+            let parent = arg_value(argv, "--parent-cgroup").unwrap();
+            fs::create_dir_all(cg.join(parent).join(&id)).unwrap();
+        }
+        // The stand-in VMM: `sleep` under the exec file's name, so its comm
+        // is what the backend checks before trusting the pid file.
+        let vmm = root.join(&exec_name);
+        fs::copy("/bin/sleep", &vmm).unwrap();
+        let secs = if mode == Mode::VmmDies { "0" } else { "60" };
+        // Reaped by the backend's teardown (waitpid), like a VMM under a
+        // subreaper would be.
+        #[allow(clippy::zombie_processes)]
+        let child = std::process::Command::new(&vmm).arg(secs).spawn().unwrap();
+        fs::write(
+            root.join(format!("{exec_name}.pid")),
+            child.id().to_string(),
+        )
+        .unwrap();
+        let api = arg_value(&argv[sep..], "--api-sock").unwrap();
+        if matches!(mode, Mode::Normal | Mode::Hang) {
+            let l = UnixListener::bind(root.join(api.trim_start_matches('/'))).unwrap();
+            let spec = self.spec.clone();
+            let shared = self.shared.clone();
+            std::thread::spawn(move || serve(l, root, spec, shared, mode));
+        }
+        Ok(Output {
+            code: Some(0),
+            ..Output::default()
+        })
+    }
+}
+
+fn serve(l: UnixListener, root: PathBuf, spec: Arc<Spec>, shared: Arc<Mutex<Shared>>, mode: Mode) {
+    let mut paused = false;
+    for conn in l.incoming() {
+        let Ok(conn) = conn else { return };
+        let mut reader = BufReader::new(conn);
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            let mut parts = line.trim_end().split(' ');
+            let (method, path) = (
+                parts.next().unwrap_or("").to_string(),
+                parts.next().unwrap_or("").to_string(),
+            );
+            let mut len = 0usize;
+            let mut bad_headers: Vec<String> = Vec::new();
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':') {
+                    let (k, v) = (k.to_ascii_lowercase(), v.trim());
+                    match k.as_str() {
+                        "content-length" => len = v.parse().unwrap_or(0),
+                        // Firecracker's micro_http accepts only these media types.
+                        "content-type" | "accept" if v != "application/json" => {
+                            bad_headers.push(format!("{k}: {v}"))
+                        }
+                        "content-type" | "accept" | "host" => {}
+                        _ => bad_headers.push(format!("unexpected header {k}")),
+                    }
+                }
+            }
+            let mut body = vec![0u8; len];
+            if reader.read_exact(&mut body).is_err() {
+                break;
+            }
+            if mode == Mode::Hang {
+                shared.lock().unwrap().hung.push(reader.into_inner());
+                break;
+            }
+            let json: Option<Json> = if len > 0 {
+                serde_json::from_slice(&body).ok()
+            } else {
+                None
+            };
+            let mut s = shared.lock().unwrap();
+            if !bad_headers.is_empty() {
+                s.violations
+                    .push(format!("{method} {path}: headers {bad_headers:?}"));
+            }
+            let (status, reply) = if len > 0 && json.is_none() {
+                s.violations
+                    .push(format!("{method} {path}: body is not JSON"));
+                (400, json!({"fault_message": "body is not JSON"}))
+            } else if let Err(e) = spec.validate_request(&method, &path, json.as_ref()) {
+                s.violations.push(format!("{method} {path}: {e}"));
+                (
+                    400,
+                    json!({"fault_message": format!("spec violation: {e}")}),
+                )
+            } else {
+                s.log.push(Req {
+                    method: method.clone(),
+                    path: path.clone(),
+                    body: json.clone().unwrap_or(Json::Null),
+                });
+                if let Some((st, msg)) = s.faults.get(&(method.clone(), path.clone())) {
+                    (*st, json!({ "fault_message": msg }))
+                } else {
+                    match act(
+                        &root,
+                        &method,
+                        &path,
+                        json.as_ref().unwrap_or(&Json::Null),
+                        &mut paused,
+                    ) {
+                        Ok(()) => (spec.success_status(&method, &path), Json::Null),
+                        Err(m) => (400, json!({ "fault_message": m })),
+                    }
+                }
+            };
+            drop(s);
+            let body = if reply.is_null() {
+                String::new()
+            } else {
+                reply.to_string()
+            };
+            let reason = if status < 300 {
+                "No Content"
+            } else {
+                "Bad Request"
+            };
+            let resp = if body.is_empty() {
+                format!("HTTP/1.1 {status} {reason}\r\nServer: Firecracker API\r\nConnection: keep-alive\r\n\r\n")
+            } else {
+                format!("HTTP/1.1 {status} {reason}\r\nServer: Firecracker API\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            };
+            if reader.get_mut().write_all(resp.as_bytes()).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// What the fake VMM does for a valid request (roughly Firecracker's rules).
+fn act(
+    root: &Path,
+    method: &str,
+    path: &str,
+    body: &Json,
+    paused: &mut bool,
+) -> Result<(), String> {
+    let jail = |p: &Json| root.join(p.as_str().unwrap_or("").trim_start_matches('/'));
+    match (method, path) {
+        ("PUT", "/vsock") => start_vsock(jail(&body["uds_path"])),
+        ("PATCH", "/vm") => *paused = body["state"] == "Paused",
+        ("PUT", "/snapshot/create") => {
+            if !*paused {
+                return Err("Cannot create snapshot: the microVM is not paused".into());
+            }
+            fs::write(jail(&body["snapshot_path"]), b"state").map_err(|e| e.to_string())?;
+            fs::write(jail(&body["mem_file_path"]), vec![7u8; 4096]).map_err(|e| e.to_string())?;
+        }
+        ("PUT", "/snapshot/load") => {
+            for p in [&body["snapshot_path"], &body["mem_backend"]["backend_path"]] {
+                fs::metadata(jail(p)).map_err(|e| format!("cannot open {p}: {e}"))?;
+            }
+            start_vsock(root.join("v.sock"));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Firecracker's host side of vsock: `CONNECT n\n` -> `OK <port>\n`, then
+/// the guest's stream (here an echo).
+fn start_vsock(path: PathBuf) {
+    let l = UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(c);
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() || line != "CONNECT 5000\n" {
+                    return;
+                }
+                let mut c = r.into_inner();
+                if c.write_all(b"OK 1073741824\n").is_err() {
+                    return;
+                }
+                let mut buf = [0u8; 256];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+// ------------------------------------------------------------ fixtures ---
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "fct-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Fixture {
+    tmp: TempDir,
+    fake: Arc<FakeFc>,
+    backend: FirecrackerBackend,
+    cfg: VmConfig,
+}
+
+fn vm_user() -> (u32, u32) {
+    // SAFETY: no preconditions.
+    unsafe {
+        if libc::geteuid() == 0 {
+            (4242, 4242)
+        } else {
+            (libc::getuid(), libc::getgid())
+        }
+    }
+}
+
+fn fixture(tag: &str, id: &str) -> Fixture {
+    let tmp = TempDir::new(tag);
+    let fake = FakeFc::new();
+    let jcfg = JailerConfig {
+        chroot_base: tmp.0.join("jail"),
+        cgroup_root: tmp.0.join("cgroup"),
+        ..JailerConfig::default()
+    };
+    *fake.cgroup_root.lock().unwrap() = Some(jcfg.cgroup_root.clone());
+    let backend = FirecrackerBackend::new(jcfg, fake.clone()).with_timeouts(Timeouts {
+        jailer: Duration::from_secs(2),
+        api_socket: Duration::from_millis(800),
+        request: Duration::from_millis(500),
+        snapshot: Duration::from_secs(2),
+        teardown: Duration::from_secs(2),
+    });
+    let images = tmp.0.join("images");
+    fs::create_dir_all(&images).unwrap();
+    fs::write(images.join("vmlinux"), b"\x7fELF kernel").unwrap();
+    fs::write(images.join("rootfs.erofs"), vec![1u8; 8192]).unwrap();
+    for f in ["vmlinux", "rootfs.erofs"] {
+        fs::set_permissions(images.join(f), fs::Permissions::from_mode(0o444)).unwrap();
+    }
+    let (uid, gid) = vm_user();
+    let cfg = VmConfig {
+        id: id.into(),
+        kernel: images.join("vmlinux"),
+        rootfs: images.join("rootfs.erofs"),
+        vcpus: 2,
+        mem_mib: 256,
+        cmdline_extra: "quiet".into(),
+        net: Some(NetAttachment {
+            netns: "/run/netns/asbx-test".into(),
+            tap: "tap0".into(),
+            guest_mac: "06:00:ac:10:00:02".into(),
+        }),
+        uid,
+        gid,
+        run_dir: tmp.0.join("run").join(id),
+    };
+    fs::create_dir_all(&cfg.run_dir).unwrap();
+    Fixture {
+        tmp,
+        fake,
+        backend,
+        cfg,
+    }
+}
+
+fn jail_dir(f: &Fixture) -> PathBuf {
+    f.tmp.0.join("jail/firecracker").join(&f.cfg.id)
+}
+
+fn cgroup_dir(f: &Fixture) -> PathBuf {
+    f.tmp.0.join("cgroup/agent-sandbox").join(&f.cfg.id)
+}
+
+fn calls(log: &[Req]) -> Vec<String> {
+    log.iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+fn process_gone(pid: i32) -> bool {
+    // Gone or a zombie nobody will reap (not ours): either way not running.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z')),
+    }
+}
+
+// --------------------------------------------------------------- tests ---
+
+#[test]
+fn validator_rejects_what_firecracker_would() {
+    let s = Spec::load();
+    assert!(s
+        .validate_request(
+            "PUT",
+            "/machine-config",
+            Some(&json!({"vcpu_count": 2, "mem_size_mib": 256}))
+        )
+        .is_ok());
+    for (m, p, b, why) in [
+        (
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 2}),
+            "required",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": "2", "mem_size_mib": 1}),
+            "integer",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 33, "mem_size_mib": 1}),
+            "maximum",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 1, "vcpus": 1}),
+            "unknown",
+        ),
+        ("PUT", "/actions", json!({"action_type": "Start"}), "one of"),
+        ("PATCH", "/vm", json!({"state": "Stopped"}), "one of"),
+        (
+            "PUT",
+            "/drives/rootfs",
+            json!({"drive_id": "other", "is_root_device": true}),
+            "does not match",
+        ),
+        (
+            "PUT",
+            "/snapshot/load",
+            json!({"snapshot_path": "/s", "mem_backend": {"backend_type": "File"}}),
+            "required",
+        ),
+        (
+            "PUT",
+            "/vsock",
+            json!({"guest_cid": 2, "uds_path": "/v"}),
+            "minimum",
+        ),
+        (
+            "POST",
+            "/actions",
+            json!({"action_type": "InstanceStart"}),
+            "not an operation",
+        ),
+        ("PUT", "/nope", json!({}), "no path"),
+    ] {
+        let e = s
+            .validate_request(m, p, Some(&b))
+            .expect_err(&format!("{m} {p} {b} should fail"));
+        assert!(e.contains(why), "{m} {p}: {e:?} should mention {why:?}");
+    }
+    assert_eq!(s.success_status("PUT", "/actions"), 204);
+    assert_eq!(s.success_status("GET", "/version"), 200);
+}
+
+#[test]
+fn boot_snapshot_restore_send_exactly_the_spec_valid_requests() {
+    let f = fixture("cycle", "vm-cycle-1");
+    let mut vm = f.backend.boot(&f.cfg).expect("boot");
+    assert_eq!(f.fake.violations(), Vec::<String>::new());
+    assert!(cgroup_dir(&f).is_dir());
+    let log = f.fake.take_log();
+    assert_eq!(
+        calls(&log),
+        [
+            "PUT /logger",
+            "PUT /boot-source",
+            "PUT /drives/rootfs",
+            "PUT /machine-config",
+            "PUT /network-interfaces/eth0",
+            "PUT /vsock",
+            "PUT /actions",
+        ]
+    );
+    let bodies: Vec<&Json> = log.iter().map(|r| &r.body).collect();
+    assert_eq!(
+        *bodies[0],
+        json!({"log_path": "/firecracker.log", "level": "Warning", "show_level": true})
+    );
+    assert_eq!(
+        *bodies[1],
+        json!({"kernel_image_path": "/vmlinux", "boot_args": format!("{DEFAULT_CMDLINE} quiet")})
+    );
+    assert_eq!(
+        *bodies[2],
+        json!({"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": true, "is_read_only": true})
+    );
+    assert_eq!(
+        *bodies[3],
+        json!({"vcpu_count": 2, "mem_size_mib": 256, "smt": false})
+    );
+    assert_eq!(
+        *bodies[4],
+        json!({"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"})
+    );
+    assert_eq!(*bodies[5], json!({"guest_cid": 3, "uds_path": "/v.sock"}));
+    assert_eq!(*bodies[6], json!({"action_type": "InstanceStart"}));
+
+    // The jail holds the linked kernel and rootfs at the paths sent above.
+    let root = jail_dir(&f).join("root");
+    assert_eq!(
+        fs::read(root.join("vmlinux")).unwrap(),
+        fs::read(&f.cfg.kernel).unwrap()
+    );
+    assert!(root.join("rootfs").is_file() && root.join("firecracker.log").is_file());
+
+    // Agent channel through the vsock bridge.
+    let mut s = vm
+        .connect_agent(Instant::now() + Duration::from_secs(2))
+        .expect("agent");
+    s.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+
+    let snap = f.tmp.0.join("snap");
+    vm.snapshot(&snap).expect("snapshot");
+    let log = f.fake.take_log();
+    assert_eq!(calls(&log), ["PATCH /vm", "PUT /snapshot/create"]);
+    assert_eq!(log[0].body, json!({"state": "Paused"}));
+    assert_eq!(
+        log[1].body,
+        json!({"snapshot_type": "Full", "snapshot_path": "/new-snapshot.state", "mem_file_path": "/new-snapshot.mem"})
+    );
+    let m = Manifest::read(&snap).expect("manifest");
+    assert_eq!(
+        (m.backend.as_str(), m.vmm_version.as_str()),
+        ("firecracker", "Firecracker v1.16.1")
+    );
+    assert_eq!((m.vcpus, m.mem_mib), (2, 256));
+    assert_eq!(m.files, ["vmstate", "memory"]);
+    assert_eq!(fs::read(snap.join("memory")).unwrap().len(), 4096);
+    assert_eq!(
+        fs::metadata(snap.join("memory"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o440
+    );
+
+    let pid = vm.pid().expect("pid");
+    vm.destroy().expect("destroy");
+    assert!(process_gone(pid), "VMM {pid} still running");
+    assert!(!jail_dir(&f).exists(), "jail dir left behind");
+    assert!(!cgroup_dir(&f).exists(), "cgroup dir left behind");
+    assert!(!f.cfg.run_dir.exists(), "run dir left behind");
+    vm.destroy().expect("second destroy is a no-op");
+
+    let mut vm = f.backend.restore(&f.cfg, &snap).expect("restore");
+    assert_eq!(f.fake.violations(), Vec::<String>::new());
+    let log = f.fake.take_log();
+    assert_eq!(calls(&log), ["PUT /logger", "PUT /snapshot/load"]);
+    assert_eq!(
+        log[1].body,
+        json!({
+            "snapshot_path": "/snapshot.state",
+            "mem_backend": {"backend_type": "File", "backend_path": "/snapshot.mem"},
+            "resume_vm": true,
+            "network_overrides": [{"iface_id": "eth0", "host_dev_name": "tap0"}],
+        })
+    );
+    let s = vm
+        .connect_agent(Instant::now() + Duration::from_secs(2))
+        .expect("agent after restore");
+    drop(s);
+    // A restored VM can be snapshotted again without touching its template.
+    let snap2 = f.tmp.0.join("snap2");
+    vm.snapshot(&snap2).expect("second snapshot");
+    assert_eq!(fs::read(snap.join("vmstate")).unwrap(), b"state");
+    drop(vm); // Drop tears down too.
+    assert!(!jail_dir(&f).exists());
+    assert_eq!(f.fake.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn boot_without_network_sends_no_interface() {
+    let mut f = fixture("nonet", "vm-nonet");
+    f.cfg.net = None;
+    let mut vm = f.backend.boot(&f.cfg).expect("boot");
+    assert!(!calls(&f.fake.take_log())
+        .iter()
+        .any(|c| c.contains("network")));
+    let argv = f.fake.jailer_argv.lock().unwrap()[0].clone();
+    assert!(!argv.iter().any(|a| a == "--netns"));
+    vm.destroy().unwrap();
+    assert_eq!(f.fake.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn api_400_becomes_a_clear_error_and_everything_is_removed() {
+    let f = fixture("fault", "vm-fault");
+    f.fake
+        .fail("PUT", "/machine-config", 400, "Invalid memory size: 256");
+    let e = f.backend.boot(&f.cfg).err().expect("boot must fail");
+    let msg = e.to_string();
+    assert!(matches!(e, VmError::Api { .. }), "{e:?}");
+    assert!(
+        msg.contains("PUT /machine-config")
+            && msg.contains("HTTP 400")
+            && msg.contains("Invalid memory size: 256"),
+        "{msg}"
+    );
+    assert!(!jail_dir(&f).exists(), "jail dir left behind");
+    assert!(!f.cfg.run_dir.exists());
+    assert_eq!(f.fake.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn snapshot_create_rejected_is_an_error() {
+    let f = fixture("snapfault", "vm-snapfault");
+    let mut vm = f.backend.boot(&f.cfg).unwrap();
+    f.fake.fail(
+        "PUT",
+        "/snapshot/create",
+        400,
+        "Cannot save the memory file: No space left on device",
+    );
+    let snap = f.tmp.0.join("snap");
+    let e = vm.snapshot(&snap).unwrap_err().to_string();
+    assert!(
+        e.contains("/snapshot/create") && e.contains("No space left"),
+        "{e}"
+    );
+    assert!(
+        !snap.join("manifest.json").exists(),
+        "no manifest for a failed snapshot"
+    );
+    vm.destroy().unwrap();
+}
+
+#[test]
+fn jailer_failure_is_reported_with_its_message() {
+    let f = fixture("jfail", "vm-jfail");
+    f.fake.set_mode(Mode::JailerFails);
+    let e = f.backend.boot(&f.cfg).err().unwrap().to_string();
+    assert!(
+        e.contains("jailer") && e.contains("exit code 1") && e.contains("netns"),
+        "{e}"
+    );
+    assert!(!jail_dir(&f).exists());
+}
+
+#[test]
+fn vmm_that_dies_at_start_gives_a_bounded_clear_error() {
+    let f = fixture("dies", "vm-dies");
+    f.fake.set_mode(Mode::VmmDies);
+    let t = Instant::now();
+    let e = f.backend.boot(&f.cfg).err().unwrap().to_string();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        e.contains("exited while starting") || e.contains("VMM pid file"),
+        "{e}"
+    );
+    assert!(!jail_dir(&f).exists());
+}
+
+#[test]
+fn vmm_without_api_socket_times_out_and_is_killed() {
+    let f = fixture("nosock", "vm-nosock");
+    f.fake.set_mode(Mode::NoSocket);
+    let t = Instant::now();
+    let e = f.backend.boot(&f.cfg).err().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(e, VmError::Timeout { .. }) && e.to_string().contains("API socket"),
+        "{e}"
+    );
+    assert!(!jail_dir(&f).exists());
+}
+
+#[test]
+fn api_that_never_answers_times_out() {
+    let f = fixture("hang", "vm-hang");
+    f.fake.set_mode(Mode::Hang);
+    let t = Instant::now();
+    let e = f.backend.boot(&f.cfg).err().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(e, VmError::Timeout { .. }) && e.to_string().contains("PUT /logger"),
+        "{e}"
+    );
+    assert!(!jail_dir(&f).exists());
+}
+
+#[test]
+fn restore_refuses_stale_or_missing_snapshots() {
+    let f = fixture("stale", "vm-stale");
+    let missing = f
+        .backend
+        .restore(&f.cfg, &f.tmp.0.join("nosnap"))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(missing, VmError::BadFile { .. })
+            && missing.to_string().contains("snapshot create"),
+        "{missing}"
+    );
+
+    let mut vm = f.backend.boot(&f.cfg).unwrap();
+    let snap = f.tmp.0.join("snap");
+    vm.snapshot(&snap).unwrap();
+    vm.destroy().unwrap();
+
+    let mut other = f.cfg.clone();
+    other.mem_mib = 512;
+    let e = f.backend.restore(&other, &snap).err().unwrap();
+    assert!(
+        matches!(e, VmError::StaleSnapshot { .. }) && e.to_string().contains("512 MiB"),
+        "{e}"
+    );
+
+    // Same size, new content: caught by the hash after the fingerprint moved.
+    fs::set_permissions(&f.cfg.rootfs, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&f.cfg.rootfs, vec![2u8; 8192]).unwrap();
+    let e = f.backend.restore(&f.cfg, &snap).err().unwrap();
+    assert!(
+        matches!(e, VmError::StaleSnapshot { .. }) && e.to_string().contains("rootfs"),
+        "{e}"
+    );
+    assert!(!jail_dir(&f).exists());
+    assert!(f.fake.take_log().iter().all(|r| r.path != "/snapshot/load"));
+}
+
+#[test]
+fn leftover_jail_is_refused_then_cleaned() {
+    let f = fixture("stalejail", "vm-leftover");
+    fs::create_dir_all(jail_dir(&f).join("root")).unwrap();
+    let e = f.backend.boot(&f.cfg).err().unwrap();
+    assert!(matches!(e, VmError::BadFile { .. }), "{e}");
+    f.backend.cleanup_stale(&f.cfg.id).unwrap();
+    assert!(!jail_dir(&f).exists());
+    let mut vm = f.backend.boot(&f.cfg).unwrap();
+    vm.destroy().unwrap();
+}
+
+#[test]
+fn bad_inputs_name_the_file() {
+    let mut f = fixture("badin", "vm-badin");
+    f.cfg.kernel = f.tmp.0.join("missing-vmlinux");
+    let e = f.backend.boot(&f.cfg).err().unwrap();
+    assert!(
+        matches!(&e, VmError::BadFile { path, .. } if path.ends_with("missing-vmlinux")),
+        "{e}"
+    );
+    let mut f = fixture("badid", "vm_bad_id");
+    f.cfg.net = None;
+    assert!(f
+        .backend
+        .boot(&f.cfg)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("invalid VM id"));
+}
