@@ -3,4 +3,5 @@
 
 pub use sandbox_agent::proto;
 
+pub mod net;
 pub mod vm;

@@ -1,0 +1,630 @@
+//! Per-session network plumbing of the host daemon, done in-process through
+//! netlink (links, addresses, routes, namespaces, nftables) and ioctls (TAP).
+//!
+//! Per session: a named network namespace `{prefix}-{id}`, a veth pair
+//! (`{prefix}{id}h` in the host namespace, `{prefix}{id}n` in the session
+//! namespace), a persistent TAP with the same name and address in every
+//! session namespace (so one VM snapshot serves all sessions), NAT of the
+//! guest to the veth address inside the session namespace and of the veth
+//! range to the uplink in the host namespace. See `docs/network.md`.
+//!
+//! The "host" namespace is a parameter: tests run all of this inside a
+//! namespace of their own whose only uplink leads to a test "internet".
+
+pub mod egress;
+pub mod firewall;
+pub mod netns;
+pub mod nft;
+pub mod rtnl;
+pub mod tap;
+
+use std::fs::File;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+pub use egress::{Cidr, EgressPolicy, EgressRule};
+use nft::Nft;
+use rtnl::Rtnl;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no free address block left in {range} (all {slots} in use)")]
+    Exhausted { range: Cidr, slots: usize },
+}
+
+impl NetError {
+    pub fn io(what: String, source: io::Error) -> NetError {
+        NetError::Io { what, source }
+    }
+    pub fn invalid(msg: impl Into<String>) -> NetError {
+        NetError::Invalid(msg.into())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, NetError>;
+
+/// Network configuration of the daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    /// Namespace that plays "the host" (a `/run/netns/NAME` or
+    /// `/proc/PID/ns/net` path); `None`: the daemon's own namespace.
+    pub host_netns: Option<PathBuf>,
+    /// Host interface session traffic leaves by (masqueraded).
+    pub uplink_if: String,
+    /// Name prefix of everything we create (at most 6 characters).
+    pub prefix: String,
+    /// Range the veth pairs' addresses come from.
+    pub veth_range: Cidr,
+    /// Size of one session's veth block: 30 or 31.
+    pub veth_prefix_len: u8,
+    /// Guest network behind the TAP, identical in every session: the TAP
+    /// gets its first address, the guest the second.
+    pub guest_cidr: Cidr,
+    /// TAP name, identical in every session namespace.
+    pub tap_name: String,
+    /// Owner of the TAP, so an unprivileged VMM can attach to it.
+    pub tap_uid: Option<u32>,
+    pub tap_gid: Option<u32>,
+    /// Extra destinations no session may reach (e.g. the host's public
+    /// addresses on other interfaces, the daemon's port's address).
+    pub blocked_extra: Vec<Cidr>,
+    /// Explicit exceptions to the always-blocked set (host configuration only).
+    pub allow_exceptions: Vec<Cidr>,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            host_netns: None,
+            uplink_if: "eth0".into(),
+            prefix: "asbx".into(),
+            veth_range: Cidr::new(Ipv4Addr::new(10, 200, 0, 0), 16),
+            veth_prefix_len: 30,
+            guest_cidr: Cidr::new(Ipv4Addr::new(172, 16, 0, 0), 30),
+            tap_name: "tap0".into(),
+            tap_uid: None,
+            tap_gid: None,
+            blocked_extra: Vec::new(),
+            allow_exceptions: Vec::new(),
+        }
+    }
+}
+
+fn valid_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() < libc::IFNAMSIZ
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+impl NetConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(NetError::Invalid(format!("network config: {m}")));
+        if self.prefix.is_empty()
+            || self.prefix.len() > 6
+            || !self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        {
+            return bad(format!(
+                "prefix {:?}: 1-6 lowercase letters or digits",
+                self.prefix
+            ));
+        }
+        if !valid_ifname(&self.uplink_if) {
+            return bad(format!(
+                "uplink_if {:?} is not an interface name",
+                self.uplink_if
+            ));
+        }
+        if !valid_ifname(&self.tap_name) {
+            return bad(format!(
+                "tap_name {:?} is not an interface name",
+                self.tap_name
+            ));
+        }
+        if !(30..=31).contains(&self.veth_prefix_len) || self.veth_range.prefix_len > 30 {
+            return bad(format!(
+                "veth range {} / blocks /{}: blocks must be /30 or /31 inside the range",
+                self.veth_range, self.veth_prefix_len
+            ));
+        }
+        if self.guest_cidr.prefix_len > 30 {
+            return bad(format!(
+                "guest_cidr {} must hold at least 2 hosts (/30)",
+                self.guest_cidr
+            ));
+        }
+        Ok(())
+    }
+
+    fn slots(&self) -> usize {
+        (self.veth_range.size() >> (32 - u32::from(self.veth_prefix_len))) as usize
+    }
+
+    /// (host side, namespace side) addresses of block `slot`.
+    fn veth_addrs(&self, slot: usize) -> (Ipv4Addr, Ipv4Addr) {
+        let block = 1u32 << (32 - u32::from(self.veth_prefix_len));
+        let first = slot as u32 * block + if self.veth_prefix_len == 31 { 0 } else { 1 };
+        (self.veth_range.nth(first), self.veth_range.nth(first + 1))
+    }
+
+    pub fn tap_addr(&self) -> Ipv4Addr {
+        self.guest_cidr.nth(1)
+    }
+    pub fn guest_addr(&self) -> Ipv4Addr {
+        self.guest_cidr.nth(2)
+    }
+}
+
+/// Free/used veth address blocks.
+struct Alloc {
+    used: Vec<bool>,
+    next: usize,
+}
+
+struct Host {
+    rtnl: Rtnl,
+    nft: Nft,
+}
+
+struct Inner {
+    cfg: NetConfig,
+    host_ns: Option<File>,
+    host: Mutex<Host>,
+    alloc: Mutex<Alloc>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data we can still use.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn host_name(&self) -> String {
+        match &self.cfg.host_netns {
+            Some(p) => format!("host netns {}", p.display()),
+            None => "host netns".into(),
+        }
+    }
+
+    /// Run `f` in the host namespace (on the caller's thread if that is the
+    /// daemon's own namespace).
+    fn in_host<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        match &self.host_ns {
+            None => f(),
+            Some(ns) => netns::run_in(Some(ns), &self.host_name(), f),
+        }
+    }
+
+    fn release(&self, slot: usize) {
+        let mut a = lock(&self.alloc);
+        if let Some(u) = a.used.get_mut(slot) {
+            *u = false;
+        }
+    }
+}
+
+/// The network side of the daemon: host configuration plus a factory of
+/// session networks. Cheap to share (`Arc` inside).
+#[derive(Clone)]
+pub struct Net {
+    inner: Arc<Inner>,
+}
+
+/// Write a sysctl that may legitimately be absent (IPv6 compiled out).
+fn sysctl_opt(parts: &[&str], v: &str) -> Result<()> {
+    match netns::sysctl_path(parts, v) {
+        Err(NetError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+/// Leftovers removed by [`Net::sweep`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub namespaces: Vec<String>,
+    pub links: Vec<String>,
+    pub tables: Vec<String>,
+}
+
+impl SweepReport {
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty() && self.links.is_empty() && self.tables.is_empty()
+    }
+}
+
+fn is_session_link(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|r| r.strip_suffix('h'))
+        .is_some_and(|id| id.len() == 6 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl Net {
+    /// Prepare the host namespace: forwarding on, our host table installed
+    /// and verified, the guest network blackholed there.
+    pub fn new(cfg: NetConfig) -> Result<Net> {
+        cfg.validate()?;
+        let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
+        let name = match &cfg.host_netns {
+            Some(p) => format!("host netns {}", p.display()),
+            None => "host netns".into(),
+        };
+        let table = firewall::host_table(&cfg);
+        let guest = cfg.guest_cidr;
+        let host = netns::run_in(host_ns.as_ref(), &name, || {
+            netns::sysctl("net.ipv4.ip_forward", "1")?;
+            let mut rtnl = Rtnl::open(&name)?;
+            let mut nft = Nft::open(&name)?;
+            let mut b = nft.batch();
+            b.replace_table(&table);
+            nft.commit(b)?;
+            verify(&mut nft, &table, &name)?;
+            // The guest network exists only behind TAPs in session
+            // namespaces; here it must never route anywhere.
+            rtnl.replace_blackhole(guest.network(), guest.prefix_len)?;
+            Ok(Host { rtnl, nft })
+        })?;
+        let slots = cfg.slots();
+        Ok(Net {
+            inner: Arc::new(Inner {
+                cfg,
+                host_ns,
+                host: Mutex::new(host),
+                alloc: Mutex::new(Alloc {
+                    used: vec![false; slots],
+                    next: 0,
+                }),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.inner.cfg
+    }
+
+    /// Remove the host table and blackhole route (sessions must be gone).
+    pub fn close(&self) -> Result<()> {
+        let mut h = lock(&self.inner.host);
+        let mut b = h.nft.batch();
+        b.remove_table(&self.inner.cfg.prefix);
+        h.nft.commit(b)?;
+        let g = self.inner.cfg.guest_cidr;
+        h.rtnl.del_blackhole(g.network(), g.prefix_len)
+    }
+
+    fn alloc_slot(&self) -> Result<usize> {
+        let mut a = lock(&self.inner.alloc);
+        let n = a.used.len();
+        for i in 0..n {
+            let s = (a.next + i) % n;
+            if !a.used[s] {
+                a.used[s] = true;
+                // Round robin: a just-freed block is reused last, so late
+                // packets of an old session do not meet a new one.
+                a.next = (s + 1) % n;
+                return Ok(s);
+            }
+        }
+        Err(NetError::Exhausted {
+            range: self.inner.cfg.veth_range,
+            slots: n,
+        })
+    }
+
+    /// Create the network of one session, NAT and policy installed and
+    /// verified before it returns. On failure nothing of it remains.
+    pub fn create_session(&self, policy: &EgressPolicy) -> Result<SessionNet> {
+        self.create_session_inner(policy, None)
+    }
+
+    /// Test hook: like [`Net::create_session`] but fail on purpose after
+    /// step `step` (1: namespace and firewall, 2: host side, 3: everything),
+    /// to prove that a failure leaves nothing behind.
+    #[doc(hidden)]
+    pub fn create_session_failing_after(
+        &self,
+        policy: &EgressPolicy,
+        step: u8,
+    ) -> Result<SessionNet> {
+        self.create_session_inner(policy, Some(step))
+    }
+
+    fn create_session_inner(&self, policy: &EgressPolicy, fault: Option<u8>) -> Result<SessionNet> {
+        policy.validate().map_err(NetError::Invalid)?;
+        let slot = self.alloc_slot()?;
+        let mut last = None;
+        for _ in 0..8 {
+            let id = random_id()?;
+            match self.try_create(slot, &id, policy, fault) {
+                // A namespace of that name exists (another daemon, a leftover):
+                // try another id.
+                Err(NetError::Io { source, what })
+                    if source.kind() == io::ErrorKind::AlreadyExists
+                        && what.starts_with("create /run/netns") =>
+                {
+                    last = Some(NetError::Io { source, what });
+                }
+                r => return r,
+            }
+        }
+        self.inner.release(slot);
+        Err(last.unwrap_or_else(|| NetError::invalid("no free session id")))
+    }
+
+    fn try_create(
+        &self,
+        slot: usize,
+        id: &str,
+        policy: &EgressPolicy,
+        fault: Option<u8>,
+    ) -> Result<SessionNet> {
+        let cfg = &self.inner.cfg;
+        let p = &cfg.prefix;
+        let (host_addr, peer_addr) = cfg.veth_addrs(slot);
+        let mut s = SessionNet {
+            net: self.inner.clone(),
+            id: id.to_string(),
+            netns: format!("{p}-{id}"),
+            host_if: format!("{p}{id}h"),
+            peer_if: format!("{p}{id}n"),
+            host_addr,
+            peer_addr,
+            slot,
+            nft: Mutex::new(None),
+            done: false,
+        };
+        match self.setup(&mut s, policy, fault) {
+            Ok(()) => Ok(s),
+            Err(e) => {
+                if let Err(e2) = s.teardown() {
+                    log::warn!("cleanup of failed session {id}: {e2}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn setup(&self, s: &mut SessionNet, policy: &EgressPolicy, fault: Option<u8>) -> Result<()> {
+        let injected = |step: u8| -> Result<()> {
+            if fault == Some(step) {
+                return Err(NetError::invalid(format!(
+                    "injected failure after step {step}"
+                )));
+            }
+            Ok(())
+        };
+        let cfg = &self.inner.cfg;
+        let table = firewall::session_table(cfg, &s.peer_if, policy);
+        let nsn = s.netns.clone();
+        // 1. The namespace, set up from inside: no IPv6 (nothing of ours
+        //    chatters), forwarding, strict reverse-path filter, the firewall
+        //    (before any link exists), then the TAP.
+        let (ns, (mut rtnl, nft)) = netns::create(&s.netns, || {
+            for k in ["all", "default"] {
+                sysctl_opt(&["net", "ipv6", "conf", k, "disable_ipv6"], "1")?;
+                netns::sysctl_path(&["net", "ipv4", "conf", k, "rp_filter"], "1")?;
+            }
+            netns::sysctl("net.ipv4.ip_forward", "1")?;
+            let rtnl = Rtnl::open(&nsn)?;
+            let mut nft = Nft::open(&nsn)?;
+            let mut b = nft.batch();
+            b.replace_table(&table);
+            nft.commit(b)?;
+            verify(&mut nft, &table, &nsn)?;
+            tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)?;
+            Ok((rtnl, nft))
+        })
+        .map_err(|e| match e {
+            NetError::Io { what, source } => NetError::Io {
+                what: format!("session {}: {what}", s.id),
+                source,
+            },
+            e => e,
+        })?;
+        *lock(&s.nft) = Some(nft);
+        injected(1)?;
+        // 2. Host side: the veth pair, its host end configured before it is up.
+        let (host_if, peer_if, host_addr, plen) =
+            (&s.host_if, &s.peer_if, s.host_addr, cfg.veth_prefix_len);
+        let inner = &self.inner;
+        let nsfd = ns.as_raw_fd();
+        inner.in_host(|| {
+            let mut h = lock(&inner.host);
+            h.rtnl.add_veth(host_if, peer_if, nsfd)?;
+            sysctl_opt(&["net", "ipv6", "conf", host_if, "disable_ipv6"], "1")?;
+            netns::sysctl_path(&["net", "ipv4", "conf", host_if, "rp_filter"], "1")?;
+            let idx = h.rtnl.need_index(host_if)?;
+            h.rtnl.add_addr(idx, host_addr, plen, host_if)?;
+            h.rtnl.set_up(idx, host_if)
+        })?;
+        injected(2)?;
+        // 3. Session side: veth end, TAP, default route to the host.
+        let peer = rtnl.need_index(&s.peer_if)?;
+        rtnl.add_addr(peer, s.peer_addr, plen, &s.peer_if)?;
+        rtnl.set_up(peer, &s.peer_if)?;
+        let tapi = rtnl.need_index(&cfg.tap_name)?;
+        rtnl.add_addr(
+            tapi,
+            cfg.tap_addr(),
+            cfg.guest_cidr.prefix_len,
+            &cfg.tap_name,
+        )?;
+        rtnl.set_up(tapi, &cfg.tap_name)?;
+        rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
+        drop(ns);
+        injected(3)
+    }
+
+    /// Remove every namespace, host link and nftables table with our prefix
+    /// (after a crash; run before [`Net::new`]). Sessions of a running `Net`
+    /// with the same prefix would be destroyed too.
+    pub fn sweep(cfg: &NetConfig) -> Result<SweepReport> {
+        cfg.validate()?;
+        let mut rep = SweepReport::default();
+        let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
+        let name = "host netns (sweep)";
+        let prefix = cfg.prefix.clone();
+        let guest = cfg.guest_cidr;
+        let (links, tables) = netns::run_in(host_ns.as_ref(), name, || {
+            let mut rtnl = Rtnl::open(name)?;
+            let mut links = Vec::new();
+            for l in rtnl.links()? {
+                if is_session_link(&prefix, &l.name) {
+                    rtnl.del_link(&l.name)?;
+                    links.push(l.name);
+                }
+            }
+            let mut nft = Nft::open(name)?;
+            let tables: Vec<String> = nft.tables()?.into_iter().filter(|t| *t == prefix).collect();
+            for t in &tables {
+                let mut b = nft.batch();
+                b.remove_table(t);
+                nft.commit(b)?;
+            }
+            rtnl.del_blackhole(guest.network(), guest.prefix_len)?;
+            Ok((links, tables))
+        })?;
+        rep.links = links;
+        rep.tables = tables;
+        for n in netns::list(&format!("{}-", cfg.prefix))? {
+            netns::delete(&n)?;
+            rep.namespaces.push(n);
+        }
+        Ok(rep)
+    }
+}
+
+/// Commit verification: the table holds exactly the rules we built.
+fn verify(nft: &mut Nft, t: &nft::Table, ns: &str) -> Result<()> {
+    let n = nft.rule_count(&t.name)?;
+    if n != t.rule_count() {
+        return Err(NetError::invalid(format!(
+            "nftables table {} in {ns}: {n} rules after commit, expected {}",
+            t.name,
+            t.rule_count()
+        )));
+    }
+    Ok(())
+}
+
+fn random_id() -> Result<String> {
+    let mut b = [0u8; 3];
+    // SAFETY: writes at most 3 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 3 {
+        return Err(NetError::io("getrandom".into(), io::Error::last_os_error()));
+    }
+    Ok(format!("{:02x}{:02x}{:02x}", b[0], b[1], b[2]))
+}
+
+/// One session's network. Dropping it tears it down; [`SessionNet::teardown`]
+/// does so explicitly and reports errors.
+pub struct SessionNet {
+    net: Arc<Inner>,
+    id: String,
+    netns: String,
+    host_if: String,
+    peer_if: String,
+    host_addr: Ipv4Addr,
+    peer_addr: Ipv4Addr,
+    slot: usize,
+    /// Netfilter socket in the session namespace, for live policy changes.
+    nft: Mutex<Option<Nft>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for SessionNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionNet")
+            .field("id", &self.id)
+            .field("netns", &self.netns)
+            .field("host_if", &self.host_if)
+            .field("host_addr", &self.host_addr)
+            .field("peer_addr", &self.peer_addr)
+            .finish()
+    }
+}
+
+impl SessionNet {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Name of the namespace (`ip netns` name); path via [`SessionNet::netns_path`].
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+    pub fn netns_path(&self) -> PathBuf {
+        netns::path_of(&self.netns)
+    }
+    pub fn host_if(&self) -> &str {
+        &self.host_if
+    }
+    pub fn peer_if(&self) -> &str {
+        &self.peer_if
+    }
+    pub fn host_addr(&self) -> Ipv4Addr {
+        self.host_addr
+    }
+    pub fn peer_addr(&self) -> Ipv4Addr {
+        self.peer_addr
+    }
+    pub fn tap_name(&self) -> &str {
+        &self.net.cfg.tap_name
+    }
+
+    /// Replace the egress policy of the running session atomically.
+    pub fn set_policy(&self, policy: &EgressPolicy) -> Result<()> {
+        policy.validate().map_err(NetError::Invalid)?;
+        let mut g = lock(&self.nft);
+        let nft = g
+            .as_mut()
+            .ok_or_else(|| NetError::invalid(format!("session {} is torn down", self.id)))?;
+        let mut b = nft.batch();
+        b.replace_chain_rules(
+            &self.net.cfg.prefix,
+            firewall::POLICY_CHAIN,
+            &policy.to_rules(),
+        );
+        nft.commit(b)
+    }
+
+    /// Remove everything of this session. Idempotent; keeps going after an
+    /// error and reports the first.
+    pub fn teardown(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        // Deleting one veth end deletes both, synchronously; the namespace
+        // (with TAP and table) goes when its mount and our socket are gone.
+        let r1 = lock(&self.net.host).rtnl.del_link(&self.host_if);
+        *lock(&self.nft) = None;
+        let r2 = netns::delete(&self.netns);
+        self.net.release(self.slot);
+        self.done = true;
+        r1.and(r2)
+    }
+}
+
+impl Drop for SessionNet {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            log::error!("teardown of session network {}: {e}", self.id);
+        }
+    }
+}
