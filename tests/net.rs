@@ -265,6 +265,7 @@ fn failed_setup_leaves_nothing_and_frees_its_block() {
     assert!(e.to_string().contains("no free address block"), "{e}");
     s.teardown().unwrap();
     drop(s);
+    // The block comes free once the kernel has removed the old host link.
     let s = net.create_session(&EgressPolicy::None).unwrap();
     drop(s); // Drop tears down too
     net.close().unwrap();

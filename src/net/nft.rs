@@ -530,10 +530,8 @@ impl Batch {
         );
     }
 
-    /// Replace `table` as a whole: delete any old one and build the new one,
-    /// in the same transaction, so there is no moment without rules.
-    pub fn replace_table(&mut self, t: &Table) {
-        self.remove_table(&t.name);
+    /// Build `table`, which must not exist yet.
+    pub fn create_table(&mut self, t: &Table) {
         self.add_table(&t.name);
         for c in &t.chains {
             self.add_chain(&t.name, c);
@@ -543,6 +541,13 @@ impl Batch {
                 self.add_rule(&t.name, &c.name, r);
             }
         }
+    }
+
+    /// Replace `table` as a whole: delete any old one and build the new one,
+    /// in the same transaction, so there is no moment without rules.
+    pub fn replace_table(&mut self, t: &Table) {
+        self.remove_table(&t.name);
+        self.create_table(t);
     }
 
     /// Replace the rules of one chain atomically.
