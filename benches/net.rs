@@ -236,7 +236,7 @@ fn main() {
     report("netlink live policy change", &mut pol);
     report("netlink setup, churn", &mut cu);
     report("netlink teardown, churn", &mut cd);
-    let (cup50, _) = report("ip+nft commands setup (14 cmds)", &mut cup);
+    let (cup50, _) = report("ip+nft commands setup (13 cmds)", &mut cup);
     let (cdn50, _) = report("ip teardown link+netns (2 cmds)", &mut cdown);
     let (cdna50, _) = report("ip teardown netns del (1 cmd)", &mut cdown_async);
     println!();

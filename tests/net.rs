@@ -144,6 +144,35 @@ fn two_sessions_nat_isolation_policy_teardown() {
     assert!(tcp_probe(&topo.host, METADATA).is_some());
     assert!(tcp_probe(&topo.host, PRIVATE).is_some());
 
+    // The TAP's owner can attach without privileges, anybody else cannot.
+    for (uid, gid, ok) in [
+        (4242u32, 4243u32, true),
+        (4244, 4243, false),
+        (4242, 4245, false),
+    ] {
+        let r = in_ns(s1.netns(), move || {
+            // As under the jailer: the device node is opened with privilege
+            // (here 0600 root), the TAP attached after dropping it.
+            let dev = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .unwrap();
+            // Raw syscalls change this thread only (glibc would change all).
+            // SAFETY: plain syscalls; the thread ends right after.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
+                    0
+                );
+                assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+            }
+            agent_sandbox::net::tap::attach(&dev, "tap0", true)
+        });
+        assert_eq!(r.is_ok(), ok, "attach as {uid}:{gid}: {r:?}");
+    }
+
     let g1 = Guest::attach(&mut topo, s1.netns(), "tap0", 1);
     let g2 = Guest::attach(&mut topo, s2.netns(), "tap0", 2);
 
@@ -192,6 +221,45 @@ fn two_sessions_nat_isolation_policy_teardown() {
     assert!(udp_probe(&g1.ns, INTERNET).is_some());
     s1.set_policy(&EgressPolicy::Internet).unwrap();
     assert!(tcp_probe(&g1.ns, INTERNET).is_some());
+
+    // Fail closed: with the session's NAT gone, guest-sourced packets still
+    // never reach the internet (rp_filter + blackhole + guard on the host).
+    let i = topo.internet.as_str();
+    sh(&["ip", "netns", "exec", i, "nft", "add table ip watch"]);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        i,
+        "nft",
+        "add chain ip watch pre { type filter hook prerouting priority -300; }",
+    ]);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        i,
+        "nft",
+        "add rule ip watch pre ip saddr 172.16.0.0/30 counter",
+    ]);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        s1.netns(),
+        "nft",
+        &format!("flush chain ip {prefix} nat"),
+    ]);
+    blocked(&g1.ns, INTERNET);
+    let w = sh(&["ip", "netns", "exec", i, "nft", "list table ip watch"]);
+    assert!(
+        w.contains("counter packets 0 bytes 0"),
+        "guest-sourced packets leaked: {w}"
+    );
+    assert!(
+        tcp_probe(&g2.ns, INTERNET).is_some(),
+        "session 2 unaffected"
+    );
 
     // Teardown: the VMM (here the relay) goes first, as in the daemon.
     drop(g1);
@@ -304,6 +372,21 @@ fn parallel_sessions_do_not_collide() {
     names.dedup();
     assert_eq!(names.len(), 20);
     drop(sessions);
+    // Someone flushes our host table: the next session puts it back first.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &topo.host,
+        "nft",
+        &format!("delete table ip {prefix}"),
+    ]);
+    let s = net.create_session(&EgressPolicy::Internet).unwrap();
+    let t = sh(&[
+        "ip", "netns", "exec", &topo.host, "nft", "list", "table", "ip", prefix,
+    ]);
+    assert!(t.contains("masquerade"), "{t}");
+    drop(s);
     net.close().unwrap();
     assert!(leftovers(&topo, prefix).is_empty());
 }

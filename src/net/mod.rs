@@ -289,6 +289,7 @@ struct Inner {
     cfg: NetConfig,
     host_ns: Option<File>,
     host: Mutex<Host>,
+    host_table: nft::Table,
     blocks: Arc<Blocks>,
     reap: Sender<Reap>,
 }
@@ -414,6 +415,7 @@ impl Net {
                 cfg,
                 host_ns,
                 host: Mutex::new(host),
+                host_table: table,
                 blocks,
                 reap: tx,
             }),
@@ -613,6 +615,19 @@ impl Net {
         let nsfd = ns.as_raw_fd();
         inner.in_host(|| {
             let mut h = lock(&inner.host);
+            // Fail closed: the host table must be in place before any
+            // session link is; someone may have flushed the ruleset since.
+            let host_table = &inner.host_table;
+            if verify(&mut h.nft, host_table, &inner.host_name()).is_err() {
+                log::warn!(
+                    "host nftables table {} missing or changed; reinstalling",
+                    cfg.prefix
+                );
+                let mut b = h.nft.batch();
+                b.replace_table(host_table);
+                h.nft.commit(b)?;
+                verify(&mut h.nft, host_table, &inner.host_name())?;
+            }
             h.rtnl.add_veth(host_if, peer_if, nsfd)?;
             sysctl_opt(&["net", "ipv6", "conf", host_if, "disable_ipv6"], "1")?;
             netns::sysctl_path(&["net", "ipv4", "conf", host_if, "rp_filter"], "1")?;

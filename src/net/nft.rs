@@ -633,15 +633,31 @@ impl Nft {
 
     /// Send a simple request and return replies until ACK/DONE.
     fn request(&mut self, ty: u16, flags: u16, what: &str) -> Result<Vec<Reply>, NetError> {
+        self.request_with(ty, flags, what, |_| {})
+    }
+
+    fn request_with(
+        &mut self,
+        ty: u16,
+        flags: u16,
+        what: &str,
+        attrs: impl FnOnce(&mut Msg),
+    ) -> Result<Vec<Reply>, NetError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut buf = Vec::with_capacity(20);
+        let mut buf = Vec::with_capacity(64);
         buf.extend_from_slice(&20u32.to_ne_bytes());
         buf.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | ty).to_ne_bytes());
         buf.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
         buf.extend_from_slice(&seq.to_ne_bytes());
         buf.extend_from_slice(&0u32.to_ne_bytes());
         buf.extend_from_slice(&[NFPROTO_IPV4, 0, 0, 0]);
+        attrs(&mut Msg {
+            buf: &mut buf,
+            nests: Vec::new(),
+        });
+        let len = buf.len() as u32;
+        buf[..4].copy_from_slice(&len.to_ne_bytes());
         self.sock
             .send(&buf, 0)
             .map_err(|e| NetError::io(format!("{what} in {}: netlink send", self.ns), e))?;
@@ -730,7 +746,10 @@ impl Nft {
 
     /// Number of rules in table `name` (for verification after a commit).
     pub fn rule_count(&mut self, table: &str) -> Result<usize, NetError> {
-        let r = self.request(MSG_GETRULE, NLM_F_DUMP, "list nftables rules")?;
+        // The table filter keeps the dump small on hosts with big rulesets.
+        let r = self.request_with(MSG_GETRULE, NLM_F_DUMP, "list nftables rules", |m| {
+            m.str(NFTA_RULE_TABLE, table)
+        })?;
         Ok(r.iter()
             .filter(|r| {
                 r.ty == ((NFNL_SUBSYS_NFTABLES << 8) | MSG_NEWRULE)

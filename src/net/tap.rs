@@ -44,6 +44,16 @@ pub fn open(name: &str, vnet_hdr: bool) -> Result<File, NetError> {
         .custom_flags(libc::O_CLOEXEC)
         .open("/dev/net/tun")
         .map_err(|e| NetError::io("open /dev/net/tun".to_string(), e))?;
+    attach(&f, name, vnet_hdr)?;
+    Ok(f)
+}
+
+/// Attach an open `/dev/net/tun` descriptor to TAP `name`. The permission
+/// check (owner/group of a persistent TAP) happens here, not at open.
+pub fn attach(f: &File, name: &str, vnet_hdr: bool) -> Result<(), NetError> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return Err(NetError::invalid(format!("bad TAP name {name:?}")));
+    }
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
         flags: IFF_TAP | IFF_NO_PI | if vnet_hdr { IFF_VNET_HDR } else { 0 },
@@ -57,7 +67,7 @@ pub fn open(name: &str, vnet_hdr: bool) -> Result<File, NetError> {
             io::Error::last_os_error(),
         ));
     }
-    Ok(f)
+    Ok(())
 }
 
 /// Create a persistent TAP named `name` in the current thread's namespace,
