@@ -18,7 +18,6 @@ pub mod nft;
 pub mod rtnl;
 pub mod tap;
 
-use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
@@ -287,7 +286,6 @@ struct Host {
 
 struct Inner {
     cfg: NetConfig,
-    host_ns: Option<File>,
     host: Mutex<Host>,
     host_table: nft::Table,
     blocks: Arc<Blocks>,
@@ -304,15 +302,6 @@ impl Inner {
         match &self.cfg.host_netns {
             Some(p) => format!("host netns {}", p.display()),
             None => "host netns".into(),
-        }
-    }
-
-    /// Run `f` in the host namespace (on the caller's thread if that is the
-    /// daemon's own namespace).
-    fn in_host<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-        match &self.host_ns {
-            None => f(),
-            Some(ns) => netns::run_in(Some(ns), &self.host_name(), f),
         }
     }
 
@@ -413,7 +402,6 @@ impl Net {
         Ok(Net {
             inner: Arc::new(Inner {
                 cfg,
-                host_ns,
                 host: Mutex::new(host),
                 host_table: table,
                 blocks,
@@ -608,12 +596,13 @@ impl Net {
         })?;
         *lock(&s.nft) = Some(nft);
         injected(1)?;
-        // 2. Host side: the veth pair, its host end configured before it is up.
+        // 2. Host side: the veth pair, its host end configured before it is
+        //    up. Pure netlink on the host socket: no thread needed.
         let (host_if, peer_if, host_addr, plen) =
             (&s.host_if, &s.peer_if, s.host_addr, cfg.veth_prefix_len);
         let inner = &self.inner;
         let nsfd = ns.as_raw_fd();
-        inner.in_host(|| {
+        {
             let mut h = lock(&inner.host);
             // Fail closed: the host table must be in place before any
             // session link is; someone may have flushed the ruleset since.
@@ -629,12 +618,11 @@ impl Net {
                 verify(&mut h.nft, host_table, &inner.host_name())?;
             }
             h.rtnl.add_veth(host_if, peer_if, nsfd)?;
-            sysctl_opt(&["net", "ipv6", "conf", host_if, "disable_ipv6"], "1")?;
-            netns::sysctl_path(&["net", "ipv4", "conf", host_if, "rp_filter"], "1")?;
             let idx = h.rtnl.need_index(host_if)?;
+            h.rtnl.quiet_strict_link(idx, host_if)?;
             h.rtnl.add_addr(idx, host_addr, plen, host_if)?;
-            h.rtnl.set_up(idx, host_if)
-        })?;
+            h.rtnl.set_up(idx, host_if)?;
+        }
         injected(2)?;
         // 3. Session side: veth end, TAP, default route to the host.
         let peer = rtnl.need_index(&s.peer_if)?;

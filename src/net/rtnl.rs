@@ -10,7 +10,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InetDevConf, InfoData, InfoKind,
+    InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -184,6 +185,26 @@ impl Rtnl {
         let ns = self.ns.clone();
         self.link_index(name)?
             .ok_or_else(|| NetError::invalid(format!("link {name} missing in {ns}")))
+    }
+
+    /// Per-link settings of a session's host end, by netlink rather than
+    /// `/proc/sys` (which would need a thread in the host namespace):
+    /// strict reverse-path filter, and no IPv6 address generation, so the
+    /// link has no IPv6 address and sends nothing on its own (no DAD, no
+    /// router solicitation). Must run before the link is up.
+    pub fn quiet_strict_link(&mut self, index: u32, what: &str) -> Result<(), NetError> {
+        let mut conf = InetDevConf::default();
+        conf.rp_filter = 1;
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes = vec![LinkAttribute::AfSpecUnspec(vec![
+            AfSpecUnspec::Inet(vec![AfSpecInet::DevConfRequest(conf)]),
+            AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)]),
+        ])];
+        self.exec(RouteNetlinkMessage::SetLink(m), NLM_F_ACK, &|| {
+            format!("set rp_filter=1, addrgenmode none on {what}")
+        })?;
+        Ok(())
     }
 
     pub fn set_up(&mut self, index: u32, what: &str) -> Result<(), NetError> {
