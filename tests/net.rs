@@ -390,3 +390,43 @@ fn parallel_sessions_do_not_collide() {
     net.close().unwrap();
     assert!(leftovers(&topo, prefix).is_empty());
 }
+
+#[test]
+fn nft_batch_is_atomic_and_names_the_failing_message() {
+    use agent_sandbox::net::netns as ans;
+    use agent_sandbox::net::nft::{Chain, Match, Nft, Rule, Table, Verdict};
+    if skip_unless_root("nft_batch_is_atomic_and_names_the_failing_message") {
+        return;
+    }
+    let topo = Topology::new("t5");
+    let ns = ans::open(&topo.host_path()).unwrap();
+    let r = ans::run_in(Some(&ns), "t5", || {
+        let mut nft = Nft::open("t5")?;
+        let t = Table {
+            name: "asbxt5".into(),
+            chains: vec![Chain {
+                name: "c".into(),
+                base: None,
+                rules: vec![Rule::new(vec![Match::L4Proto(6)], Verdict::Accept)],
+            }],
+        };
+        let mut b = nft.batch();
+        b.create_table(&t);
+        // A rule in a chain that does not exist: the whole batch must fail.
+        b.add_rule("asbxt5", "missing", &Rule::new(vec![], Verdict::Drop));
+        let err = nft.commit(b).expect_err("batch with a bad rule");
+        let tables = nft.tables()?;
+        let mut b = nft.batch();
+        b.create_table(&t);
+        nft.commit(b)?;
+        let n = nft.rule_count("asbxt5")?;
+        Ok((err.to_string(), tables, n))
+    });
+    let (err, tables, n) = r.unwrap();
+    assert!(err.contains("add rule asbxt5 missing"), "{err}");
+    assert!(
+        !tables.contains(&"asbxt5".to_string()),
+        "half a batch applied: {tables:?}"
+    );
+    assert_eq!(n, 1);
+}

@@ -794,3 +794,44 @@ pub fn host(a: Ipv4Addr) -> Cidr {
         prefix_len: 32,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_nft_syntax() {
+        let r = Rule::new(
+            vec![
+                Match::Iif(IfName::Prefix("asbx".into())),
+                Match::Daddr("10.0.0.0/8".parse().unwrap()),
+                Match::L4Proto(6),
+                Match::Dport(443),
+            ],
+            Verdict::Drop,
+        );
+        assert_eq!(
+            r.to_nft(),
+            "iifname \"asbx*\" ip daddr 10.0.0.0/8 meta l4proto 6 th dport 443 drop"
+        );
+    }
+
+    #[test]
+    fn batch_framing() {
+        let mut b = Batch::new(7);
+        b.add_table("asbx");
+        let (buf, last, what) = b.finish();
+        // begin + newtable + end, each a whole number of 4-byte words.
+        let mut off = 0;
+        let mut n = 0;
+        while off < buf.len() {
+            let len = u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]);
+            assert_eq!(len % 4, 0);
+            off += len as usize;
+            n += 1;
+        }
+        assert_eq!((off, n), (buf.len(), 3));
+        assert_eq!(last, 10);
+        assert_eq!(what, vec![(9, "add table asbx".to_string())]);
+    }
+}
