@@ -11,6 +11,8 @@
 //! The "host" namespace is a parameter: tests run all of this inside a
 //! namespace of their own whose only uplink leads to a test "internet".
 
+mod blocks;
+mod config;
 pub mod egress;
 pub mod firewall;
 pub mod netns;
@@ -25,10 +27,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::Sender;
 
-use serde::{Deserialize, Serialize};
-
+use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
+pub use config::NetConfig;
 pub use egress::{Cidr, EgressPolicy, EgressRule};
 use nft::Nft;
 use rtnl::Rtnl;
@@ -57,227 +59,6 @@ impl NetError {
 }
 
 pub type Result<T> = std::result::Result<T, NetError>;
-
-/// Network configuration of the daemon.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NetConfig {
-    /// Namespace that plays "the host" (a `/run/netns/NAME` or
-    /// `/proc/PID/ns/net` path); `None`: the daemon's own namespace.
-    pub host_netns: Option<PathBuf>,
-    /// Host interface session traffic leaves by (masqueraded).
-    pub uplink_if: String,
-    /// Name prefix of everything we create (at most 6 characters).
-    pub prefix: String,
-    /// Range the veth pairs' addresses come from.
-    pub veth_range: Cidr,
-    /// Size of one session's veth block: 30 or 31.
-    pub veth_prefix_len: u8,
-    /// Guest network behind the TAP, identical in every session: the TAP
-    /// gets its first address, the guest the second.
-    pub guest_cidr: Cidr,
-    /// TAP name, identical in every session namespace.
-    pub tap_name: String,
-    /// Owner of the TAP, so an unprivileged VMM can attach to it.
-    pub tap_uid: Option<u32>,
-    pub tap_gid: Option<u32>,
-    /// Extra destinations no session may reach (e.g. the host's public
-    /// addresses on other interfaces, the daemon's port's address).
-    pub blocked_extra: Vec<Cidr>,
-    /// Explicit exceptions to the always-blocked set (host configuration only).
-    pub allow_exceptions: Vec<Cidr>,
-}
-
-impl Default for NetConfig {
-    fn default() -> Self {
-        NetConfig {
-            host_netns: None,
-            uplink_if: "eth0".into(),
-            prefix: "asbx".into(),
-            veth_range: Cidr::new(Ipv4Addr::new(10, 200, 0, 0), 16),
-            veth_prefix_len: 30,
-            guest_cidr: Cidr::new(Ipv4Addr::new(172, 16, 0, 0), 30),
-            tap_name: "tap0".into(),
-            tap_uid: None,
-            tap_gid: None,
-            blocked_extra: Vec::new(),
-            allow_exceptions: Vec::new(),
-        }
-    }
-}
-
-fn valid_ifname(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() < libc::IFNAMSIZ
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
-impl NetConfig {
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(NetError::Invalid(format!("network config: {m}")));
-        if self.prefix.is_empty()
-            || self.prefix.len() > 6
-            || !self
-                .prefix
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        {
-            return bad(format!(
-                "prefix {:?}: 1-6 lowercase letters or digits",
-                self.prefix
-            ));
-        }
-        if !valid_ifname(&self.uplink_if) {
-            return bad(format!(
-                "uplink_if {:?} is not an interface name",
-                self.uplink_if
-            ));
-        }
-        if !valid_ifname(&self.tap_name) {
-            return bad(format!(
-                "tap_name {:?} is not an interface name",
-                self.tap_name
-            ));
-        }
-        if !(30..=31).contains(&self.veth_prefix_len) || self.veth_range.prefix_len > 30 {
-            return bad(format!(
-                "veth range {} / blocks /{}: blocks must be /30 or /31 inside the range",
-                self.veth_range, self.veth_prefix_len
-            ));
-        }
-        if self.guest_cidr.prefix_len > 30 {
-            return bad(format!(
-                "guest_cidr {} must hold at least 2 hosts (/30)",
-                self.guest_cidr
-            ));
-        }
-        Ok(())
-    }
-
-    fn slots(&self) -> usize {
-        (self.veth_range.size() >> (32 - u32::from(self.veth_prefix_len))) as usize
-    }
-
-    /// (host side, namespace side) addresses of block `slot`.
-    fn veth_addrs(&self, slot: usize) -> (Ipv4Addr, Ipv4Addr) {
-        let block = 1u32 << (32 - u32::from(self.veth_prefix_len));
-        let first = slot as u32 * block + if self.veth_prefix_len == 31 { 0 } else { 1 };
-        (self.veth_range.nth(first), self.veth_range.nth(first + 1))
-    }
-
-    pub fn tap_addr(&self) -> Ipv4Addr {
-        self.guest_cidr.nth(1)
-    }
-    pub fn guest_addr(&self) -> Ipv4Addr {
-        self.guest_cidr.nth(2)
-    }
-}
-
-/// Veth address blocks. A block stays taken after its session's teardown
-/// until the kernel has removed the session's host link ("draining"), so an
-/// address is never on two links at once.
-struct Alloc {
-    used: Vec<bool>,
-    next: usize,
-    draining: usize,
-}
-
-struct Blocks {
-    state: Mutex<Alloc>,
-    changed: Condvar,
-}
-
-impl Blocks {
-    fn release(&self, slot: usize, was_draining: bool) {
-        let mut a = lock(&self.state);
-        if let Some(u) = a.used.get_mut(slot) {
-            *u = false;
-        }
-        if was_draining {
-            a.draining = a.draining.saturating_sub(1);
-        }
-        self.changed.notify_all();
-    }
-}
-
-/// A torn-down session for the reaper.
-struct Reap {
-    slot: usize,
-    host_if: String,
-    /// Our last reference to the namespace besides the (gone) mount. Closing
-    /// a netfilter socket can wait for an RCU barrier (nf_tables flushes its
-    /// destroy list on socket release, ~10 ms measured under churn), so the
-    /// reaper closes it, not the caller.
-    nft: Option<Nft>,
-}
-
-impl Reap {
-    fn start(self) -> (usize, String, Instant) {
-        drop(self.nft);
-        (self.slot, self.host_if, Instant::now())
-    }
-}
-
-/// How long the kernel gets to remove a dead session's host link on its
-/// own (namespace cleanup) before the reaper deletes it explicitly.
-const REAP_GRACE: Duration = Duration::from_secs(2);
-
-/// Background thread: waits until the host links of torn-down sessions are
-/// gone, then frees their address blocks. Teardown itself only unmounts the
-/// namespace; the kernel destroys namespace, TAP, veth pair and session
-/// table asynchronously and in batches, which is much cheaper than deleting
-/// a veth synchronously (one RCU grace period each, ~30 ms measured here).
-fn reaper(blocks: Arc<Blocks>, mut rtnl: Rtnl, rx: Receiver<Reap>) {
-    let mut pending: Vec<(usize, String, Instant)> = Vec::new();
-    let mut open = true;
-    while open || !pending.is_empty() {
-        let got = if pending.is_empty() {
-            rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
-        } else {
-            rx.recv_timeout(Duration::from_millis(5))
-        };
-        match got {
-            Ok(r) => pending.push(r.start()),
-            Err(RecvTimeoutError::Disconnected) => {
-                open = false;
-                if !pending.is_empty() {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-        }
-        while let Ok(r) = rx.try_recv() {
-            pending.push(r.start());
-        }
-        pending.retain(|(slot, name, since)| {
-            let gone = match rtnl.link_index(name) {
-                Ok(None) => true,
-                Ok(Some(_)) if since.elapsed() > REAP_GRACE => {
-                    // Something still holds the namespace (a VMM that was not
-                    // killed?): cut the session off from the host side.
-                    log::warn!("session link {name} outlived its namespace; deleting it");
-                    match rtnl.del_link(name) {
-                        Ok(()) => true,
-                        Err(e) => {
-                            log::error!("{e}");
-                            false
-                        }
-                    }
-                }
-                Ok(Some(_)) => false,
-                Err(e) => {
-                    log::error!("reaper: {e}");
-                    false
-                }
-            };
-            if gone {
-                blocks.release(*slot, true);
-            }
-            !gone
-        });
-    }
-}
 
 struct Host {
     rtnl: Rtnl,
