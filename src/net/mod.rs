@@ -153,6 +153,7 @@ impl Net {
         };
         let table = firewall::host_table(&cfg);
         let guest = cfg.guest_cidr;
+        let uplink = cfg.uplink_if.as_str();
         let (host, reaper_rtnl) = netns::run_in(host_ns.as_ref(), &name, || {
             netns::sysctl("net.ipv4.ip_forward", "1")?;
             let mut rtnl = Rtnl::open(&name)?;
@@ -164,6 +165,11 @@ impl Net {
             // The guest network exists only behind TAPs in session
             // namespaces; here it must never route anywhere.
             rtnl.replace_blackhole(guest.network(), guest.prefix_len)?;
+            if rtnl.link_index(uplink)?.is_none() {
+                // Not fatal (it may appear later), but sessions have no
+                // egress until it does.
+                log::warn!("uplink interface {uplink} does not exist in {name}");
+            }
             Ok((Host { rtnl, nft }, Rtnl::open(&name)?))
         })?;
         let blocks = Arc::new(Blocks {
