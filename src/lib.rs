@@ -4,4 +4,5 @@
 pub use sandbox_agent::proto;
 
 pub mod agent;
+pub mod net;
 pub mod vm;

@@ -1,0 +1,124 @@
+//! Network configuration of the daemon (serde, from the config file).
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Cidr, NetError, Result};
+
+/// Network configuration of the daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    /// Namespace that plays "the host" (a `/run/netns/NAME` or
+    /// `/proc/PID/ns/net` path); `None`: the daemon's own namespace.
+    pub host_netns: Option<PathBuf>,
+    /// Host interface session traffic leaves by (masqueraded).
+    pub uplink_if: String,
+    /// Name prefix of everything we create (at most 6 characters).
+    pub prefix: String,
+    /// Range the veth pairs' addresses come from.
+    pub veth_range: Cidr,
+    /// Size of one session's veth block: 30 or 31.
+    pub veth_prefix_len: u8,
+    /// Guest network behind the TAP, identical in every session: the TAP
+    /// gets its first address, the guest the second.
+    pub guest_cidr: Cidr,
+    /// TAP name, identical in every session namespace.
+    pub tap_name: String,
+    /// Owner of the TAP, so an unprivileged VMM can attach to it.
+    pub tap_uid: Option<u32>,
+    pub tap_gid: Option<u32>,
+    /// Extra destinations no session may reach (e.g. the host's public
+    /// addresses on other interfaces, the daemon's port's address).
+    pub blocked_extra: Vec<Cidr>,
+    /// Explicit exceptions to the always-blocked set (host configuration only).
+    pub allow_exceptions: Vec<Cidr>,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            host_netns: None,
+            uplink_if: "eth0".into(),
+            prefix: "asbx".into(),
+            veth_range: Cidr::new(Ipv4Addr::new(10, 200, 0, 0), 16),
+            veth_prefix_len: 30,
+            guest_cidr: Cidr::new(Ipv4Addr::new(172, 16, 0, 0), 30),
+            tap_name: "tap0".into(),
+            tap_uid: None,
+            tap_gid: None,
+            blocked_extra: Vec::new(),
+            allow_exceptions: Vec::new(),
+        }
+    }
+}
+
+fn valid_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() < libc::IFNAMSIZ
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+impl NetConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(NetError::Invalid(format!("network config: {m}")));
+        if self.prefix.is_empty()
+            || self.prefix.len() > 6
+            || !self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        {
+            return bad(format!(
+                "prefix {:?}: 1-6 lowercase letters or digits",
+                self.prefix
+            ));
+        }
+        if !valid_ifname(&self.uplink_if) {
+            return bad(format!(
+                "uplink_if {:?} is not an interface name",
+                self.uplink_if
+            ));
+        }
+        if !valid_ifname(&self.tap_name) {
+            return bad(format!(
+                "tap_name {:?} is not an interface name",
+                self.tap_name
+            ));
+        }
+        if !(30..=31).contains(&self.veth_prefix_len) || self.veth_range.prefix_len > 30 {
+            return bad(format!(
+                "veth range {} / blocks /{}: blocks must be /30 or /31 inside the range",
+                self.veth_range, self.veth_prefix_len
+            ));
+        }
+        if self.guest_cidr.prefix_len > 30 {
+            return bad(format!(
+                "guest_cidr {} must hold at least 2 hosts (/30)",
+                self.guest_cidr
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn slots(&self) -> usize {
+        (self.veth_range.size() >> (32 - u32::from(self.veth_prefix_len))) as usize
+    }
+
+    /// (host side, namespace side) addresses of block `slot`.
+    pub(super) fn veth_addrs(&self, slot: usize) -> (Ipv4Addr, Ipv4Addr) {
+        let block = 1u32 << (32 - u32::from(self.veth_prefix_len));
+        let first = slot as u32 * block + if self.veth_prefix_len == 31 { 0 } else { 1 };
+        (self.veth_range.nth(first), self.veth_range.nth(first + 1))
+    }
+
+    pub fn tap_addr(&self) -> Ipv4Addr {
+        self.guest_cidr.nth(1)
+    }
+    pub fn guest_addr(&self) -> Ipv4Addr {
+        self.guest_cidr.nth(2)
+    }
+}

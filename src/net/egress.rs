@@ -1,0 +1,315 @@
+//! Egress policy data model (what the REST layer takes as JSON) and its
+//! compilation to nftables rules.
+//!
+//! JSON forms:
+//! `{"mode":"internet"}`, `{"mode":"none"}`,
+//! `{"mode":"allowlist","rules":["198.51.100.0/24:443/tcp","203.0.113.7"]}`,
+//! `{"mode":"denylist","rules":["0.0.0.0/0:25/tcp"]}`.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::nft::{Match, Rule, Verdict};
+
+/// An IPv4 network, `a.b.c.d/len` (a bare address means /32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Cidr {
+    pub addr: Ipv4Addr,
+    pub prefix_len: u8,
+}
+
+impl Cidr {
+    pub const fn new(addr: Ipv4Addr, prefix_len: u8) -> Cidr {
+        Cidr { addr, prefix_len }
+    }
+    pub fn mask(&self) -> Ipv4Addr {
+        if self.prefix_len == 0 {
+            Ipv4Addr::UNSPECIFIED
+        } else {
+            Ipv4Addr::from(u32::MAX << (32 - u32::from(self.prefix_len.min(32))))
+        }
+    }
+    pub fn network(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr) & u32::from(self.mask()))
+    }
+    /// Number of addresses (saturating at u32::MAX for /0).
+    pub fn size(&self) -> u64 {
+        1u64 << (32 - u32::from(self.prefix_len.min(32)))
+    }
+    pub fn contains(&self, a: Ipv4Addr) -> bool {
+        u32::from(a) & u32::from(self.mask()) == u32::from(self.network())
+    }
+    /// The `n`th address of the network.
+    pub fn nth(&self, n: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.network()).wrapping_add(n))
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network(), self.prefix_len)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (
+                a,
+                l.parse::<u8>()
+                    .map_err(|_| format!("bad prefix length in {s:?}"))?,
+            ),
+            None => (s, 32),
+        };
+        if l > 32 {
+            return Err(format!("prefix length over 32 in {s:?}"));
+        }
+        let addr = a
+            .parse::<Ipv4Addr>()
+            .map_err(|_| format!("bad IPv4 address in {s:?}"))?;
+        Ok(Cidr {
+            addr,
+            prefix_len: l,
+        })
+    }
+}
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Cidr, String> {
+        s.parse()
+    }
+}
+
+impl From<Cidr> for String {
+    fn from(c: Cidr) -> String {
+        c.to_string()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+        }
+    }
+}
+
+/// `CIDR[:port[/proto]]`; a port without a protocol means tcp and udp.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct EgressRule {
+    pub net: Cidr,
+    pub port: Option<u16>,
+    pub proto: Option<Proto>,
+}
+
+impl fmt::Display for EgressRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.net)?;
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        match self.proto {
+            Some(Proto::Tcp) => write!(f, "/tcp"),
+            Some(Proto::Udp) => write!(f, "/udp"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl FromStr for EgressRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<EgressRule, String> {
+        let s = s.trim();
+        let (net, rest) = match s.split_once(':') {
+            Some((n, r)) => (n, Some(r)),
+            None => (s, None),
+        };
+        let net: Cidr = net.parse()?;
+        let (port, proto) = match rest {
+            None => (None, None),
+            Some(r) => {
+                let (p, pr) = match r.split_once('/') {
+                    Some((p, pr)) => (p, Some(pr)),
+                    None => (r, None),
+                };
+                let port = p
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| format!("bad port in {s:?}"))?;
+                let proto = match pr {
+                    None => None,
+                    Some("tcp") => Some(Proto::Tcp),
+                    Some("udp") => Some(Proto::Udp),
+                    Some(o) => return Err(format!("unknown protocol {o:?} in {s:?} (tcp or udp)")),
+                };
+                (Some(port), proto)
+            }
+        };
+        Ok(EgressRule { net, port, proto })
+    }
+}
+
+impl TryFrom<String> for EgressRule {
+    type Error = String;
+    fn try_from(s: String) -> Result<EgressRule, String> {
+        s.parse()
+    }
+}
+
+impl From<EgressRule> for String {
+    fn from(r: EgressRule) -> String {
+        r.to_string()
+    }
+}
+
+/// What a session may reach beyond the always-blocked set.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
+pub enum EgressPolicy {
+    /// The public internet.
+    #[default]
+    Internet,
+    /// Nothing.
+    None,
+    /// Only what the rules list.
+    Allowlist { rules: Vec<EgressRule> },
+    /// Everything public except what the rules list.
+    Denylist { rules: Vec<EgressRule> },
+}
+
+/// Limit so a request cannot make us build a huge ruleset.
+pub const MAX_RULES: usize = 256;
+
+impl EgressPolicy {
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            EgressPolicy::Allowlist { rules } | EgressPolicy::Denylist { rules }
+                if rules.len() > MAX_RULES =>
+            {
+                Err(format!("{} egress rules, at most {MAX_RULES}", rules.len()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Rules of the per-session `policy` chain (evaluated only for traffic
+    /// that already passed the always-blocked checks).
+    pub fn to_rules(&self) -> Vec<Rule> {
+        let rule_matches = |r: &EgressRule| -> Vec<Vec<Match>> {
+            let base = vec![Match::Daddr(r.net)];
+            match (r.port, r.proto) {
+                (None, None) => vec![base],
+                (None, Some(p)) => vec![[base, vec![Match::L4Proto(p.number())]].concat()],
+                (Some(port), Some(p)) => {
+                    vec![[base, vec![Match::L4Proto(p.number()), Match::Dport(port)]].concat()]
+                }
+                (Some(port), None) => [Proto::Tcp, Proto::Udp]
+                    .iter()
+                    .map(|p| {
+                        [
+                            base.clone(),
+                            vec![Match::L4Proto(p.number()), Match::Dport(port)],
+                        ]
+                        .concat()
+                    })
+                    .collect(),
+            }
+        };
+        let list = |rules: &[EgressRule], v: Verdict, fin: Verdict| {
+            let mut out: Vec<Rule> = rules
+                .iter()
+                .flat_map(rule_matches)
+                .map(|m| Rule::new(m, v.clone()))
+                .collect();
+            out.push(Rule::new(vec![], fin));
+            out
+        };
+        match self {
+            EgressPolicy::Internet => vec![Rule::new(vec![], Verdict::Accept)],
+            EgressPolicy::None => vec![Rule::new(vec![], Verdict::Drop)],
+            EgressPolicy::Allowlist { rules } => list(rules, Verdict::Accept, Verdict::Drop),
+            EgressPolicy::Denylist { rules } => list(rules, Verdict::Drop, Verdict::Accept),
+        }
+    }
+}
+
+/// Destinations no session may reach whatever its policy: "this" network,
+/// RFC1918, CGNAT, loopback, link-local (incl. 169.254.169.254), IETF
+/// protocol assignments, benchmarking, multicast and reserved. The host's
+/// own addresses and the other sessions are added from the configuration.
+pub const ALWAYS_BLOCKED: &[Cidr] = &[
+    Cidr::new(Ipv4Addr::new(0, 0, 0, 0), 8),
+    Cidr::new(Ipv4Addr::new(10, 0, 0, 0), 8),
+    Cidr::new(Ipv4Addr::new(100, 64, 0, 0), 10),
+    Cidr::new(Ipv4Addr::new(127, 0, 0, 0), 8),
+    Cidr::new(Ipv4Addr::new(169, 254, 0, 0), 16),
+    Cidr::new(Ipv4Addr::new(172, 16, 0, 0), 12),
+    Cidr::new(Ipv4Addr::new(192, 0, 0, 0), 24),
+    Cidr::new(Ipv4Addr::new(192, 168, 0, 0), 16),
+    Cidr::new(Ipv4Addr::new(198, 18, 0, 0), 15),
+    Cidr::new(Ipv4Addr::new(224, 0, 0, 0), 4),
+    Cidr::new(Ipv4Addr::new(240, 0, 0, 0), 4),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_rules() {
+        let r: EgressRule = "198.51.100.0/24:443/tcp".parse().unwrap();
+        assert_eq!(r.port, Some(443));
+        assert_eq!(r.proto, Some(Proto::Tcp));
+        assert_eq!(r.to_string(), "198.51.100.0/24:443/tcp");
+        let r: EgressRule = "203.0.113.7".parse().unwrap();
+        assert_eq!(r.net.prefix_len, 32);
+        assert!("1.2.3.4:0".parse::<EgressRule>().is_err());
+        assert!("1.2.3.4:53/icmp".parse::<EgressRule>().is_err());
+        assert!("1.2.3.4/33".parse::<EgressRule>().is_err());
+        assert!("nonsense".parse::<EgressRule>().is_err());
+    }
+
+    #[test]
+    fn policy_json() {
+        let p: EgressPolicy =
+            serde_json::from_str(r#"{"mode":"allowlist","rules":["1.2.3.0/24:53"]}"#).unwrap();
+        assert_eq!(p.to_rules().len(), 3); // tcp, udp, final drop
+        let p: EgressPolicy = serde_json::from_str(r#"{"mode":"none"}"#).unwrap();
+        assert_eq!(p, EgressPolicy::None);
+        assert!(
+            serde_json::from_str::<EgressPolicy>(r#"{"mode":"allowlist","rules":["x"]}"#).is_err()
+        );
+        assert_eq!(
+            serde_json::to_string(&EgressPolicy::default()).unwrap(),
+            r#"{"mode":"internet"}"#
+        );
+    }
+
+    #[test]
+    fn cidr_math() {
+        let c: Cidr = "10.200.0.0/16".parse().unwrap();
+        assert_eq!(c.size(), 65536);
+        assert_eq!(c.nth(5), Ipv4Addr::new(10, 200, 0, 5));
+        assert!(c.contains(Ipv4Addr::new(10, 200, 255, 1)));
+        assert!(!c.contains(Ipv4Addr::new(10, 201, 0, 1)));
+        assert_eq!(
+            "0.0.0.0/0".parse::<Cidr>().unwrap().mask(),
+            Ipv4Addr::UNSPECIFIED
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Our nftables tables. Netfilter state is per network namespace, so:
+//!
+//! - the **host table** (in the host namespace) is static: it does not change
+//!   per session. It drops anything from a session link to the host itself,
+//!   to another session or to the always-blocked set, forwards session
+//!   traffic only to the uplink, masquerades it there, and guards the exit:
+//!   nothing leaves with a guest source address.
+//! - each **session table** lives in the session's namespace: masquerade of
+//!   the guest to the veth address plus the egress policy. It is built in one
+//!   transaction before any link of the session is up, replaced atomically
+//!   on a policy change and dies with the namespace.
+
+use super::egress::{Cidr, EgressPolicy, ALWAYS_BLOCKED};
+use super::nft::{BaseChain, Chain, Hook, IfName, Match, Rule, Table, Verdict};
+use super::NetConfig;
+
+/// Chain holding the mode rules; flushed and refilled on a live change.
+pub const POLICY_CHAIN: &str = "session_policy";
+
+fn base(kind: &'static str, hook: Hook, priority: i32, accept: bool) -> Option<BaseChain> {
+    Some(BaseChain {
+        kind,
+        hook,
+        priority,
+        accept_by_default: accept,
+    })
+}
+
+/// Every destination a session may never reach (without exceptions).
+pub fn blocked_set(cfg: &NetConfig) -> Vec<Cidr> {
+    let mut v: Vec<Cidr> = ALWAYS_BLOCKED.to_vec();
+    v.push(cfg.veth_range);
+    v.push(cfg.guest_cidr);
+    v.extend(cfg.blocked_extra.iter().copied());
+    v
+}
+
+pub fn host_table(cfg: &NetConfig) -> Table {
+    let ours = || IfName::Prefix(cfg.prefix.clone());
+    let uplink = IfName::Exact(cfg.uplink_if.clone());
+    let r = Rule::new;
+    let mut forward = Vec::new();
+    for c in &cfg.allow_exceptions {
+        forward.push(r(
+            vec![
+                Match::Iif(ours()),
+                Match::Oif(uplink.clone()),
+                Match::Daddr(*c),
+            ],
+            Verdict::Accept,
+        ));
+    }
+    for c in blocked_set(cfg) {
+        forward.push(r(vec![Match::Iif(ours()), Match::Daddr(c)], Verdict::Drop));
+    }
+    forward.extend([
+        r(
+            vec![Match::Iif(ours()), Match::Oif(uplink.clone())],
+            Verdict::Accept,
+        ),
+        r(vec![Match::Iif(ours())], Verdict::Drop),
+        r(
+            vec![Match::Oif(ours()), Match::CtEstablishedRelated],
+            Verdict::Accept,
+        ),
+        r(vec![Match::Oif(ours())], Verdict::Drop),
+    ]);
+    Table {
+        name: cfg.prefix.clone(),
+        chains: vec![
+            Chain {
+                // Sessions never talk to the host itself (any address of it).
+                name: "input".into(),
+                base: base("filter", Hook::Input, -10, true),
+                rules: vec![r(vec![Match::Iif(ours())], Verdict::Drop)],
+            },
+            Chain {
+                name: "forward".into(),
+                base: base("filter", Hook::Forward, -10, true),
+                rules: forward,
+            },
+            Chain {
+                name: "nat".into(),
+                base: base("nat", Hook::Postrouting, 100, true),
+                rules: vec![r(
+                    vec![Match::Oif(uplink.clone()), Match::Saddr(cfg.veth_range)],
+                    Verdict::Masquerade,
+                )],
+            },
+            Chain {
+                // After NAT: whatever still carries a guest or un-NATed session
+                // source address must not leave.
+                name: "guard".into(),
+                base: base("filter", Hook::Postrouting, 300, true),
+                rules: vec![
+                    r(vec![Match::Saddr(cfg.guest_cidr)], Verdict::Drop),
+                    r(
+                        vec![Match::Oif(uplink), Match::Saddr(cfg.veth_range)],
+                        Verdict::Drop,
+                    ),
+                ],
+            },
+        ],
+    }
+}
+
+/// The table inside a session namespace. `peer_if` is the namespace end of
+/// the veth pair.
+pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &EgressPolicy) -> Table {
+    let r = Rule::new;
+    let tap = IfName::Exact(cfg.tap_name.clone());
+    let peer = IfName::Exact(peer_if.to_string());
+    let guest = Match::Saddr(cfg.guest_cidr);
+    let mut egress = Vec::new();
+    for c in &cfg.allow_exceptions {
+        egress.push(r(
+            vec![Match::Daddr(*c)],
+            Verdict::Jump(POLICY_CHAIN.into()),
+        ));
+    }
+    for c in blocked_set(cfg) {
+        egress.push(r(vec![Match::Daddr(c)], Verdict::Drop));
+    }
+    egress.push(r(vec![], Verdict::Jump(POLICY_CHAIN.into())));
+    egress.push(r(vec![], Verdict::Drop));
+    Table {
+        name: cfg.prefix.clone(),
+        chains: vec![
+            Chain {
+                name: "forward".into(),
+                base: base("filter", Hook::Forward, 0, false),
+                rules: vec![
+                    r(
+                        vec![
+                            Match::Iif(peer.clone()),
+                            Match::Oif(tap.clone()),
+                            Match::CtEstablishedRelated,
+                        ],
+                        Verdict::Accept,
+                    ),
+                    r(
+                        vec![
+                            Match::Iif(tap.clone()),
+                            Match::Oif(peer.clone()),
+                            guest.clone(),
+                        ],
+                        Verdict::Jump("egress".into()),
+                    ),
+                ],
+            },
+            Chain {
+                name: "egress".into(),
+                base: None,
+                rules: egress,
+            },
+            Chain {
+                name: POLICY_CHAIN.into(),
+                base: None,
+                rules: policy.to_rules(),
+            },
+            Chain {
+                // The guest does not reach the namespace itself; the host
+                // side reaches it only with replies.
+                name: "input".into(),
+                base: base("filter", Hook::Input, 0, true),
+                rules: vec![
+                    r(vec![Match::Iif(tap)], Verdict::Drop),
+                    r(
+                        vec![Match::Iif(peer.clone()), Match::CtEstablishedRelated],
+                        Verdict::Accept,
+                    ),
+                    r(vec![Match::Iif(peer.clone())], Verdict::Drop),
+                ],
+            },
+            Chain {
+                name: "nat".into(),
+                base: base("nat", Hook::Postrouting, 100, true),
+                rules: vec![r(vec![Match::Oif(peer), guest], Verdict::Masquerade)],
+            },
+        ],
+    }
+}

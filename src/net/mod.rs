@@ -1,0 +1,605 @@
+//! Per-session network plumbing of the host daemon, done in-process through
+//! netlink (links, addresses, routes, namespaces, nftables) and ioctls (TAP).
+//!
+//! Per session: a named network namespace `{prefix}-{id}`, a veth pair
+//! (`{prefix}{id}h` in the host namespace, `{prefix}{id}n` in the session
+//! namespace), a persistent TAP with the same name and address in every
+//! session namespace (so one VM snapshot serves all sessions), NAT of the
+//! guest to the veth address inside the session namespace and of the veth
+//! range to the uplink in the host namespace. See `docs/network.md`.
+//!
+//! The "host" namespace is a parameter: tests run all of this inside a
+//! namespace of their own whose only uplink leads to a test "internet".
+
+mod blocks;
+mod config;
+pub mod egress;
+pub mod firewall;
+pub mod netns;
+pub mod nft;
+pub mod rtnl;
+pub mod tap;
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
+pub use config::NetConfig;
+pub use egress::{Cidr, EgressPolicy, EgressRule};
+use nft::Nft;
+use rtnl::Rtnl;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no free address block left in {range} (all {slots} in use)")]
+    Exhausted { range: Cidr, slots: usize },
+}
+
+impl NetError {
+    pub fn io(what: String, source: io::Error) -> NetError {
+        NetError::Io { what, source }
+    }
+    pub fn invalid(msg: impl Into<String>) -> NetError {
+        NetError::Invalid(msg.into())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, NetError>;
+
+struct Host {
+    rtnl: Rtnl,
+    nft: Nft,
+}
+
+struct Inner {
+    cfg: NetConfig,
+    host: Mutex<Host>,
+    host_table: nft::Table,
+    blocks: Arc<Blocks>,
+    reap: Sender<Reap>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data we can still use.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn host_name(&self) -> String {
+        match &self.cfg.host_netns {
+            Some(p) => format!("host netns {}", p.display()),
+            None => "host netns".into(),
+        }
+    }
+
+    /// Close `nft` and free `slot` once `host_if` is gone, in the background.
+    fn release_after(&self, slot: usize, host_if: &str, nft: Option<Nft>) {
+        lock(&self.blocks.state).draining += 1;
+        let r = Reap {
+            slot,
+            host_if: host_if.to_string(),
+            nft,
+        };
+        if let Err(e) = self.reap.send(r) {
+            // No reaper (cannot happen while `self` lives): do it inline.
+            let r = e.into_inner();
+            drop(r.nft);
+            if let Err(e) = lock(&self.host).rtnl.del_link(&r.host_if) {
+                log::error!("{e}");
+            }
+            self.blocks.release(r.slot, true);
+        }
+    }
+}
+
+/// The network side of the daemon: host configuration plus a factory of
+/// session networks. Cheap to share (`Arc` inside).
+#[derive(Clone)]
+pub struct Net {
+    inner: Arc<Inner>,
+}
+
+/// Write a sysctl that may legitimately be absent (IPv6 compiled out).
+fn sysctl_opt(parts: &[&str], v: &str) -> Result<()> {
+    match netns::sysctl_path(parts, v) {
+        Err(NetError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+/// Leftovers removed by [`Net::sweep`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub namespaces: Vec<String>,
+    pub links: Vec<String>,
+    pub tables: Vec<String>,
+}
+
+impl SweepReport {
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty() && self.links.is_empty() && self.tables.is_empty()
+    }
+}
+
+fn is_session_link(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|r| r.strip_suffix('h'))
+        .is_some_and(|id| id.len() == 6 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl Net {
+    /// Prepare the host namespace: forwarding on, our host table installed
+    /// and verified, the guest network blackholed there.
+    pub fn new(cfg: NetConfig) -> Result<Net> {
+        cfg.validate()?;
+        let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
+        let name = match &cfg.host_netns {
+            Some(p) => format!("host netns {}", p.display()),
+            None => "host netns".into(),
+        };
+        let table = firewall::host_table(&cfg);
+        let guest = cfg.guest_cidr;
+        let uplink = cfg.uplink_if.as_str();
+        let (host, reaper_rtnl) = netns::run_in(host_ns.as_ref(), &name, || {
+            netns::sysctl("net.ipv4.ip_forward", "1")?;
+            let mut rtnl = Rtnl::open(&name)?;
+            let mut nft = Nft::open(&name)?;
+            let mut b = nft.batch();
+            b.replace_table(&table);
+            nft.commit(b)?;
+            verify(&mut nft, &table, &name)?;
+            // The guest network exists only behind TAPs in session
+            // namespaces; here it must never route anywhere.
+            rtnl.replace_blackhole(guest.network(), guest.prefix_len)?;
+            if rtnl.link_index(uplink)?.is_none() {
+                // Not fatal (it may appear later), but sessions have no
+                // egress until it does.
+                log::warn!("uplink interface {uplink} does not exist in {name}");
+            }
+            Ok((Host { rtnl, nft }, Rtnl::open(&name)?))
+        })?;
+        let blocks = Arc::new(Blocks {
+            state: Mutex::new(Alloc {
+                used: vec![false; cfg.slots()],
+                next: 0,
+                draining: 0,
+            }),
+            changed: Condvar::new(),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let b2 = blocks.clone();
+        std::thread::Builder::new()
+            .name("net-reaper".into())
+            .spawn(move || reaper(b2, reaper_rtnl, rx))
+            .map_err(|e| NetError::io("spawn net-reaper thread".into(), e))?;
+        Ok(Net {
+            inner: Arc::new(Inner {
+                cfg,
+                host: Mutex::new(host),
+                host_table: table,
+                blocks,
+                reap: tx,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.inner.cfg
+    }
+
+    /// Wait until every torn-down session's host link is gone and its
+    /// address block free again; false on timeout.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut a = lock(&self.inner.blocks.state);
+        while a.draining > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            a = self
+                .inner
+                .blocks
+                .changed
+                .wait_timeout(a, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Remove the host table and blackhole route once torn-down sessions
+    /// have drained (live sessions must be gone).
+    pub fn close(&self) -> Result<()> {
+        if !self.settle(REAP_GRACE * 2) {
+            log::warn!("closing the network with session links still draining");
+        }
+        let mut h = lock(&self.inner.host);
+        let mut b = h.nft.batch();
+        b.remove_table(&self.inner.cfg.prefix);
+        h.nft.commit(b)?;
+        let g = self.inner.cfg.guest_cidr;
+        h.rtnl.del_blackhole(g.network(), g.prefix_len)
+    }
+
+    fn alloc_slot(&self) -> Result<usize> {
+        let blocks = &self.inner.blocks;
+        let deadline = Instant::now() + REAP_GRACE * 2;
+        let mut a = lock(&blocks.state);
+        loop {
+            let n = a.used.len();
+            for i in 0..n {
+                let s = (a.next + i) % n;
+                if !a.used[s] {
+                    a.used[s] = true;
+                    // Round robin: a just-freed block is reused last, so late
+                    // packets of an old session do not meet a new one.
+                    a.next = (s + 1) % n;
+                    return Ok(s);
+                }
+            }
+            // Full, but blocks are coming free: wait for them.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if a.draining == 0 || left.is_zero() {
+                return Err(NetError::Exhausted {
+                    range: self.inner.cfg.veth_range,
+                    slots: n,
+                });
+            }
+            a = blocks
+                .changed
+                .wait_timeout(a, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Create the network of one session, NAT and policy installed and
+    /// verified before it returns. On failure nothing of it remains.
+    pub fn create_session(&self, policy: &EgressPolicy) -> Result<SessionNet> {
+        self.create_session_inner(policy, None)
+    }
+
+    /// Test hook: like [`Net::create_session`] but fail on purpose after
+    /// step `step` (1: namespace and firewall, 2: host side, 3: everything),
+    /// to prove that a failure leaves nothing behind.
+    #[doc(hidden)]
+    pub fn create_session_failing_after(
+        &self,
+        policy: &EgressPolicy,
+        step: u8,
+    ) -> Result<SessionNet> {
+        self.create_session_inner(policy, Some(step))
+    }
+
+    fn create_session_inner(&self, policy: &EgressPolicy, fault: Option<u8>) -> Result<SessionNet> {
+        policy.validate().map_err(NetError::Invalid)?;
+        let slot = self.alloc_slot()?;
+        let mut last = None;
+        for _ in 0..8 {
+            let id = random_id()?;
+            match self.try_create(slot, &id, policy, fault) {
+                // A namespace of that name exists (another daemon, a leftover):
+                // try another id.
+                Err(NetError::Io { source, what })
+                    if source.kind() == io::ErrorKind::AlreadyExists
+                        && what.starts_with("create /run/netns") =>
+                {
+                    last = Some(NetError::Io { source, what });
+                }
+                r => return r,
+            }
+        }
+        self.inner.blocks.release(slot, false);
+        Err(last.unwrap_or_else(|| NetError::invalid("no free session id")))
+    }
+
+    fn try_create(
+        &self,
+        slot: usize,
+        id: &str,
+        policy: &EgressPolicy,
+        fault: Option<u8>,
+    ) -> Result<SessionNet> {
+        let cfg = &self.inner.cfg;
+        let p = &cfg.prefix;
+        let (host_addr, peer_addr) = cfg.veth_addrs(slot);
+        let mut s = SessionNet {
+            net: self.inner.clone(),
+            id: id.to_string(),
+            netns: format!("{p}-{id}"),
+            host_if: format!("{p}{id}h"),
+            peer_if: format!("{p}{id}n"),
+            host_addr,
+            peer_addr,
+            slot,
+            nft: Mutex::new(None),
+            done: false,
+        };
+        match self.setup(&mut s, policy, fault) {
+            Ok(()) => Ok(s),
+            Err(e) => {
+                // Synchronous here, so that an error means nothing remains.
+                if let Err(e2) = s.teardown_now() {
+                    log::warn!("cleanup of failed session {id}: {e2}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn setup(&self, s: &mut SessionNet, policy: &EgressPolicy, fault: Option<u8>) -> Result<()> {
+        let injected = |step: u8| -> Result<()> {
+            if fault == Some(step) {
+                return Err(NetError::invalid(format!(
+                    "injected failure after step {step}"
+                )));
+            }
+            Ok(())
+        };
+        let cfg = &self.inner.cfg;
+        let table = firewall::session_table(cfg, &s.peer_if, policy);
+        let nsn = s.netns.clone();
+        // 1. The namespace, set up from inside: no IPv6 (nothing of ours
+        //    chatters), forwarding, strict reverse-path filter, the firewall
+        //    (before any link exists), then the TAP.
+        let (ns, (mut rtnl, nft)) = netns::create(&s.netns, || {
+            for k in ["all", "default"] {
+                sysctl_opt(&["net", "ipv6", "conf", k, "disable_ipv6"], "1")?;
+                netns::sysctl_path(&["net", "ipv4", "conf", k, "rp_filter"], "1")?;
+            }
+            netns::sysctl("net.ipv4.ip_forward", "1")?;
+            let rtnl = Rtnl::open(&nsn)?;
+            let mut nft = Nft::open(&nsn)?;
+            let mut b = nft.batch();
+            // A fresh namespace has no table to replace (and a delete would
+            // queue work on nf_tables' global destroy list).
+            b.create_table(&table);
+            nft.commit(b)?;
+            verify(&mut nft, &table, &nsn)?;
+            tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)?;
+            Ok((rtnl, nft))
+        })
+        .map_err(|e| match e {
+            NetError::Io { what, source } => NetError::Io {
+                what: format!("session {}: {what}", s.id),
+                source,
+            },
+            e => e,
+        })?;
+        *lock(&s.nft) = Some(nft);
+        injected(1)?;
+        // 2. Host side: the veth pair, its host end configured before it is
+        //    up. Pure netlink on the host socket: no thread needed.
+        let (host_if, peer_if, host_addr, plen) =
+            (&s.host_if, &s.peer_if, s.host_addr, cfg.veth_prefix_len);
+        let inner = &self.inner;
+        let nsfd = ns.as_raw_fd();
+        {
+            let mut h = lock(&inner.host);
+            // Fail closed: the host table must be in place before any
+            // session link is; someone may have flushed the ruleset since.
+            let host_table = &inner.host_table;
+            if verify(&mut h.nft, host_table, &inner.host_name()).is_err() {
+                log::warn!(
+                    "host nftables table {} missing or changed; reinstalling",
+                    cfg.prefix
+                );
+                let mut b = h.nft.batch();
+                b.replace_table(host_table);
+                h.nft.commit(b)?;
+                verify(&mut h.nft, host_table, &inner.host_name())?;
+            }
+            h.rtnl.add_veth(host_if, peer_if, nsfd)?;
+            let idx = h.rtnl.need_index(host_if)?;
+            h.rtnl.quiet_strict_link(idx, host_if)?;
+            h.rtnl.add_addr(idx, host_addr, plen, host_if)?;
+            h.rtnl.set_up(idx, host_if)?;
+        }
+        injected(2)?;
+        // 3. Session side: veth end, TAP, default route to the host.
+        let peer = rtnl.need_index(&s.peer_if)?;
+        rtnl.add_addr(peer, s.peer_addr, plen, &s.peer_if)?;
+        rtnl.set_up(peer, &s.peer_if)?;
+        let tapi = rtnl.need_index(&cfg.tap_name)?;
+        rtnl.add_addr(
+            tapi,
+            cfg.tap_addr(),
+            cfg.guest_cidr.prefix_len,
+            &cfg.tap_name,
+        )?;
+        rtnl.set_up(tapi, &cfg.tap_name)?;
+        rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
+        drop(ns);
+        injected(3)
+    }
+
+    /// Remove every namespace, host link and nftables table with our prefix
+    /// (after a crash; run before [`Net::new`]). Sessions of a running `Net`
+    /// with the same prefix would be destroyed too.
+    pub fn sweep(cfg: &NetConfig) -> Result<SweepReport> {
+        cfg.validate()?;
+        let mut rep = SweepReport::default();
+        let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
+        let name = "host netns (sweep)";
+        let prefix = cfg.prefix.clone();
+        let guest = cfg.guest_cidr;
+        let (links, tables) = netns::run_in(host_ns.as_ref(), name, || {
+            let mut rtnl = Rtnl::open(name)?;
+            let mut links = Vec::new();
+            for l in rtnl.links()? {
+                if is_session_link(&prefix, &l.name) {
+                    rtnl.del_link(&l.name)?;
+                    links.push(l.name);
+                }
+            }
+            let mut nft = Nft::open(name)?;
+            let tables: Vec<String> = nft.tables()?.into_iter().filter(|t| *t == prefix).collect();
+            for t in &tables {
+                let mut b = nft.batch();
+                b.remove_table(t);
+                nft.commit(b)?;
+            }
+            rtnl.del_blackhole(guest.network(), guest.prefix_len)?;
+            Ok((links, tables))
+        })?;
+        rep.links = links;
+        rep.tables = tables;
+        for n in netns::list(&format!("{}-", cfg.prefix))? {
+            netns::delete(&n)?;
+            rep.namespaces.push(n);
+        }
+        Ok(rep)
+    }
+}
+
+/// Commit verification: the table holds exactly the rules we built.
+fn verify(nft: &mut Nft, t: &nft::Table, ns: &str) -> Result<()> {
+    let n = nft.rule_count(&t.name)?;
+    if n != t.rule_count() {
+        return Err(NetError::invalid(format!(
+            "nftables table {} in {ns}: {n} rules after commit, expected {}",
+            t.name,
+            t.rule_count()
+        )));
+    }
+    Ok(())
+}
+
+fn random_id() -> Result<String> {
+    let mut b = [0u8; 3];
+    // SAFETY: writes at most 3 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 3 {
+        return Err(NetError::io("getrandom".into(), io::Error::last_os_error()));
+    }
+    Ok(format!("{:02x}{:02x}{:02x}", b[0], b[1], b[2]))
+}
+
+/// One session's network. Dropping it tears it down; [`SessionNet::teardown`]
+/// does so explicitly and reports errors.
+pub struct SessionNet {
+    net: Arc<Inner>,
+    id: String,
+    netns: String,
+    host_if: String,
+    peer_if: String,
+    host_addr: Ipv4Addr,
+    peer_addr: Ipv4Addr,
+    slot: usize,
+    /// Netfilter socket in the session namespace, for live policy changes.
+    nft: Mutex<Option<Nft>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for SessionNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionNet")
+            .field("id", &self.id)
+            .field("netns", &self.netns)
+            .field("host_if", &self.host_if)
+            .field("host_addr", &self.host_addr)
+            .field("peer_addr", &self.peer_addr)
+            .finish()
+    }
+}
+
+impl SessionNet {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Name of the namespace (`ip netns` name); path via [`SessionNet::netns_path`].
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+    pub fn netns_path(&self) -> PathBuf {
+        netns::path_of(&self.netns)
+    }
+    pub fn host_if(&self) -> &str {
+        &self.host_if
+    }
+    pub fn peer_if(&self) -> &str {
+        &self.peer_if
+    }
+    pub fn host_addr(&self) -> Ipv4Addr {
+        self.host_addr
+    }
+    pub fn peer_addr(&self) -> Ipv4Addr {
+        self.peer_addr
+    }
+    pub fn tap_name(&self) -> &str {
+        &self.net.cfg.tap_name
+    }
+
+    /// Replace the egress policy of the running session atomically.
+    pub fn set_policy(&self, policy: &EgressPolicy) -> Result<()> {
+        policy.validate().map_err(NetError::Invalid)?;
+        let mut g = lock(&self.nft);
+        let nft = g
+            .as_mut()
+            .ok_or_else(|| NetError::invalid(format!("session {} is torn down", self.id)))?;
+        let mut b = nft.batch();
+        b.replace_chain_rules(
+            &self.net.cfg.prefix,
+            firewall::POLICY_CHAIN,
+            &policy.to_rules(),
+        );
+        nft.commit(b)
+    }
+
+    /// Remove everything of this session. Idempotent.
+    ///
+    /// The VMM must be gone first (its TAP fd holds the namespace). Once the
+    /// namespace is unmounted and our socket in it closed, the kernel
+    /// destroys it with its TAP, table and veth pair, asynchronously; the
+    /// address block is reused only after the host link is gone (see
+    /// [`Net::settle`]). A namespace that lingers (someone still holds it)
+    /// loses its host link after a grace period anyway.
+    pub fn teardown(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        let nft = lock(&self.nft).take();
+        let r = netns::delete(&self.netns);
+        self.net.release_after(self.slot, &self.host_if, nft);
+        self.done = true;
+        r
+    }
+}
+
+impl SessionNet {
+    /// Teardown that returns only when the host link is gone.
+    fn teardown_now(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        *lock(&self.nft) = None;
+        let r1 = lock(&self.net.host).rtnl.del_link(&self.host_if);
+        let r2 = netns::delete(&self.netns);
+        self.net.blocks.release(self.slot, false);
+        self.done = true;
+        r1.and(r2)
+    }
+}
+
+impl Drop for SessionNet {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            log::error!("teardown of session network {}: {e}", self.id);
+        }
+    }
+}
