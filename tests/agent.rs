@@ -36,10 +36,15 @@ fn exec_basics_env_cwd_stderr_and_exit_codes() {
     assert_eq!(c.hello.version, proto::PROTOCOL_VERSION);
     assert!(c.hello.capabilities.iter().any(|s| s == "exec"));
 
-    let out = c.exec(argv(&["echo", "hello", "world"]), MAX).unwrap();
+    let mut r = argv(&["echo", "hello", "world"]);
+    r.notify_start = true;
+    let out = c.exec(r, MAX).unwrap();
     assert_eq!(out.stdout, b"hello world\n");
     assert_eq!(out.status.code, Some(0));
-    assert!(out.pid > 0);
+    assert!(out.pid > 0, "notify_start delivers the pid");
+    // Without notify_start, no event: the answer is all there is.
+    let out = c.exec(argv(&["true"]), MAX).unwrap();
+    assert_eq!((out.pid, out.status.code), (0, Some(0)));
 
     let mut r = sh("echo out; echo err >&2; exit 3");
     r.env = BTreeMap::from([("FOO".into(), "bar".into())]);

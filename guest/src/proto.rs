@@ -459,6 +459,11 @@ pub struct ExecRequest {
     /// Label for listings.
     #[serde(default)]
     pub tag: Option<String>,
+    /// Send `Event::Started {proc, pid}` when the process is running (always
+    /// sent for PTY processes, which need the id for `resize`). Off by
+    /// default: an event per exec costs the host a wake-up on the hot path.
+    #[serde(default)]
+    pub notify_start: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

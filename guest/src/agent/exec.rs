@@ -48,18 +48,36 @@ fn prepare(agent: &Agent, e: &ExecRequest) -> Result<Prepared, ErrorBody> {
     if e.env.len() > limits::MAX_ENV {
         return Err(invalid(format!("more than {} variables", limits::MAX_ENV)));
     }
-    let mut env: Vec<(String, String)> = if e.clear_env {
-        Vec::new()
-    } else {
-        agent.base_env.clone()
-    };
-    for (k, v) in &e.env {
+    for k in e.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(invalid(format!("bad environment variable name {k:?}")));
         }
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.clone()));
     }
+    let to_c = |s: &str, what: &str| sys::cstring(s, what).map_err(|e| invalid(e.to_string()));
+    // The common case (no overrides) reuses the prepared base environment.
+    let (envp, path_var) = if e.env.is_empty() && !e.clear_env {
+        (agent.base_envp.clone(), agent.base_path.clone())
+    } else {
+        let mut env: Vec<(String, String)> = if e.clear_env {
+            Vec::new()
+        } else {
+            agent.base_env.clone()
+        };
+        for (k, v) in &e.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
+        let envp = env
+            .iter()
+            .map(|(k, v)| to_c(&format!("{k}={v}"), "environment"))
+            .collect::<Result<Vec<_>, _>>()?;
+        (envp, path)
+    };
     let cwd = agent
         .resolve(e.cwd.as_deref().unwrap_or(""))
         .map_err(|m| invalid(format!("cwd: {m}")))?;
@@ -69,23 +87,13 @@ fn prepare(agent: &Agent, e: &ExecRequest) -> Result<Prepared, ErrorBody> {
             format!("cwd {} is not a directory", cwd.display()),
         ));
     }
-    let path_var = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or(super::DEFAULT_PATH);
     let prog = &argv_str[0];
-    let path = resolve_program(prog, path_var, &cwd).ok_or_else(|| {
+    let path = resolve_program(prog, &path_var, &cwd).ok_or_else(|| {
         ErrorBody::new(ErrorCode::SpawnFailed, format!("{prog}: command not found"))
     })?;
-    let to_c = |s: &str, what: &str| sys::cstring(s, what).map_err(|e| invalid(e.to_string()));
     let argv = argv_str
         .iter()
         .map(|a| to_c(a, "argument"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let envp = env
-        .iter()
-        .map(|(k, v)| to_c(&format!("{k}={v}"), "environment"))
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = CString::new(cwd.into_os_string().into_encoded_bytes())
         .map_err(|_| invalid("cwd contains a NUL byte"))?;
@@ -108,7 +116,7 @@ struct Stdio {
     child_fds: [RawFd; 3],
 }
 
-fn open_stdio(e: &ExecRequest) -> std::io::Result<Stdio> {
+fn open_stdio(agent: &Agent, e: &ExecRequest) -> std::io::Result<Stdio> {
     if let Some(size) = e.pty {
         let mut master: libc::c_int = -1;
         let mut slave: libc::c_int = -1;
@@ -152,24 +160,25 @@ fn open_stdio(e: &ExecRequest) -> std::io::Result<Stdio> {
     sys::grow_pipe(err_r.as_raw_fd(), PIPE_SIZE);
     sys::set_nonblocking(out_r.as_raw_fd(), true)?;
     sys::set_nonblocking(err_r.as_raw_fd(), true)?;
+    let mut child = Vec::with_capacity(3);
     let (stdin_host, stdin_child) = if e.stdin {
         let (r, w) = sys::pipe()?;
         sys::set_nonblocking(w.as_raw_fd(), true)?;
-        (Some(w), r)
+        let fd = r.as_raw_fd();
+        child.push(r);
+        (Some(w), fd)
     } else {
-        let f = std::fs::File::open("/dev/null").map_err(|e| sys::ctx(e, "/dev/null"))?;
-        (None, OwnedFd::from(f))
+        // The agent's own /dev/null handle: dup'ed onto the child's fd 0.
+        (None, agent.dev_null.as_raw_fd())
     };
-    let child_fds = [
-        stdin_child.as_raw_fd(),
-        out_w.as_raw_fd(),
-        err_w.as_raw_fd(),
-    ];
+    let child_fds = [stdin_child, out_w.as_raw_fd(), err_w.as_raw_fd()];
+    child.push(out_w);
+    child.push(err_w);
     Ok(Stdio {
         outs: [Some(out_r), Some(err_r)],
         stdin: stdin_host,
         child_fds,
-        child: vec![stdin_child, out_w, err_w],
+        child,
     })
 }
 
@@ -178,7 +187,7 @@ pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>
         Ok(p) => p,
         Err(err) => return req.fail(err),
     };
-    let mut io = match open_stdio(&e) {
+    let mut io = match open_stdio(agent, &e) {
         Ok(io) => io,
         Err(err) => return req.fail(ErrorBody::from_io(&err, "exec stdio")),
     };
@@ -250,7 +259,9 @@ pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>
         drop(req);
         pump.run(None);
     } else {
-        req.event(&Event::Started { proc: proc.id, pid });
+        if e.notify_start || e.pty.is_some() {
+            req.event(&Event::Started { proc: proc.id, pid });
+        }
         pump.run(Some(&mut req));
         if pump.cancelled {
             req.fail(ErrorBody::new(

@@ -59,6 +59,12 @@ pub struct Agent {
     pub pool: procs::Pool,
     pub workspace: PathBuf,
     pub base_env: Vec<(String, String)>,
+    /// `base_env` as ready-made `KEY=VALUE` C strings: most execs add
+    /// nothing, so they reuse these instead of formatting every variable.
+    pub base_envp: Vec<std::ffi::CString>,
+    pub base_path: String,
+    /// Kept open: stdin of every process started without one.
+    pub dev_null: OwnedFd,
     pub started: Instant,
     pub pid1: bool,
     /// SIGIO arrivals, for the virtio-serial listener.
@@ -167,7 +173,21 @@ pub fn run(cfg: Config) -> Result<(), String> {
         procs: procs::Procs::default(),
         pool: procs::Pool::default(),
         workspace: cfg.workspace.clone(),
+        base_envp: cfg
+            .env
+            .iter()
+            .filter_map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")).ok())
+            .collect(),
+        base_path: cfg
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| DEFAULT_PATH.to_string()),
         base_env: cfg.env.clone(),
+        dev_null: std::fs::File::open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|e| format!("/dev/null: {e}"))?,
         started: Instant::now(),
         pid1: cfg.pid1,
         sigio: crossbeam_channel::bounded(1),
