@@ -3,10 +3,13 @@
 # device and check what the guest agent relies on: erofs root, 6.1 kernel,
 # virtio-serial port named `agent` reachable from the host, tmpfs + overlay
 # root with pivot_root, cgroup2 controllers, and the template's warm
-# commands (so python3 runs in the python image, etc.).
+# commands and tests (so python3 and plain `pip install` work in the python
+# image, etc.).
 #   smoke-test.sh [--kvm] [--timeout S] KERNEL ROOTFS.erofs
 # The guest runs a generated test script instead of the agent:
-#   init=/bin/sh -- /dev/vdb   (the script is a second, raw virtio disk).
+#   init=/bin/sh /dev/vdb   (the script is a second, raw virtio disk; the
+# kernel hands bare words it does not know to init as arguments. No "--":
+# QEMU appends its virtio_mmio.device= entries after it).
 # Prints "SMOKE ..." lines and figures; exits 0 when every check passed.
 set -euo pipefail
 LOG_TAG=smoke
@@ -62,7 +65,7 @@ mount -t tmpfs -o size=512m,mode=0755 overlay-tmpfs /mnt && say tmpfs=ok
 mkdir -p /mnt/upper /mnt/work /mnt/root
 mount -t overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work overlay /mnt/root && say overlay=ok
 mkdir -p /mnt/root/.oldroot
-for m in proc sys dev; do mount --move /$m /mnt/root/$m; done
+for m in proc sys dev; do mount -n --move /$m /mnt/root/$m; done
 cd /mnt/root && pivot_root . .oldroot && cd / && umount -l /.oldroot && say pivot_root=ok
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mkdir -p /dev/pts && mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts && say devpts=ok
@@ -83,6 +86,11 @@ SH
 		i=$((i + 1))
 		printf 't0=$(date +%%s%%N); if ( %s ) >/tmp/warm.out 2>&1; then say warm%d=ok ms=$(( ($(date +%%s%%N) - t0) / 1000000 )); else say warm%d=FAIL; tail -n5 /tmp/warm.out; fi\n' "$cmd" "$i" "$i"
 	done < <(jq -r '.warm[]' <<<"$template")
+	i=0
+	while IFS= read -r cmd; do
+		i=$((i + 1))
+		printf 'if ( %s ) >/tmp/test.out 2>&1; then say test%d=ok; else say test%d=FAIL; tail -n5 /tmp/test.out; fi\n' "$cmd" "$i" "$i"
+	done < <(jq -r '(.tests // [])[]' <<<"$template")
 	echo 'say done uptime=$(cut -d" " -f1 /proc/uptime)'
 	# PID 1 exiting panics; CONFIG_PANIC_TIMEOUT=-1 reboots, -no-reboot exits QEMU.
 	echo 'exit 0'
@@ -95,22 +103,23 @@ data = open(p, "rb").read()
 open(p, "ab").write(b"\n" * (-len(data) % 4096))
 PY
 nwarm=$(jq '.warm | length' <<<"$template")
+ntests=$(jq '.tests // [] | length' <<<"$template")
 
 qemu=(qemu-system-x86_64 -M microvm,acpi=off -accel "$accel" -cpu "$cpu" -m "$memory" -smp 1
 	-nographic -no-reboot -nodefaults -serial stdio
 	-kernel "$kernel"
-	-append "console=ttyS0 quiet root=/dev/vda ro rootfstype=erofs init=/bin/sh -- /dev/vdb"
+	-append "console=ttyS0 quiet reboot=t root=/dev/vda ro rootfstype=erofs init=/bin/sh /dev/vdb"
 	-drive "id=root,file=$rootfs,format=raw,if=none,readonly=on" -device virtio-blk-device,drive=root
 	-drive "id=test,file=$work/test.sh,format=raw,if=none,readonly=on" -device virtio-blk-device,drive=test
 	-device virtio-serial-device
 	-chardev "socket,id=c0,path=$work/agent.sock,server=on,wait=off"
 	-device virtserialport,chardev=c0,name=agent)
 
-log "booting $(basename "$kernel") + $(basename "$rootfs") ($accel, ${memory} MiB, $nwarm warm commands)"
-python3 - "$work" "$timeout" "$nwarm" "${qemu[@]}" <<'PY'
+log "booting $(basename "$kernel") + $(basename "$rootfs") ($accel, ${memory} MiB, $nwarm warm commands, $ntests tests)"
+python3 - "$work" "$timeout" "$nwarm" "$ntests" "${qemu[@]}" <<'PY'
 import os, socket, subprocess, sys, threading, time
 
-work, timeout, nwarm, cmd = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+work, timeout, nwarm, ntests, cmd = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 t0 = time.monotonic()
 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 port_data = bytearray()
@@ -178,6 +187,7 @@ checks = [
     ("image layout (hostname, /workspace, agent)", smoke.get("workspace") == "ok" and smoke.get("agent") == "ok"),
     ("host read the agent port", b"agent-port-ok" in port_data),
     (f"{nwarm} warm commands ok", sum(1 for l in lines if l.startswith("SMOKE warm") and "=ok" in l) == nwarm),
+    (f"{ntests} template tests ok", sum(1 for l in lines if l.startswith("SMOKE test") and "=ok" in l) == ntests),
     ("guest finished", "done" in " ".join(lines)),
 ]
 failed = [name for name, ok in checks if not ok]

@@ -5,7 +5,7 @@
 #                                          applied (what the build uses)
 #   template.sh list                       names of all templates
 # The checks mirror templates/schema.json (jq only, so a bare Debian host
-# can run them); tests/run-image-tests.sh also checks the files against the
+# can run them); test/run-tests.sh also checks the files against the
 # schema itself when python3-jsonschema is present.
 set -euo pipefail
 LOG_TAG=template
@@ -26,7 +26,7 @@ def strings: type == "array" and all(.[]; type == "string");
 def int_in($lo; $hi): type == "number" and . == floor and . >= $lo and . <= $hi;
 if type != "object" then ["not a JSON object"] else
   ( (["name","description","packages","env","setup","warm"] - keys) | map("missing field \(.)") )
-  + ( (keys - ["name","description","extends","packages","env","setup","warm","memory_mib","vcpus","disk_mib"]) | map("unknown field \(.)") )
+  + ( (keys - ["name","description","extends","packages","env","setup","warm","tests","memory_mib","vcpus","disk_mib"]) | map("unknown field \(.)") )
   + ( if has("name") and (.name | name_ok | not) then ["name must match ^[a-z0-9][a-z0-9_-]{0,31}$"]
       elif has("name") and .name != $stem then ["name \(.name) differs from file name \($stem)"] else [] end )
   + ( if has("description") and ((.description | type) != "string" or .description == "") then ["description must be a non-empty string"] else [] end )
@@ -40,6 +40,7 @@ if type != "object" then ["not a JSON object"] else
       else [] end )
   + ( if has("setup") and (.setup | strings | not) then ["setup must be an array of strings"] else [] end )
   + ( if has("warm") and (.warm | strings | not) then ["warm must be an array of strings"] else [] end )
+  + ( if has("tests") and (.tests | strings | not) then ["tests must be an array of strings"] else [] end )
   + ( if has("memory_mib") and (.memory_mib | int_in(128; 65536) | not) then ["memory_mib must be an integer in 128..65536"] else [] end )
   + ( if has("vcpus") and (.vcpus | int_in(1; 32) | not) then ["vcpus must be an integer in 1..32"] else [] end )
   + ( if has("disk_mib") and (.disk_mib | int_in(64; 1048576) | not) then ["disk_mib must be an integer in 64..1048576"] else [] end )
@@ -69,7 +70,7 @@ resolve() {
 	[ "$depth" -lt 8 ] || die "extends chain too deep at $f (a cycle?)"
 	parent=$(jq -r '.extends // empty' "$f")
 	if [ -z "$parent" ]; then
-		jq -S '. + {chain: [.name]}' "$f"
+		jq -S '. + {chain: [.name], tests: (.tests // [])}' "$f"
 		return
 	fi
 	resolve "$(dirname "$f")/$parent.json" $((depth + 1)) | jq -S --slurpfile c "$f" '
@@ -79,6 +80,7 @@ resolve() {
 			env: ($p.env + $c.env),
 			setup: ($p.setup + $c.setup),
 			warm: ($p.warm + $c.warm),
+			tests: (($p.tests // []) + ($c.tests // [])),
 			chain: ($p.chain + [$c.name])
 		}'
 }

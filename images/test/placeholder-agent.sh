@@ -16,7 +16,7 @@ mount -t tmpfs -o "size=${size:-1g},mode=0755" overlay-tmpfs /mnt
 mkdir -p /mnt/upper /mnt/work /mnt/root
 mount -t overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work overlay /mnt/root
 mkdir -p /mnt/root/.oldroot
-for m in proc sys dev; do mount --move "/$m" "/mnt/root/$m"; done
+for m in proc sys dev; do mount -n --move "/$m" "/mnt/root/$m"; done
 cd /mnt/root
 pivot_root . .oldroot
 umount -l /.oldroot
