@@ -16,12 +16,21 @@ FRAGMENT=$IMAGES_DIR/kernel/agent-sandbox.config
 VERIFY=$IMAGES_DIR/kernel/verify-config.sh
 KDIR=$CACHE_DIR/kernel
 SRC_PKG=linux-source-6.1
-SRC_TAR=/usr/src/linux-source-6.1.tar.xz
+# Debian's package by default. Elsewhere (Ubuntu has no linux-source-6.1)
+# point AGENT_SANDBOX_KERNEL_SOURCE at a copy of the same tarball, whose top
+# directory is linux-source-6.1/.
+SRC_TAR=${AGENT_SANDBOX_KERNEL_SOURCE:-/usr/src/linux-source-6.1.tar.xz}
 
-ensure_packages "$SRC_PKG" build-essential flex bison libelf-dev libssl-dev bc xz-utils jq
+ensure_packages build-essential flex bison libelf-dev libssl-dev bc xz-utils jq
+if [ -n "${AGENT_SANDBOX_KERNEL_SOURCE:-}" ]; then
+	[ -f "$SRC_TAR" ] || die "AGENT_SANDBOX_KERNEL_SOURCE=$SRC_TAR: no such file"
+	src_version=sha256:$(sha256sum <"$SRC_TAR" | cut -c1-16)
+else
+	ensure_packages "$SRC_PKG"
+	src_version=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
+fi
 mkdir -p "$KDIR"
 
-src_version=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
 cc_version=$(gcc --version | head -n1)
 hash=$(hash_inputs "$FRAGMENT" "$0" "$VERIFY" -- "$SRC_PKG=$src_version" "$cc_version")
 out=$KDIR/vmlinux-$hash
