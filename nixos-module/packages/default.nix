@@ -1,0 +1,47 @@
+# Every package of the project for one nixpkgs package set. flake.nix and the
+# NixOS module both come here, so the module also works without the flake.
+{ pkgs }:
+let
+  inherit (pkgs) lib;
+  root = ../..;
+  images = root + "/images";
+  cli = import ../cli.nix;
+
+  src = lib.fileset.toSource {
+    inherit root;
+    fileset = lib.fileset.difference
+      (lib.fileset.unions (map (p: root + p) [ "/Cargo.toml" "/Cargo.lock" "/src" "/guest" "/tests" "/benches" ]))
+      (root + "/guest/fuzz");
+  };
+  version = (lib.importTOML (root + "/Cargo.toml")).package.version;
+
+  templates = import ./templates.nix { templatesDir = images + "/templates"; };
+  templatesDir = lib.fileset.toSource {
+    root = images + "/templates";
+    fileset = images + "/templates";
+  };
+
+  agent-sandbox = pkgs.callPackage ./agent-sandbox.nix { inherit src version; };
+  sandbox-agent = pkgs.callPackage ./sandbox-agent.nix { inherit src version; };
+  kernel = pkgs.callPackage ./kernel.nix { kernelDir = images + "/kernel"; };
+  # The jailer copies firecracker into an empty chroot: it has to be static.
+  firecracker = pkgs.pkgsStatic.firecracker;
+  qemu = pkgs.qemu_kvm;
+
+  rootfs = lib.genAttrs templates.names (name: pkgs.callPackage ./rootfs.nix {
+    inherit sandbox-agent;
+    template = templates.resolved.${name};
+    packages = templates.nixPackagesOf pkgs name;
+  });
+
+  artifacts = cli.artifacts { inherit firecracker kernel rootfs qemu templatesDir; };
+
+  host = pkgs.callPackage ./host.nix {
+    inherit agent-sandbox cli artifacts;
+    defaults = { mcp_http = true; };
+  };
+in
+{
+  inherit src version templates templatesDir cli artifacts;
+  inherit agent-sandbox sandbox-agent kernel firecracker qemu rootfs host;
+}
