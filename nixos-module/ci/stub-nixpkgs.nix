@@ -44,6 +44,7 @@ let
       unions = l: { unions = l; };
       difference = a: b: { difference = [ a b ]; };
       fileFilter = f: p: { fileFilter = p; inherit f; };
+      maybeMissing = p: p;
     };
     licenses.asl20 = "asl20";
     platforms.linux = [ "x86_64-linux" "aarch64-linux" ];

@@ -7,11 +7,14 @@ let
   images = root + "/images";
   cli = import ../cli.nix;
 
+  # The cargo workspace; docs/ because tests may read files from it (the
+  # OpenAPI document). images/ stays out: a template edit should not
+  # rebuild the daemon.
   src = lib.fileset.toSource {
     inherit root;
     fileset = lib.fileset.difference
-      (lib.fileset.unions (map (p: root + p) [ "/Cargo.toml" "/Cargo.lock" "/src" "/guest" "/tests" "/benches" ]))
-      (root + "/guest/fuzz");
+      (lib.fileset.unions (map (p: lib.fileset.maybeMissing (root + p)) [ "/Cargo.toml" "/Cargo.lock" "/src" "/guest" "/tests" "/benches" "/docs" ]))
+      (lib.fileset.maybeMissing (root + "/guest/fuzz"));
   };
   version = (lib.importTOML (root + "/Cargo.toml")).package.version;
 
