@@ -225,6 +225,10 @@ in
 
     networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
 
+    # Loaded at boot: the unit itself may not load modules
+    # (ProtectKernelModules). TAP devices, nftables, and vsock for QEMU.
+    boot.kernelModules = [ "tun" "nf_tables" "vhost_vsock" ];
+
     # Named network namespaces live here; the unit gets it read-write.
     systemd.tmpfiles.rules = [ "d /run/netns 0755 root root -" ];
 
@@ -320,17 +324,20 @@ in
         # QEMU's TCG translates guest code into executable memory.
         MemoryDenyWriteExecute = false;
         # mnt + pid: the jailer's namespaces; net: one namespace per session.
-        RestrictNamespaces = [ "mnt" "pid" "net" ];
+        RestrictNamespaces = "mnt pid net";
         RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" "AF_VSOCK" ];
         SystemCallArchitectures = "native";
         # @system-service plus what the jailer and network setup use:
         # mount/pivot_root/umount (@mount), chroot/setuid/mknod/setrlimit
-        # (@privileged, @resources). The removed groups are never needed.
+        # (@privileged, @resources), and seccomp(2), which is in no group:
+        # the daemon, firecracker and QEMU's -sandbox install their own
+        # filters with it. The removed groups are never needed.
         SystemCallFilter = [
           "@system-service"
           "@mount"
           "@privileged"
           "@resources"
+          "seccomp"
           "~@clock"
           "~@cpu-emulation"
           "~@debug"

@@ -42,8 +42,20 @@ let
     in
     e // { inherit configFile; etcConfig = e.body.environment.etc."agent-sandbox/config.json".source; };
 
+  # The unit as NixOS writes it (a list is one line per element), for
+  # `systemd-analyze verify` in .ci/nix-check.
+  iniValue = v: if builtins.isBool v then (if v then "true" else "false") else toString v;
+  unitText = e:
+    let
+      line = k: v: map (x: "${k}=${iniValue x}") (if builtins.isList v then v else [ v ]);
+      section = name: attrs: [ "[${name}]" ] ++ builtins.concatLists (builtins.attrValues (builtins.mapAttrs line attrs));
+    in
+    lib.concatLines (section "Unit" { Description = e.unit.description; }
+      ++ section "Service" (e.unit.serviceConfig // { Environment = map (n: "${n}=${e.unit.environment.${n}}") (builtins.attrNames e.unit.environment); })
+      ++ section "Install" { WantedBy = e.unit.wantedBy; });
+
   dflt = run { enable = true; };
-  keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; };
+  keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; extraEnvironment.RUST_LOG = "debug"; };
 
   x86 = outputs.packages.x86_64-linux;
   # Force every build script and command string: a wrong attribute path or
@@ -91,5 +103,6 @@ assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "n
     defaultSettings = builtins.attrNames dflt.settings;
     inherit (dflt.unit.serviceConfig) CapabilityBoundingSet NoNewPrivileges DeviceAllow ProtectSystem SystemCallFilter;
     mcpOnPath = map (p: p.name or "?") dflt.body.environment.systemPackages;
+    unit = unitText keyed;
   };
 }
