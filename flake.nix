@@ -34,6 +34,7 @@
         default = {
           type = "app";
           program = "${self.packages.${system}.host}/bin/agent-sandbox-host";
+          meta.description = "a one-shot agent-sandbox host on 127.0.0.1:3000";
         };
       });
 

@@ -9,8 +9,9 @@
 { pkgs, backend ? "qemu" }:
 let
   # ---- API shapes this test relies on (adjust here if the daemon changes) --
-  # An exec-scoped key printed on stdout.
-  createKey = "agent-sandbox keys create --config /etc/agent-sandbox/config.json --scope exec";
+  # Makes an exec-scoped key and prints it on stdout. Run in the unit's
+  # preStart, so the key exists before the daemon reads its key file.
+  createKey = package: "${package}/bin/agent-sandbox keys create --config /etc/agent-sandbox/config.json --scope exec";
   # Seed-compatible REST: POST /exec/:session/execute creates the session.
   execPath = "/exec/nixos-test/execute";
   deletePath = "/exec/nixos-test";
@@ -22,7 +23,7 @@ in
 pkgs.testers.runNixOSTest {
   name = "agent-sandbox-${backend}";
 
-  nodes.machine = {
+  nodes.machine = { config, ... }: {
     imports = [ ./. ];
     virtualisation = {
       memorySize = 3072;
@@ -36,6 +37,10 @@ pkgs.testers.runNixOSTest {
       defaultMemMib = 512;
     };
     environment.systemPackages = [ mcpCheck pkgs.curl pkgs.jq pkgs.procps ];
+    systemd.services.agent-sandbox.preStart = ''
+      [ -s /var/lib/agent-sandbox/test-key ] ||
+        ${createKey config.services.agent-sandbox.package} > /var/lib/agent-sandbox/test-key
+    '';
   };
 
   testScript = ''
@@ -54,7 +59,8 @@ pkgs.testers.runNixOSTest {
         assert "ProtectSystem=strict" in props, props
         assert "DevicePolicy=closed" in props, props
 
-    key = machine.succeed("${createKey}").strip()
+    key = machine.succeed("cat /var/lib/agent-sandbox/test-key").strip()
+    assert key, "no key was made"
     auth = f"-H 'Authorization: Bearer {key}'"
 
     with subtest("REST: create a session and run a command"):

@@ -58,6 +58,7 @@ let
   keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; extraEnvironment.RUST_LOG = "debug"; };
 
   x86 = outputs.packages.x86_64-linux;
+  nixosTest = outputs.checks.x86_64-linux.nixos;
   # Force every build script and command string: a wrong attribute path or
   # a bad interpolation anywhere in the package files fails here.
   scripts = [
@@ -67,6 +68,8 @@ let
     x86.kernel.configfile.buildPhase
     x86.host.text
     outputs.apps.x86_64-linux.default.program
+    nixosTest.testScript
+    (nixosTest.nodes.machine { config.services.agent-sandbox.package = stub.leaf "agent-sandbox"; }).systemd.services.agent-sandbox.preStart
   ] ++ map (n: x86.${n}.script) (builtins.filter (n: builtins.substring 0 7 n == "rootfs-") (builtins.attrNames x86));
 in
 assert check (builtins.functionArgs flake.outputs == { self = false; nixpkgs = false; }) "outputs must take exactly { self, nixpkgs }";
@@ -98,6 +101,8 @@ assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "n
     nixosModules = names outputs.nixosModules;
   };
   templates = outputs.packages.x86_64-linux.rootfs-base.passthru.template.chain;
+  # Python; .ci/nix-check byte-compiles it.
+  inherit (nixosTest) testScript;
   resolved = builtins.mapAttrs (_: v: v.passthru.template) (lib.getAttrs (builtins.filter (n: builtins.substring 0 7 n == "rootfs-") (builtins.attrNames x86)) x86);
   module = {
     defaultSettings = builtins.attrNames dflt.settings;
