@@ -27,7 +27,11 @@ let
   agent-sandbox = pkgs.callPackage ./agent-sandbox.nix { inherit src version; };
   sandbox-agent = pkgs.callPackage ./sandbox-agent.nix { inherit src version; };
   kernel = pkgs.callPackage ./kernel.nix { kernelDir = images + "/kernel"; };
-  # The jailer copies firecracker into an empty chroot: it has to be static.
+  # Static (musl), for two reasons: the jailer copies firecracker into an
+  # empty chroot, and only the musl target has Firecracker's built-in
+  # seccomp policy (a glibc build falls back to resources/seccomp/
+  # unimplemented.json, i.e. no filters; nixpkgs PR #460374 made the static
+  # build work).
   firecracker = pkgs.pkgsStatic.firecracker;
   qemu = pkgs.qemu_kvm;
 
