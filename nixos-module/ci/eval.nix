@@ -74,6 +74,9 @@ let
 in
 assert check (builtins.functionArgs flake.outputs == { self = false; nixpkgs = false; }) "outputs must take exactly { self, nixpkgs }";
 assert check (builtins.all (s: builtins.isString s && builtins.stringLength s > 0) scripts) "empty build script";
+# cargoLock = { lockFile; } vendors registry crates by their checksums; a git
+# dependency would need cargoLock.outputHashes.
+assert check (builtins.all (p: builtins.substring 0 4 (p.source or "registry") != "git+") (builtins.fromTOML (builtins.readFile (root + "/Cargo.lock"))).package) "Cargo.lock has git dependencies: add cargoLock.outputHashes";
 assert check (dflt.settings.listen == "127.0.0.1:3000") "default listen";
 assert check (dflt.settings.keys_file == "/var/lib/agent-sandbox/keys.json") "default keys_file";
 assert check (dflt.unit.serviceConfig.LoadCredential == [ ]) "no credential without keysFile";

@@ -2,11 +2,11 @@
 # root). Tests run in the separate `tests` check (flake.nix), not here, so
 # that installing the daemon does not depend on the test suite's sandbox
 # needs.
-{ lib, rustPlatform, src, version }:
+{ lib, rustPlatform, src, lockFile, version }:
 rustPlatform.buildRustPackage {
   pname = "agent-sandbox";
   inherit version src;
-  cargoLock.lockFile = src + "/Cargo.lock";
+  cargoLock = { inherit lockFile; };
   cargoBuildFlags = [ "--package" "agent-sandbox" ];
   doCheck = false;
   meta = {

@@ -24,8 +24,10 @@ let
     fileset = images + "/templates";
   };
 
-  agent-sandbox = pkgs.callPackage ./agent-sandbox.nix { inherit src version; };
-  sandbox-agent = pkgs.callPackage ./sandbox-agent.nix { inherit src version; };
+  # The workspace Cargo.lock, read at evaluation time (a path, not from src).
+  lockFile = root + "/Cargo.lock";
+  agent-sandbox = pkgs.callPackage ./agent-sandbox.nix { inherit src lockFile version; };
+  sandbox-agent = pkgs.callPackage ./sandbox-agent.nix { inherit src lockFile version; };
   kernel = pkgs.callPackage ./kernel.nix { kernelDir = images + "/kernel"; };
   # Static (musl), for two reasons: the jailer copies firecracker into an
   # empty chroot, and only the musl target has Firecracker's built-in

@@ -4,11 +4,11 @@
 # project already tests on Debian; the agent avoids NSS calls, which a static
 # glibc cannot serve. (pkgsStatic, i.e. musl, would also do if the agent's
 # libc calls all exist there.)
-{ lib, rustPlatform, glibc, file, src, version }:
+{ lib, rustPlatform, glibc, file, src, lockFile, version }:
 rustPlatform.buildRustPackage {
   pname = "sandbox-agent";
   inherit version src;
-  cargoLock.lockFile = src + "/Cargo.lock";
+  cargoLock = { inherit lockFile; };
   cargoBuildFlags = [ "--package" "sandbox-agent" "--bin" "sandbox-agent" ];
   buildInputs = [ glibc.static ];
   nativeBuildInputs = [ file ];
