@@ -1,0 +1,87 @@
+# A stand-in for nixpkgs, just big enough to evaluate this repository's Nix
+# code where nixpkgs cannot be fetched (.ci/nix-check). Derivations are plain
+# attribute sets with an outPath, so string interpolation works and build
+# scripts can be inspected; nothing is built. It proves the code's logic and
+# shape, not that nixpkgs' real functions accept it.
+let
+  leaf = name: { outPath = "/nix/store/${builtins.substring 0 32 (builtins.hashString "sha256" name)}-${name}"; inherit name; };
+  drv = name: attrs: leaf name // attrs // {
+    overrideAttrs = f: drv name (attrs // f attrs);
+    static = leaf "${name}-static";
+  };
+  escapeShellArg = s: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s) + "'";
+
+  lib = rec {
+    inherit (builtins) attrNames mapAttrs concatStringsSep;
+    hasInfix = infix: s: builtins.length (builtins.split infix s) > 1;
+    inherit escapeShellArg;
+    escapeShellArgs = l: concatStringsSep " " (map escapeShellArg l);
+    concatLines = l: concatStringsSep "" (map (x: x + "\n") l);
+    getAttrs = names: attrs: builtins.listToAttrs (map (n: { name = n; value = attrs.${n}; }) names);
+    genAttrs = names: f: builtins.listToAttrs (map (n: { name = n; value = f n; }) names);
+    optional = c: x: if c then [ x ] else [ ];
+    optionalString = c: s: if c then s else "";
+    mkIf = condition: content: { _type = "if"; inherit condition content; };
+    mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
+    mkOption = o: o // { _type = "option"; };
+    mkEnableOption = d: mkOption { default = false; description = d; type = types.bool; };
+    literalMD = text: { _type = "literalMD"; inherit text; };
+    literalExpression = text: { _type = "literalExpression"; inherit text; };
+    types = {
+      package = "package";
+      str = "str";
+      port = "port";
+      bool = "bool";
+      nullOr = t: { nullOr = t; };
+      enum = l: { enum = l; };
+      attrsOf = t: { attrsOf = t; };
+      listOf = t: { listOf = t; };
+      ints = { between = lo: hi: { between = [ lo hi ]; }; positive = "positive"; };
+    };
+    importTOML = p: builtins.fromTOML (builtins.readFile p);
+    fileset = {
+      toSource = { root, fileset }: leaf "source" // { inherit root fileset; };
+      unions = l: { unions = l; };
+      difference = a: b: { difference = [ a b ]; };
+      fileFilter = f: p: { fileFilter = p; inherit f; };
+      maybeMissing = p: p;
+    };
+    licenses.asl20 = "asl20";
+    platforms.linux = [ "x86_64-linux" "aarch64-linux" ];
+  };
+
+  pkgs = {
+    inherit lib;
+    callPackage = f: args:
+      let fn = if builtins.isFunction f then f else import f;
+      in fn (builtins.mapAttrs (n: _: args.${n} or pkgs.${n} or (leaf n)) (builtins.functionArgs fn));
+    stdenv.mkDerivation = a: drv (a.pname or a.name) a;
+    rustPlatform.buildRustPackage = a: drv a.pname (a // { nativeBuildInputs = a.nativeBuildInputs or [ ]; });
+    linuxManualConfig = a: drv "linux" a;
+    runCommand = name: attrs: script: drv name (attrs // { inherit script; });
+    writeText = name: text: drv name { inherit text; };
+    writeShellScriptBin = name: text: drv name { inherit text; };
+    writeShellApplication = a: drv a.name a;
+    buildEnv = a: drv a.name a;
+    closureInfo = a: drv "closure-info" a;
+    mkShell = a: drv "shell" a;
+    formats.json = _: {
+      type = "json";
+      generate = name: value: drv name { json = builtins.toJSON value; };
+    };
+    python3 = leaf "python3" // { withPackages = f: leaf "python3-env" // { packages = f { mcp = "mcp"; pip = "pip"; setuptools = "setuptools"; }; }; };
+    testers.runNixOSTest = t: drv "nixos-test-${t.name}" t;
+    pkgsStatic.firecracker = leaf "firecracker-static";
+    qemu_kvm = leaf "qemu";
+    glibc = drv "glibc" { };
+    linux_6_1 = leaf "linux-6.1" // { version = "6.1.999"; src = leaf "linux-6.1-src"; };
+  };
+in
+{
+  inherit lib pkgs leaf;
+  # What flake.nix receives as `nixpkgs`.
+  nixpkgs = {
+    inherit lib;
+    legacyPackages = { x86_64-linux = pkgs; aarch64-linux = pkgs; };
+  };
+}

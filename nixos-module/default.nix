@@ -1,0 +1,355 @@
+# NixOS module: services.agent-sandbox, the agent-sandbox host daemon.
+# Usable from the flake (nixosModules.default) or by importing this
+# directory from a checkout.
+{ config, lib, pkgs, ... }:
+let
+  cfg = config.services.agent-sandbox;
+  cli = import ./cli.nix;
+  built = import ./packages { inherit pkgs; };
+  json = pkgs.formats.json { };
+
+  stateDir = "/var/lib/agent-sandbox";
+  # systemd puts LoadCredential= files here (read-only, owned by the unit).
+  keysCredential = "/run/credentials/agent-sandbox.service/keys";
+
+  hostPort = addr: if lib.hasInfix ":" addr then "[${addr}]:${toString cfg.port}" else "${addr}:${toString cfg.port}";
+  listen = hostPort cfg.listenAddress;
+  # Where local clients reach the daemon (a wildcard address is not one).
+  url = "http://" + hostPort ({ "0.0.0.0" = "127.0.0.1"; "::" = "::1"; }.${cfg.listenAddress} or cfg.listenAddress);
+
+  configFile = json.generate "agent-sandbox.json" cfg.settings;
+
+  # `agent-sandbox-mcp` for agent configs: stdio MCP forwarding to this
+  # host's daemon. The key comes from the calling user's environment
+  # (AGENT_SANDBOX_API_KEY or AGENT_SANDBOX_KEY_FILE), never from the system.
+  mcpCommand = pkgs.writeShellScriptBin "agent-sandbox-mcp" ''
+    exec ${lib.escapeShellArgs (cli.mcp { package = cfg.package; inherit url; })} "$@"
+  '';
+in
+{
+  options.services.agent-sandbox = with lib; {
+    enable = mkEnableOption "the agent-sandbox host daemon (a disposable microVM per AI-agent session)";
+
+    package = mkOption {
+      type = types.package;
+      default = built.agent-sandbox;
+      defaultText = literalMD "the `agent-sandbox` package built from this repository";
+      description = "The daemon package.";
+    };
+
+    listenAddress = mkOption {
+      type = types.str;
+      default = "127.0.0.1";
+      example = "0.0.0.0";
+      description = "Address the REST API (and MCP over HTTP, if enabled) listens on.";
+    };
+
+    port = mkOption {
+      type = types.port;
+      default = 3000;
+      description = "TCP port of the REST API.";
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Open {option}`port` in the firewall.";
+    };
+
+    keysFile = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/run/secrets/agent-sandbox-keys.json";
+      description = ''
+        API key file, handed to the daemon as the systemd credential `keys`
+        (LoadCredential=), so it may stay readable by root only. Give a path
+        as a string: a Nix path literal would copy the keys into the
+        world-readable store. With `null` the daemon keeps its keys in
+        ${stateDir}/keys.json and makes one admin key on first start.
+        Keys from this option are read-only to the daemon.
+      '';
+    };
+
+    backend = mkOption {
+      type = types.enum [ "firecracker" "qemu" ];
+      default = "firecracker";
+      description = "VM backend: Firecracker with its jailer (needs KVM), or QEMU (KVM when present, TCG otherwise).";
+    };
+
+    kernel = mkOption {
+      type = types.package;
+      default = built.kernel;
+      defaultText = literalMD "the guest kernel built from `images/kernel/`";
+      description = "Guest kernel package; its `vmlinux` is booted.";
+    };
+
+    firecrackerPackage = mkOption {
+      type = types.package;
+      default = built.firecracker;
+      defaultText = literalExpression "pkgs.pkgsStatic.firecracker";
+      description = "Package with the `firecracker` and `jailer` binaries (static: the jailer copies firecracker into an empty chroot).";
+    };
+
+    qemuPackage = mkOption {
+      type = types.package;
+      default = built.qemu;
+      defaultText = literalExpression "pkgs.qemu_kvm";
+      description = "QEMU for the qemu backend.";
+    };
+
+    images = mkOption {
+      type = types.attrsOf types.package;
+      default = built.rootfs;
+      defaultText = literalMD "one root filesystem per file in `images/templates/`";
+      description = "Root filesystem image per template name (each with `rootfs.erofs`).";
+    };
+
+    templates = mkOption {
+      type = types.listOf types.str;
+      default = attrNames cfg.images;
+      defaultText = literalMD "every template in {option}`images`";
+      example = [ "base" "python" ];
+      description = "Templates this host offers; the daemon snapshots each on first start.";
+    };
+
+    defaultVcpus = mkOption {
+      type = types.ints.between 1 32;
+      default = 1;
+      description = "vCPUs of a session that asks for none.";
+    };
+
+    defaultMemMib = mkOption {
+      type = types.ints.between 128 65536;
+      default = 512;
+      description = "Guest RAM (MiB) of a session that asks for none.";
+    };
+
+    maxSessions = mkOption {
+      type = types.ints.positive;
+      default = 16;
+      description = "Concurrent sessions; more are refused with 503.";
+    };
+
+    idleTimeout = mkOption {
+      type = types.ints.positive;
+      default = 1800;
+      description = "Seconds without a request after which a session is destroyed.";
+    };
+
+    egress = {
+      mode = mkOption {
+        type = types.enum [ "internet" "none" "allowlist" "denylist" ];
+        default = "internet";
+        description = ''
+          Default egress policy of a new session. The host, link-local, the
+          metadata address and private ranges are blocked in every mode.
+        '';
+      };
+      rules = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "203.0.113.0/24:443/tcp" ];
+        description = "CIDR[:port[/proto]] rules for the allowlist/denylist modes.";
+      };
+      domains = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "*.pypi.org" "github.com" ];
+        description = "Domain allowlist enforced by the per-session DNS forwarder.";
+      };
+      upstreamDns = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        description = "Resolvers the per-session DNS forwarder asks (empty: the host's).";
+      };
+    };
+
+    mcpHttp.enable = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Serve MCP over Streamable HTTP at `/mcp` on the REST port (same keys).";
+    };
+
+    extraEnvironment = mkOption {
+      type = types.attrsOf types.str;
+      default = { };
+      example = { RUST_LOG = "agent_sandbox=debug"; };
+      description = "Extra environment of the daemon.";
+    };
+
+    settings = mkOption {
+      type = json.type;
+      default = { };
+      description = ''
+        The daemon's JSON config. The options above fill it (with
+        mkDefault); set keys here to override them or to reach settings
+        without an option.
+      '';
+    };
+  };
+
+  config = lib.mkIf cfg.enable {
+    assertions = map
+      (t: {
+        assertion = cfg.images ? ${t};
+        message = "services.agent-sandbox.templates: no image for template \"${t}\" (have: ${lib.concatStringsSep ", " (lib.attrNames cfg.images)})";
+      })
+      cfg.templates;
+
+    services.agent-sandbox.settings = lib.mapAttrs (_: lib.mkDefault) ((cli.artifacts {
+      firecracker = cfg.firecrackerPackage;
+      inherit (cfg) kernel;
+      rootfs = lib.getAttrs cfg.templates cfg.images;
+      qemu = cfg.qemuPackage;
+      inherit (built) templatesDir;
+    }) // {
+      inherit listen;
+      inherit (cfg) backend;
+      state_dir = stateDir;
+      keys_file = if cfg.keysFile != null then keysCredential else "${stateDir}/keys.json";
+      max_sessions = cfg.maxSessions;
+      idle_timeout_secs = cfg.idleTimeout;
+      default_vcpus = cfg.defaultVcpus;
+      default_mem_mib = cfg.defaultMemMib;
+      egress = {
+        inherit (cfg.egress) mode rules domains;
+        upstream_dns = cfg.egress.upstreamDns;
+      };
+      mcp_http = cfg.mcpHttp.enable;
+    });
+
+    environment.systemPackages = [ cfg.package mcpCommand ];
+    # The same file the unit runs with, at a stable path for admin commands
+    # (`agent-sandbox keys create --config /etc/agent-sandbox/config.json`).
+    environment.etc."agent-sandbox/config.json".source = configFile;
+
+    networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
+
+    # Loaded at boot: the unit itself may not load modules
+    # (ProtectKernelModules). TAP devices, nftables, and vsock for QEMU.
+    boot.kernelModules = [ "tun" "nf_tables" "vhost_vsock" ];
+
+    # Named network namespaces live here; the unit gets it read-write.
+    systemd.tmpfiles.rules = [ "d /run/netns 0755 root root -" ];
+
+    systemd.services.agent-sandbox = {
+      description = "agent-sandbox: disposable microVMs for AI-agent sessions";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" ];
+      environment = cfg.extraEnvironment;
+      # For network setup steps the daemon may run as commands rather than
+      # over netlink.
+      path = [ pkgs.iproute2 pkgs.nftables ];
+      serviceConfig = {
+        ExecStart = lib.escapeShellArgs (cli.serve { package = cfg.package; inherit configFile; });
+        Restart = "on-failure";
+        RestartSec = 2;
+        # SIGTERM: the daemon destroys every session, then exits 0.
+        KillSignal = "SIGTERM";
+        TimeoutStopSec = 60;
+        LoadCredential = lib.optional (cfg.keysFile != null) "keys:${cfg.keysFile}";
+
+        StateDirectory = "agent-sandbox";
+        StateDirectoryMode = "0700";
+        RuntimeDirectory = "agent-sandbox";
+        RuntimeDirectoryMode = "0700";
+        LimitNOFILE = 1048576;
+        TasksMax = "infinity";
+
+        # ---- Hardening, as far as the jailer allows -----------------------
+        # Root, because the jailer (run by the daemon, once per VM) has to:
+        # mknod /dev/kvm and /dev/net/tun in the chroot (CAP_MKNOD), chown
+        # the jail to the VM's uid (CAP_CHOWN, CAP_FOWNER, CAP_DAC_OVERRIDE),
+        # unshare a mount and PID namespace, bind-mount and pivot_root
+        # (CAP_SYS_ADMIN), chroot (CAP_SYS_CHROOT), write cgroup files, raise
+        # rlimits (CAP_SYS_RESOURCE), then drop to that uid/gid (CAP_SETUID,
+        # CAP_SETGID). The daemon itself makes network namespaces, veth and
+        # TAP links and nftables rules (CAP_NET_ADMIN) and signals VMMs that
+        # run as other uids (CAP_KILL). Nothing else is kept.
+        CapabilityBoundingSet = [
+          "CAP_SYS_ADMIN"
+          "CAP_SYS_CHROOT"
+          "CAP_MKNOD"
+          "CAP_CHOWN"
+          "CAP_FOWNER"
+          "CAP_DAC_OVERRIDE"
+          "CAP_SETUID"
+          "CAP_SETGID"
+          "CAP_SYS_RESOURCE"
+          "CAP_NET_ADMIN"
+          "CAP_KILL"
+        ];
+        # Compatible with the jailer: no_new_privs only stops privilege
+        # GAINS at execve (setuid bits, file capabilities). The jailer is
+        # started by root and drops to the VM uid with setuid()/setgid()
+        # itself, which no_new_privs allows, then execs firecracker, which
+        # needs no privileges; firecracker's own seccomp filters even rely
+        # on no_new_privs. (It would not be compatible if the jailer were a
+        # setuid binary started by an unprivileged daemon; it is not.)
+        NoNewPrivileges = true;
+
+        # Only the devices VMs need. Not PrivateDevices: that hides /dev/kvm.
+        # "m" lets the jailer mknod the same devices inside its chroot.
+        DevicePolicy = "closed";
+        DeviceAllow = [ "/dev/kvm rwm" "/dev/net/tun rwm" "/dev/vhost-vsock rw" ];
+
+        ProtectSystem = "strict";
+        ReadWritePaths = [
+          # The jailer makes a cgroup per VM; the daemon must keep jailed VMMs
+          # inside this unit's delegated subtree (jailer --parent-cgroup) or
+          # stopping the unit would not stop them.
+          "/sys/fs/cgroup"
+          "-/run/netns"
+          # The jailer's default chroot base; the daemon should point it into
+          # the state directory (same file system as the snapshots).
+          "-/srv/jailer"
+        ];
+        Delegate = true;
+        ProtectHome = true;
+        PrivateTmp = true;
+        # Off on purpose: the daemon writes per-namespace sysctls
+        # (forwarding, rp_filter) under /proc/sys/net, and the jailer writes
+        # cgroup files.
+        ProtectKernelTunables = false;
+        ProtectControlGroups = false;
+        ProtectKernelModules = true;
+        ProtectKernelLogs = true;
+        ProtectClock = true;
+        ProtectHostname = true;
+        ProtectProc = "default";
+        LockPersonality = true;
+        RestrictRealtime = true;
+        RestrictSUIDSGID = true;
+        RemoveIPC = true;
+        # QEMU's TCG translates guest code into executable memory.
+        MemoryDenyWriteExecute = false;
+        # mnt + pid: the jailer's namespaces; net: one namespace per session.
+        RestrictNamespaces = "mnt pid net";
+        RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" "AF_VSOCK" ];
+        SystemCallArchitectures = "native";
+        # @system-service plus what the jailer and network setup use:
+        # mount/pivot_root/umount (@mount), chroot/setuid/mknod/setrlimit
+        # (@privileged, @resources), and seccomp(2), which is in no group:
+        # the daemon, firecracker and QEMU's -sandbox install their own
+        # filters with it. The removed groups are never needed.
+        SystemCallFilter = [
+          "@system-service"
+          "@mount"
+          "@privileged"
+          "@resources"
+          "seccomp"
+          "~@clock"
+          "~@cpu-emulation"
+          "~@debug"
+          "~@module"
+          "~@obsolete"
+          "~@raw-io"
+          "~@reboot"
+          "~@swap"
+        ];
+        SystemCallErrorNumber = "EPERM";
+        UMask = "0077";
+      };
+    };
+  };
+}
