@@ -9,6 +9,7 @@ pub mod jailer;
 pub mod qemu;
 pub mod qmp;
 pub mod snapshot;
+pub mod templates;
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -83,6 +84,13 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Version string of the VMM, recorded in snapshot manifests.
     fn vmm_version(&self) -> Result<String>;
+    /// The version string snapshots of VMs booting `kernel` record. Same
+    /// as `vmm_version` unless the backend needs a kernel to settle it (QEMU
+    /// with `accel=auto` probes KVM by booting one).
+    fn vmm_version_for(&self, kernel: &std::path::Path) -> Result<String> {
+        let _ = kernel;
+        self.vmm_version()
+    }
     /// Cold boot.
     fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>>;
     /// Start a fresh VMM from the snapshot in `snapshot_dir`. Fails with

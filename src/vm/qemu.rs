@@ -327,7 +327,7 @@ impl QemuBackend {
             )));
         }
         let accel = self.resolve_accel(Some(&cfg.kernel))?;
-        let version = self.vmm_version()?;
+        let version = self.vmm_version_for(&cfg.kernel)?;
         // Open the TAP before creating anything, so a failure leaves nothing.
         let tap = match &cfg.net {
             Some(n) => {
@@ -347,7 +347,6 @@ impl QemuBackend {
             timeouts: self.cfg.timeouts.clone(),
             vmm_version: version,
             destroyed: false,
-            needs_reset: incoming.is_some(),
             saved: false,
         };
         // From here on, dropping `vm` on error removes everything.
@@ -421,6 +420,12 @@ impl Backend for QemuBackend {
         Ok(format!("{v}; accel={}", a.as_str()))
     }
 
+    fn vmm_version_for(&self, kernel: &Path) -> Result<String> {
+        let v = self.qemu_version()?;
+        let a = self.resolve_accel(Some(kernel))?;
+        Ok(format!("{v}; accel={}", a.as_str()))
+    }
+
     fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>> {
         let mut vm = self.launch(cfg, None)?;
         let deadline = Instant::now() + self.cfg.timeouts.boot;
@@ -432,8 +437,7 @@ impl Backend for QemuBackend {
 
     fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
         let manifest = Manifest::read(snapshot_dir)?;
-        self.set_probe_kernel(&cfg.kernel);
-        let version = self.vmm_version()?;
+        let version = self.vmm_version_for(&cfg.kernel)?;
         let inputs = snapshot::Inputs {
             backend: NAME,
             vmm_version: &version,
@@ -888,9 +892,34 @@ impl Console {
     fn tail(&self) -> String {
         let st = lock(&self.state);
         let bytes: Vec<u8> = st.tail.iter().copied().collect();
+        drop(st);
         let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines[lines.len().saturating_sub(12)..].join(" | ")
+        let last = &lines[lines.len().saturating_sub(12)..];
+        // A panic's reason is above its stack dump: keep it in view.
+        let mut out: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.contains("Kernel panic") && !last.contains(l))
+            .take(2)
+            .copied()
+            .collect();
+        out.extend_from_slice(last);
+        out.join(" | ")
+    }
+
+    /// Wait until the VMM's output has been read to its end.
+    fn wait_eof(&self, deadline: Instant) {
+        let mut st = lock(&self.state);
+        while !st.eof {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            st = match self.cv.wait_timeout(st, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
     }
 
     /// Wait for READY; `Ok(false)` if the VMM exited first.
@@ -925,8 +954,6 @@ pub struct QemuVm {
     timeouts: Timeouts,
     vmm_version: String,
     destroyed: bool,
-    /// Restored from a snapshot and the agent stream not reset yet.
-    needs_reset: bool,
     /// A snapshot took its RAM file: it must never run again.
     saved: bool,
 }
@@ -1008,6 +1035,10 @@ impl QemuVm {
             p.wait_exit(Instant::now() + Duration::from_millis(100));
         }
         let died = !self.alive();
+        if died {
+            self.console
+                .wait_eof(Instant::now() + Duration::from_millis(500));
+        }
         let status = if died {
             self.child
                 .as_mut()
@@ -1019,10 +1050,13 @@ impl QemuVm {
         let tail = self.console.tail();
         let _ = self.destroy();
         let what = if died {
+            // QEMU's own complaints ("invalid kernel header") omit the file.
             format!(
-                "VM {}: QEMU exited while {when} ({})",
+                "VM {}: QEMU exited while {when} ({}; kernel {}, rootfs {})",
                 self.id,
-                status.unwrap_or_else(|| "status unknown".into())
+                status.unwrap_or_else(|| "status unknown".into()),
+                self.cfg.kernel.display(),
+                self.cfg.rootfs.display()
             )
         } else {
             format!("VM {}: {e} while {when}", self.id)
@@ -1103,9 +1137,11 @@ impl QemuVm {
     }
 }
 
-/// The saved guest still holds the protocol connection of the host that was
-/// attached when the snapshot was taken (virtio-serial has no connection
-/// reset the guest is sure to see). A header with a bad magic byte makes the
+/// virtio-serial has no connection reset the guest is sure to see: a host
+/// that detaches and reattaches before the agent runs is invisible to it,
+/// and a restored guest still holds the connection of the host attached
+/// when the snapshot was taken. So every new stream starts with a reset: a
+/// header with a bad magic byte makes the
 /// agent drop whatever connection it has, answer with a connection-level
 /// error frame and start afresh; once that answer is here, a hello starts a
 /// new connection. Bytes before the answer are stale output of the old
@@ -1126,7 +1162,12 @@ fn reset_agent_stream(s: &UnixStream, deadline: Instant) -> io::Result<()> {
                     if end > buf.len() {
                         break;
                     }
-                    if serde_json::from_slice::<Value>(&buf[start + HEADER_LEN..end]).is_ok() {
+                    let body = &buf[start + HEADER_LEN..end];
+                    // Only the answer to our reset, not a stale error of the
+                    // old connection.
+                    let ours = serde_json::from_slice::<Value>(body).is_ok()
+                        && body.windows(5).any(|w| w == b"magic");
+                    if ours {
                         s.set_read_timeout(None)?;
                         return Ok(());
                     }
@@ -1192,17 +1233,15 @@ impl Vm for QemuVm {
         let path = self.agent_socket();
         loop {
             match UnixStream::connect(&path) {
-                Ok(s) if self.needs_reset => {
+                Ok(s) => {
                     reset_agent_stream(&s, deadline).map_err(|e| {
                         io_err(
                             format!("reset the agent connection on {}", path.display()),
                             e,
                         )
                     })?;
-                    self.needs_reset = false;
                     return Ok(s);
                 }
-                Ok(s) => return Ok(s),
                 Err(e)
                     if matches!(
                         e.kind(),
