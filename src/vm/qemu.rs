@@ -351,6 +351,7 @@ impl QemuBackend {
         };
         // From here on, dropping `vm` on error removes everything.
         let mem = cfg.run_dir.join(MEM_FILE);
+        let mut copy = None;
         let state = match incoming {
             Some((state, snap_mem)) => {
                 let f = fs::File::open(state).map_err(|e| VmError::BadFile {
@@ -359,8 +360,16 @@ impl QemuBackend {
                     fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>"
                         .into(),
                 })?;
-                sparse_copy(snap_mem, &mem, cfg.mem_mib as u64 * 1024 * 1024)?;
+                let job = CopyJob::prepare(snap_mem, &mem, cfg.mem_mib as u64 * 1024 * 1024)?;
                 chown(&mem, cfg.uid, cfg.gid)?;
+                // QEMU maps the file at start but reads guest RAM only once
+                // the VM runs: copy while it starts.
+                copy = Some(
+                    std::thread::Builder::new()
+                        .name(format!("memcopy-{}", cfg.id))
+                        .spawn(move || job.run())
+                        .map_err(|e| io_err("spawn memory copy thread".into(), e))?,
+                );
                 Some(f)
             }
             None => None,
@@ -391,6 +400,15 @@ impl QemuBackend {
         match qmp {
             Ok(q) => vm.qmp = Some(q),
             Err(e) => return Err(vm.explain(e, "starting")),
+        }
+        if let Some(c) = copy {
+            let copied = c
+                .join()
+                .unwrap_or_else(|_| Err(VmError::Other("memory copy thread panicked".into())));
+            if let Err(e) = copied {
+                let _ = vm.destroy();
+                return Err(e);
+            }
         }
         if let (Some(s), Some((state_path, _))) = (&state, incoming) {
             if let Err(e) = vm.load_state(s.as_raw_fd()) {
@@ -768,29 +786,66 @@ pub fn open_tap(netns: &Path, tap: &str) -> Result<OwnedFd> {
 /// Copy `src` to `dst` keeping holes (guest RAM is mostly never touched),
 /// sized to `len`.
 pub fn sparse_copy(src: &Path, dst: &Path, len: u64) -> Result<()> {
+    let job = CopyJob::prepare(src, dst, len)?;
+    job.run()
+}
+
+/// A sparse copy whose destination exists (at full size) before its data
+/// is copied, so QEMU can be starting while the data moves.
+pub struct CopyJob {
+    src: PathBuf,
+    dst: PathBuf,
+    s: fs::File,
+    d: fs::File,
+    len: u64,
+}
+
+impl CopyJob {
+    pub fn prepare(src: &Path, dst: &Path, len: u64) -> Result<CopyJob> {
+        let bad = |problem: String| VmError::BadFile {
+            path: src.to_path_buf(),
+            problem,
+            fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+        };
+        let s =
+            fs::File::open(src).map_err(|e| bad(format!("cannot open snapshot memory: {e}")))?;
+        let slen = s
+            .metadata()
+            .map_err(|e| bad(format!("cannot stat snapshot memory: {e}")))?
+            .len();
+        if slen != len {
+            return Err(bad(format!(
+                "snapshot memory is {slen} bytes, the VM has {len}"
+            )));
+        }
+        let d = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dst)
+            .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
+        d.set_len(len)
+            .map_err(|e| io_err(format!("size {}", dst.display()), e))?;
+        Ok(CopyJob {
+            src: src.to_path_buf(),
+            dst: dst.to_path_buf(),
+            s,
+            d,
+            len,
+        })
+    }
+
+    pub fn run(self) -> Result<()> {
+        copy_extents(&self.s, &self.d, self.len, &self.src, &self.dst)
+    }
+}
+
+fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) -> Result<()> {
     let bad = |problem: String| VmError::BadFile {
         path: src.to_path_buf(),
         problem,
         fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
     };
-    let s = fs::File::open(src).map_err(|e| bad(format!("cannot open snapshot memory: {e}")))?;
-    let slen = s
-        .metadata()
-        .map_err(|e| bad(format!("cannot stat snapshot memory: {e}")))?
-        .len();
-    if slen != len {
-        return Err(bad(format!(
-            "snapshot memory is {slen} bytes, the VM has {len}"
-        )));
-    }
-    let d = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dst)
-        .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
-    d.set_len(len)
-        .map_err(|e| io_err(format!("size {}", dst.display()), e))?;
     let (sfd, dfd) = (s.as_raw_fd(), d.as_raw_fd());
     let mut off: i64 = 0;
     while (off as u64) < len {
@@ -1346,6 +1401,14 @@ impl Vm for QemuVm {
             let _ = fs::remove_file(&mem_tmp);
             return Err(e);
         }
+        // The RAM file was the VMM's: make it ours alone, so no VMM (they
+        // all run as the same uid) can alter what later sessions start from.
+        let snap_mem = dir.join(SNAP_MEM_FILE);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        std::os::unix::fs::chown(&snap_mem, Some(uid), Some(gid))
+            .and_then(|_| fs::set_permissions(&snap_mem, fs::Permissions::from_mode(0o600)))
+            .map_err(|e| io_err(format!("take ownership of {}", snap_mem.display()), e))?;
         let manifest = Manifest::create(
             &snapshot::Inputs {
                 backend: NAME,
