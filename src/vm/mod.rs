@@ -3,6 +3,7 @@
 //!
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
+pub mod doctor;
 pub mod firecracker;
 pub mod http;
 pub mod jailer;
