@@ -1473,3 +1473,128 @@ impl Drop for QemuVm {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm::NetAttachment;
+
+    fn cfg() -> VmConfig {
+        VmConfig {
+            id: "t1".into(),
+            kernel: "/k/vmlinux".into(),
+            rootfs: "/r/base,evil.erofs".into(),
+            vcpus: 2,
+            mem_mib: 256,
+            cmdline_extra: "sandbox.ip=10.0.0.2/30".into(),
+            net: Some(NetAttachment {
+                netns: "/run/netns/x".into(),
+                tap: "tap0".into(),
+                guest_mac: "02:00:00:00:00:01".into(),
+            }),
+            uid: 1000,
+            gid: 1000,
+            run_dir: "/run/asbx/t1".into(),
+        }
+    }
+
+    fn argv(spec: &ArgvSpec<'_>) -> Vec<String> {
+        build_argv(&cfg(), spec)
+            .into_iter()
+            .map(|s| s.into_string().unwrap_or_default())
+            .collect()
+    }
+
+    fn after<'a>(a: &'a [String], flag: &str) -> Vec<&'a str> {
+        a.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    }
+
+    #[test]
+    fn argv_has_the_isolation_and_device_flags() {
+        let mem = PathBuf::from("/run/asbx/t1/memory");
+        let a = argv(&ArgvSpec {
+            accel: Accel::Tcg,
+            mem: &mem,
+            tap_fd: Some(7),
+            incoming: true,
+        });
+        assert_eq!(after(&a, "-M"), ["microvm,acpi=off,memory-backend=mem"]);
+        assert_eq!(
+            after(&a, "-sandbox"),
+            ["on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+        );
+        for f in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
+            assert!(a.iter().any(|x| x == f), "{f} missing");
+        }
+        assert_eq!(after(&a, "-accel"), ["tcg"]);
+        assert_eq!(after(&a, "-cpu"), ["max"]);
+        assert_eq!(after(&a, "-smp"), ["2"]);
+        // A comma in a path must not start a new QEMU option.
+        assert!(after(&a, "-drive")[0].contains("file=/r/base,,evil.erofs,"));
+        assert!(after(&a, "-drive")[0].contains("readonly=on"));
+        let append = after(&a, "-append")[0];
+        assert!(append.starts_with(DEFAULT_CMDLINE), "{append}");
+        assert!(append.ends_with("sandbox.ip=10.0.0.2/30"), "{append}");
+        assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7,vnet_hdr=on"]);
+        assert!(after(&a, "-device").contains(&"virtio-net-device,netdev=n0,mac=02:00:00:00:00:01"));
+        assert!(after(&a, "-device").contains(&"virtserialport,chardev=agent,name=agent"));
+        assert_eq!(after(&a, "-incoming"), ["defer"]);
+        assert!(after(&a, "-object")[0].contains("share=on"));
+
+        let a = argv(&ArgvSpec {
+            accel: Accel::Kvm,
+            mem: &mem,
+            tap_fd: None,
+            incoming: false,
+        });
+        assert_eq!(after(&a, "-accel"), ["kvm"]);
+        assert_eq!(after(&a, "-cpu"), ["host"]);
+        assert!(after(&a, "-netdev").is_empty());
+        assert!(after(&a, "-incoming").is_empty());
+    }
+
+    #[test]
+    fn macs_and_tap_names_are_checked() {
+        assert!(validate_mac("02:00:00:00:00:01").is_ok());
+        for bad in [
+            "02:00:00:00:00",
+            "02:00:00:00:00:01,x=y",
+            "zz:00:00:00:00:01",
+            "",
+        ] {
+            assert!(validate_mac(bad).is_err(), "{bad}");
+        }
+        for bad in ["", "a/b", "0123456789abcdef"] {
+            assert!(open_tap(Path::new("/nonexistent"), bad).is_err());
+        }
+        match open_tap(Path::new("/nonexistent/netns"), "tap0") {
+            Err(VmError::BadFile { path, .. }) => assert_eq!(path, Path::new("/nonexistent/netns")),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn sparse_copy_keeps_holes_and_checks_size() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let src = d.path().join("src");
+        let f = fs::File::create(&src).expect("create");
+        f.set_len(64 << 20).expect("size");
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"hello", 10 << 20).expect("write");
+        f.write_all_at(b"world", (64 << 20) - 5).expect("write");
+        drop(f);
+        let dst = d.path().join("dst");
+        sparse_copy(&src, &dst, 64 << 20).expect("copy");
+        let m = fs::metadata(&dst).expect("stat");
+        assert_eq!(m.len(), 64 << 20);
+        assert!(m.blocks() * 512 < 8 << 20, "copy is not sparse");
+        assert_eq!(fs::read(&src).expect("read"), fs::read(&dst).expect("read"));
+        match sparse_copy(&src, &d.path().join("dst2"), 32 << 20) {
+            Err(VmError::BadFile { path, .. }) => assert_eq!(path, src),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+}
