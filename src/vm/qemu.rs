@@ -1285,6 +1285,7 @@ impl Vm for QemuVm {
     }
 
     fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream> {
+        let started = Instant::now();
         let path = self.agent_socket();
         loop {
             match UnixStream::connect(&path) {
@@ -1317,7 +1318,7 @@ impl Vm for QemuVm {
                         return Err(VmError::Timeout {
                             backend: NAME,
                             what: format!("agent socket {}", path.display()),
-                            ms: 0,
+                            ms: started.elapsed().as_millis() as u64,
                         });
                     }
                     std::thread::sleep(Duration::from_millis(2));

@@ -34,6 +34,7 @@ impl Qmp {
     /// Connect to QEMU's QMP socket, retrying while it does not exist yet
     /// and `alive()` says the VMM still runs, then negotiate capabilities.
     pub fn connect(path: &Path, deadline: Instant, alive: &dyn Fn() -> bool) -> Result<Qmp> {
+        let started = Instant::now();
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
@@ -56,7 +57,7 @@ impl Qmp {
                         return Err(VmError::Timeout {
                             backend: BACKEND,
                             what: format!("QMP socket {}", path.display()),
-                            ms: 0,
+                            ms: started.elapsed().as_millis() as u64,
                         });
                     }
                     std::thread::sleep(Duration::from_millis(2));
@@ -86,6 +87,7 @@ impl Qmp {
     }
 
     fn read_message(&mut self, deadline: Instant) -> Result<Value> {
+        let started = Instant::now();
         let mut line = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -93,7 +95,7 @@ impl Qmp {
                 return Err(VmError::Timeout {
                     backend: BACKEND,
                     what: format!("QMP answer on {}", self.path),
-                    ms: 0,
+                    ms: started.elapsed().as_millis() as u64,
                 });
             }
             self.stream
@@ -199,6 +201,7 @@ impl Qmp {
     /// Poll `query-migrate` until the migration is `completed`; errors on
     /// `failed`/`cancelled` or when `deadline` passes.
     pub fn wait_migration(&mut self, deadline: Instant) -> Result<()> {
+        let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -222,7 +225,7 @@ impl Qmp {
                 return Err(VmError::Timeout {
                     backend: BACKEND,
                     what: format!("migration (last status {status:?})"),
-                    ms: 0,
+                    ms: started.elapsed().as_millis() as u64,
                 });
             }
             std::thread::sleep(pause);
