@@ -3,10 +3,14 @@
 //!
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
+pub mod doctor;
 pub mod firecracker;
 pub mod http;
 pub mod jailer;
+pub mod qemu;
+pub mod qmp;
 pub mod snapshot;
+pub mod templates;
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -81,6 +85,13 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Version string of the VMM, recorded in snapshot manifests.
     fn vmm_version(&self) -> Result<String>;
+    /// The version string snapshots of VMs booting `kernel` record. Same
+    /// as `vmm_version` unless the backend needs a kernel to settle it (QEMU
+    /// with `accel=auto` probes KVM by booting one).
+    fn vmm_version_for(&self, kernel: &std::path::Path) -> Result<String> {
+        let _ = kernel;
+        self.vmm_version()
+    }
     /// Cold boot.
     fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>>;
     /// Start a fresh VMM from the snapshot in `snapshot_dir`. Fails with
@@ -102,4 +113,51 @@ pub trait Vm: Send {
     fn snapshot(&mut self, dir: &std::path::Path) -> Result<()>;
     /// Kill the VMM, reap it and remove everything it created. Idempotent.
     fn destroy(&mut self) -> Result<()>;
+}
+
+/// Connect to a VM's agent and say hello. After a restore (`restored`), the
+/// agent is first told the wall clock and given fresh entropy
+/// ([`crate::proto::Request::Restored`]): the saved guest resumes with the
+/// clock and RNG state of the moment it was saved.
+pub fn connect_agent(
+    vm: &mut dyn Vm,
+    restored: bool,
+    timeout: std::time::Duration,
+) -> Result<crate::agent::AgentClient> {
+    let deadline = Instant::now() + timeout;
+    let stream = vm.connect_agent(deadline)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let id = vm.id().to_string();
+    let agent_err = |what: &str, e: crate::agent::ClientError| {
+        VmError::Other(format!("VM {id}: agent {what}: {e}"))
+    };
+    let client =
+        crate::agent::AgentClient::connect(stream, left.max(std::time::Duration::from_millis(1)))
+            .map_err(|e| agent_err("hello", e))?;
+    if restored {
+        let unix_time_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut entropy = [0u8; 32];
+        fill_random(&mut entropy)
+            .map_err(|e| VmError::Other(format!("VM {id}: read entropy for the guest: {e}")))?;
+        let entropy_hex: String = entropy.iter().map(|b| format!("{b:02x}")).collect();
+        let left = deadline.saturating_duration_since(Instant::now());
+        client
+            .simple(
+                &crate::proto::Request::Restored {
+                    unix_time_ns,
+                    entropy_hex,
+                },
+                left.max(std::time::Duration::from_secs(1)),
+            )
+            .map_err(|e| agent_err("restore notice", e))?;
+    }
+    Ok(client)
+}
+
+fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }

@@ -1,0 +1,136 @@
+//! VM lifecycle benchmark: cold boot to the agent's READY line and
+//! restore to the first exec answered, p50/p99, with the QEMU backend
+//! (TCG here, KVM where it works). Prints numbers; asserts nothing.
+//!
+//!   cargo bench --bench vm [-- ITERATIONS]
+
+#[path = "../tests/common/vm.rs"]
+mod vm;
+
+use agent_sandbox::proto::ExecRequest;
+use agent_sandbox::vm::{connect_agent, Backend};
+use std::time::{Duration, Instant};
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn report(name: &str, v: &mut [Duration]) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{name:<40} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   min {:>8.1} ms",
+        v.len(),
+        ms(pct(v, 0.5)),
+        ms(pct(v, 0.99)),
+        ms(pct(v, 0.0)),
+    );
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10);
+    let Some(e) = vm::env() else { return };
+    let accel = e
+        .backend
+        .vmm_version_for(&e.kernel)
+        .unwrap_or_else(|err| format!("? ({err})"));
+    println!("QEMU backend: {accel}; {n} iterations each; 1 vCPU, 256 MiB (cold), template shape (restore)");
+
+    let (mut cold, mut cold_hello, mut cold_rss) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let cfg = e.cold_config(&format!("bench-cold-{i}"), "base", 256);
+        let t = Instant::now();
+        let mut v = e.backend.boot(&cfg).expect("boot");
+        cold.push(t.elapsed());
+        let c = connect_agent(v.as_mut(), false, Duration::from_secs(60)).expect("agent");
+        c.exec(
+            ExecRequest {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+            1024,
+        )
+        .expect("exec");
+        cold_hello.push(t.elapsed());
+        if let Some(pid) = v.pid() {
+            cold_rss.push(rss_kib(pid));
+        }
+        drop(c);
+        v.destroy().expect("destroy");
+    }
+
+    let t = Instant::now();
+    let info = e.registry.ensure_snapshot("base").expect("snapshot");
+    println!(
+        "snapshot of base: {} in {:.1} s ({} vCPU, {} MiB)",
+        if info.rebuilt {
+            "made"
+        } else {
+            "fresh, reused"
+        },
+        t.elapsed().as_secs_f64(),
+        info.vcpus,
+        info.mem_mib
+    );
+    let (mut restore, mut first, mut exec_rtt, mut rest_rss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let id = format!("bench-restore-{i}");
+        let cfg = info.vm_config(&id, e.run_dir(&id), vm::VM_UID, vm::VM_GID);
+        let _ = std::fs::remove_dir_all(&cfg.run_dir);
+        let t = Instant::now();
+        let mut v = e.backend.restore(&cfg, &info.dir).expect("restore");
+        restore.push(t.elapsed());
+        let c = connect_agent(v.as_mut(), true, Duration::from_secs(60)).expect("agent");
+        c.exec(
+            ExecRequest {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+            1024,
+        )
+        .expect("exec");
+        first.push(t.elapsed());
+        let t2 = Instant::now();
+        c.exec(
+            ExecRequest {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+            1024,
+        )
+        .expect("exec");
+        exec_rtt.push(t2.elapsed());
+        if let Some(pid) = v.pid() {
+            rest_rss.push(rss_kib(pid));
+        }
+        drop(c);
+        v.destroy().expect("destroy");
+    }
+    report("cold boot to READY", &mut cold);
+    report("cold boot to first exec answered", &mut cold_hello);
+    report("restore (QEMU up, state loaded, running)", &mut restore);
+    report("restore to first exec answered", &mut first);
+    report("exec `true` round trip (restored VM)", &mut exec_rtt);
+    let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;
+    println!(
+        "QEMU RSS after first exec: cold {} MiB, restored {} MiB",
+        avg(&cold_rss) / 1024,
+        avg(&rest_rss) / 1024
+    );
+}

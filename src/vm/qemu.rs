@@ -1,0 +1,1601 @@
+//! QEMU backend: `-M microvm` under KVM where KVM really works, TCG
+//! elsewhere. Same kernel and rootfs as Firecracker; the agent is reached
+//! over a virtio-serial port exposed as a Unix socket in the run dir; QMP
+//! (another Unix socket there) drives pause, save and resume.
+//!
+//! Guest RAM lives in a file (`memory-backend-file,share=on`) so a snapshot
+//! is the device state (`x-ignore-shared` leaves RAM out of the migration
+//! stream; tens of KiB, written in milliseconds) plus that file. A restore
+//! gets its own sparse copy of the RAM file in its run dir: QEMU opens the
+//! backing file read-write, and the pristine snapshot must not be writable
+//! by any VMM.
+//!
+//! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::jailer::{validate_id, Pidfd};
+use super::qmp::Qmp;
+use super::snapshot::{self, Manifest};
+use super::{Backend, Result, Vm, VmConfig, VmError};
+
+const NAME: &str = "qemu";
+
+/// Snapshot file names inside a snapshot directory.
+pub const SNAP_STATE_FILE: &str = "state";
+pub const SNAP_MEM_FILE: &str = "memory";
+
+/// Files in a VM's run dir.
+pub const QMP_SOCK: &str = "qmp.sock";
+pub const AGENT_SOCK: &str = "agent.sock";
+pub const CONSOLE_LOG: &str = "console.log";
+pub const MEM_FILE: &str = "memory";
+
+/// The agent prints this on the console once it listens.
+pub const READY_MARKER: &[u8] = b"SANDBOX-AGENT READY";
+
+/// Kernel command line before `cmdline_extra`.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 root=/dev/vda ro \
+     rootfstype=erofs init=/sbin/sandbox-agent quiet";
+
+/// Bytes of console output kept in memory for error messages.
+const CONSOLE_TAIL: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// KVM if a probe boot under KVM works, else TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Auto => "auto",
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+impl std::str::FromStr for Accel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Accel::Auto),
+            "kvm" => Ok(Accel::Kvm),
+            "tcg" => Ok(Accel::Tcg),
+            _ => Err(format!("accel {s:?}: expected auto, kvm or tcg")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// VMM start to QMP answering; one ordinary QMP command.
+    pub qmp: Duration,
+    /// VMM start to the agent's READY line (TCG on a loaded host is slow).
+    pub boot: Duration,
+    /// Saving or loading the device state.
+    pub migrate: Duration,
+    /// Kill to exit.
+    pub teardown: Duration,
+    /// KVM probe boot: kernel start to its panic message.
+    pub kvm_probe: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            qmp: Duration::from_secs(10),
+            boot: Duration::from_secs(60),
+            migrate: Duration::from_secs(60),
+            teardown: Duration::from_secs(5),
+            kvm_probe: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct QemuConfig {
+    /// `qemu-system-x86_64`, looked up in PATH when not absolute.
+    pub binary: PathBuf,
+    pub accel: Accel,
+    pub timeouts: Timeouts,
+    /// Where the `auto` probe result is remembered across restarts.
+    pub accel_cache: Option<PathBuf>,
+}
+
+impl Default for QemuConfig {
+    fn default() -> Self {
+        QemuConfig {
+            binary: PathBuf::from("qemu-system-x86_64"),
+            accel: Accel::Auto,
+            timeouts: Timeouts::default(),
+            accel_cache: None,
+        }
+    }
+}
+
+pub struct QemuBackend {
+    cfg: QemuConfig,
+    /// Resolved accelerator (never `Auto`), once known.
+    accel: Mutex<Option<Accel>>,
+    version: Mutex<Option<String>>,
+    /// A kernel to probe KVM with when `vmm_version` is asked first.
+    probe_kernel: Mutex<Option<PathBuf>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn io_err(what: String, source: io::Error) -> VmError {
+    VmError::Io {
+        backend: NAME,
+        what,
+        source,
+    }
+}
+
+/// The probe result remembered in `QemuConfig::accel_cache`.
+#[derive(Debug, Serialize, Deserialize)]
+struct AccelCache {
+    qemu_version: String,
+    kernel: PathBuf,
+    kvm_works: bool,
+}
+
+impl QemuBackend {
+    pub fn new(cfg: QemuConfig) -> Self {
+        let accel = match cfg.accel {
+            Accel::Auto => None,
+            a => Some(a),
+        };
+        QemuBackend {
+            cfg,
+            accel: Mutex::new(accel),
+            version: Mutex::new(None),
+            probe_kernel: Mutex::new(None),
+        }
+    }
+
+    pub fn config(&self) -> &QemuConfig {
+        &self.cfg
+    }
+
+    /// Kernel used for the KVM probe if `vmm_version` runs before any boot.
+    pub fn set_probe_kernel(&self, kernel: &Path) {
+        *lock(&self.probe_kernel) = Some(kernel.to_path_buf());
+    }
+
+    /// The accelerator VMs get: the configured one, or for `auto` the result
+    /// of a probe boot of `kernel` under KVM (done once, then cached).
+    pub fn resolve_accel(&self, kernel: Option<&Path>) -> Result<Accel> {
+        let mut slot = lock(&self.accel);
+        if let Some(a) = *slot {
+            return Ok(a);
+        }
+        if !kvm_device_usable() {
+            *slot = Some(Accel::Tcg);
+            return Ok(Accel::Tcg);
+        }
+        let kernel = match kernel {
+            Some(k) => k.to_path_buf(),
+            None => lock(&self.probe_kernel).clone().ok_or_else(|| {
+                VmError::Other(
+                    "qemu: accel=auto needs a kernel to probe KVM with; boot once or call \
+                     set_probe_kernel"
+                        .into(),
+                )
+            })?,
+        };
+        let version = self.qemu_version()?;
+        if let Some(c) = self.read_accel_cache(&version, &kernel) {
+            let a = if c { Accel::Kvm } else { Accel::Tcg };
+            *slot = Some(a);
+            return Ok(a);
+        }
+        let works = match probe_kvm(&self.binary(), &kernel, self.cfg.timeouts.kvm_probe) {
+            Ok(()) => true,
+            Err(why) => {
+                log::info!("qemu: KVM is not usable, using TCG: {why}");
+                false
+            }
+        };
+        self.write_accel_cache(&version, &kernel, works);
+        let a = if works { Accel::Kvm } else { Accel::Tcg };
+        *slot = Some(a);
+        Ok(a)
+    }
+
+    fn read_accel_cache(&self, version: &str, kernel: &Path) -> Option<bool> {
+        let path = self.cfg.accel_cache.as_ref()?;
+        let c: AccelCache = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
+        (c.qemu_version == version && c.kernel == kernel).then_some(c.kvm_works)
+    }
+
+    fn write_accel_cache(&self, version: &str, kernel: &Path, works: bool) {
+        let Some(path) = &self.cfg.accel_cache else {
+            return;
+        };
+        let c = AccelCache {
+            qemu_version: version.into(),
+            kernel: kernel.into(),
+            kvm_works: works,
+        };
+        if let Ok(bytes) = serde_json::to_vec(&c) {
+            if let Some(d) = path.parent() {
+                let _ = fs::create_dir_all(d);
+            }
+            if let Err(e) = fs::write(path, bytes) {
+                log::warn!("qemu: cannot write accel cache {}: {e}", path.display());
+            }
+        }
+    }
+
+    fn binary(&self) -> PathBuf {
+        find_in_path(&self.cfg.binary).unwrap_or_else(|| self.cfg.binary.clone())
+    }
+
+    /// First line of `qemu-system-x86_64 --version`.
+    pub fn qemu_version(&self) -> Result<String> {
+        let mut cached = lock(&self.version);
+        if let Some(v) = cached.as_ref() {
+            return Ok(v.clone());
+        }
+        let bin = self.binary();
+        let out = Command::new(&bin)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| io_err(format!("run {} --version", bin.display()), e))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .filter(|_| out.status.success())
+            .ok_or_else(|| VmError::Api {
+                backend: NAME,
+                msg: format!(
+                    "{} --version gave no version ({}): {}",
+                    bin.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            })?
+            .to_string();
+        *cached = Some(v.clone());
+        Ok(v)
+    }
+
+    /// Everything a run dir needs, or an error naming what is wrong.
+    fn prepare_run_dir(cfg: &VmConfig) -> Result<()> {
+        let dir = &cfg.run_dir;
+        match fs::read_dir(dir) {
+            Ok(mut it) => {
+                if it.next().is_some() {
+                    return Err(VmError::BadFile {
+                        path: dir.clone(),
+                        problem: "run dir is not empty (left over from an earlier VM?)".into(),
+                        fix: "remove it or use a fresh run dir".into(),
+                    });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| io_err(format!("create run dir {}", dir.display()), e))?;
+            }
+            Err(e) => return Err(io_err(format!("read run dir {}", dir.display()), e)),
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| io_err(format!("chmod {}", dir.display()), e))?;
+        chown(dir, cfg.uid, cfg.gid)
+    }
+
+    fn launch(&self, cfg: &VmConfig, incoming: Option<(&Path, &Path)>) -> Result<QemuVm> {
+        validate_id(&cfg.id)?;
+        check_input(&cfg.kernel, "kernel", cfg)?;
+        check_input(&cfg.rootfs, "rootfs", cfg)?;
+        if cfg.vcpus == 0 || cfg.mem_mib < 64 {
+            return Err(VmError::Other(format!(
+                "VM {}: {} vCPUs / {} MiB is not a VM",
+                cfg.id, cfg.vcpus, cfg.mem_mib
+            )));
+        }
+        let accel = self.resolve_accel(Some(&cfg.kernel))?;
+        let version = self.vmm_version_for(&cfg.kernel)?;
+        // Open the TAP before creating anything, so a failure leaves nothing.
+        let tap = match &cfg.net {
+            Some(n) => {
+                validate_mac(&n.guest_mac)?;
+                Some(open_tap(&n.netns, &n.tap)?)
+            }
+            None => None,
+        };
+        Self::prepare_run_dir(cfg)?;
+        let mut vm = QemuVm {
+            id: cfg.id.clone(),
+            cfg: cfg.clone(),
+            child: None,
+            pidfd: None,
+            console: Arc::new(Console::default()),
+            qmp: None,
+            timeouts: self.cfg.timeouts.clone(),
+            vmm_version: version,
+            destroyed: false,
+            saved: false,
+        };
+        // From here on, dropping `vm` on error removes everything.
+        let mem = cfg.run_dir.join(MEM_FILE);
+        let mut copy = None;
+        let state = match incoming {
+            Some((state, snap_mem)) => {
+                let f = fs::File::open(state).map_err(|e| VmError::BadFile {
+                    path: state.to_path_buf(),
+                    problem: format!("cannot open snapshot state: {e}"),
+                    fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>"
+                        .into(),
+                })?;
+                let job = CopyJob::prepare(snap_mem, &mem, cfg.mem_mib as u64 * 1024 * 1024)?;
+                chown(&mem, cfg.uid, cfg.gid)?;
+                // QEMU maps the file at start but reads guest RAM only once
+                // the VM runs: copy while it starts.
+                copy = Some(
+                    std::thread::Builder::new()
+                        .name(format!("memcopy-{}", cfg.id))
+                        .spawn(move || job.run())
+                        .map_err(|e| io_err("spawn memory copy thread".into(), e))?,
+                );
+                Some(f)
+            }
+            None => None,
+        };
+        let spec = ArgvSpec {
+            accel,
+            mem: &mem,
+            tap_fd: tap.as_ref().map(AsRawFd::as_raw_fd),
+            incoming: state.is_some(),
+        };
+        let argv = build_argv(cfg, &spec);
+        let mut inherit: Vec<RawFd> = Vec::new();
+        if let Some(t) = &tap {
+            inherit.push(t.as_raw_fd());
+        }
+        if let Some(s) = &state {
+            inherit.push(s.as_raw_fd());
+        }
+        vm.spawn(&self.binary(), &argv, &inherit)?;
+        drop(tap);
+        let deadline = Instant::now() + self.cfg.timeouts.qmp;
+        let qmp = {
+            let pidfd = vm.pidfd.as_ref();
+            Qmp::connect(&cfg.run_dir.join(QMP_SOCK), deadline, &|| {
+                pidfd.is_some_and(Pidfd::is_alive)
+            })
+        };
+        match qmp {
+            Ok(q) => vm.qmp = Some(q),
+            Err(e) => return Err(vm.explain(e, "starting")),
+        }
+        if let Some(c) = copy {
+            let copied = c
+                .join()
+                .unwrap_or_else(|_| Err(VmError::Other("memory copy thread panicked".into())));
+            if let Err(e) = copied {
+                let _ = vm.destroy();
+                return Err(e);
+            }
+        }
+        if let (Some(s), Some((state_path, _))) = (&state, incoming) {
+            if let Err(e) = vm.load_state(s.as_raw_fd()) {
+                let why = vm.explain(e, "loading the snapshot");
+                return Err(VmError::BadFile {
+                    path: state_path.to_path_buf(),
+                    problem: format!("snapshot state does not load: {why}"),
+                    fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>"
+                        .into(),
+                });
+            }
+        }
+        Ok(vm)
+    }
+}
+
+impl Backend for QemuBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// QEMU's version and the accelerator: a snapshot made under TCG
+    /// (`-cpu max`) does not restore under KVM (`-cpu host`) and vice versa.
+    fn vmm_version(&self) -> Result<String> {
+        let v = self.qemu_version()?;
+        let a = self.resolve_accel(None)?;
+        Ok(format!("{v}; accel={}", a.as_str()))
+    }
+
+    fn vmm_version_for(&self, kernel: &Path) -> Result<String> {
+        let v = self.qemu_version()?;
+        let a = self.resolve_accel(Some(kernel))?;
+        Ok(format!("{v}; accel={}", a.as_str()))
+    }
+
+    fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>> {
+        let mut vm = self.launch(cfg, None)?;
+        let deadline = Instant::now() + self.cfg.timeouts.boot;
+        if let Err(e) = vm.wait_ready(deadline) {
+            return Err(vm.explain(e, "booting"));
+        }
+        Ok(Box::new(vm))
+    }
+
+    fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
+        let manifest = Manifest::read(snapshot_dir)?;
+        let version = self.vmm_version_for(&cfg.kernel)?;
+        let inputs = snapshot::Inputs {
+            backend: NAME,
+            vmm_version: &version,
+            kernel: &cfg.kernel,
+            rootfs: &cfg.rootfs,
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+        };
+        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
+            return Err(VmError::StaleSnapshot {
+                dir: snapshot_dir.to_path_buf(),
+                reason,
+            });
+        }
+        let state = snapshot_dir.join(SNAP_STATE_FILE);
+        let mem = snapshot_dir.join(SNAP_MEM_FILE);
+        let vm = self.launch(cfg, Some((&state, &mem)))?;
+        Ok(Box::new(vm))
+    }
+}
+
+struct ArgvSpec<'a> {
+    accel: Accel,
+    mem: &'a Path,
+    tap_fd: Option<RawFd>,
+    incoming: bool,
+}
+
+/// QEMU option values are comma-separated: a literal comma is doubled.
+fn opt_path(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+pub fn cmdline(cfg: &VmConfig) -> String {
+    let extra = cfg.cmdline_extra.trim();
+    if extra.is_empty() {
+        DEFAULT_CMDLINE.to_string()
+    } else {
+        format!("{DEFAULT_CMDLINE} {extra}")
+    }
+}
+
+fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
+    let run = &cfg.run_dir;
+    let mut a: Vec<String> = vec![
+        "-name".into(),
+        format!("agent-sandbox-{}", cfg.id),
+        // Devices on the kernel command line need acpi=off (see MEASURED.md).
+        "-M".into(),
+        "microvm,acpi=off,memory-backend=mem".into(),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-nographic".into(),
+        "-no-reboot".into(),
+    ];
+    match spec.accel {
+        Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
+        _ => a.extend(["-accel".into(), "tcg".into(), "-cpu".into(), "max".into()]),
+    }
+    a.extend([
+        "-smp".into(),
+        cfg.vcpus.to_string(),
+        "-m".into(),
+        format!("{}M", cfg.mem_mib),
+        "-object".into(),
+        format!(
+            "memory-backend-file,id=mem,size={}M,mem-path={},share=on",
+            cfg.mem_mib,
+            opt_path(spec.mem)
+        ),
+        "-chardev".into(),
+        "stdio,id=con,signal=off".into(),
+        "-serial".into(),
+        "chardev:con".into(),
+        "-kernel".into(),
+        cfg.kernel.display().to_string(),
+        "-append".into(),
+        cmdline(cfg),
+        "-drive".into(),
+        format!(
+            "id=root,file={},format=raw,if=none,readonly=on",
+            opt_path(&cfg.rootfs)
+        ),
+        "-device".into(),
+        "virtio-blk-device,drive=root".into(),
+        "-device".into(),
+        "virtio-serial-device".into(),
+        "-chardev".into(),
+        format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            opt_path(&run.join(AGENT_SOCK))
+        ),
+        "-device".into(),
+        "virtserialport,chardev=agent,name=agent".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", opt_path(&run.join(QMP_SOCK))),
+        "-sandbox".into(),
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+    ]);
+    if let (Some(fd), Some(net)) = (spec.tap_fd, &cfg.net) {
+        a.extend([
+            "-netdev".into(),
+            format!("tap,id=n0,fd={fd},vnet_hdr=on"),
+            "-device".into(),
+            format!("virtio-net-device,netdev=n0,mac={}", net.guest_mac),
+        ]);
+    }
+    if spec.incoming {
+        // The state fd is handed over by number in `migrate-incoming`, after
+        // x-ignore-shared is switched on (QEMU 7.2 has no property for it).
+        a.extend(["-incoming".into(), "defer".into()]);
+    }
+    a.into_iter().map(OsString::from).collect()
+}
+
+fn validate_mac(mac: &str) -> Result<()> {
+    let parts: Vec<&str> = mac.split(':').collect();
+    let ok = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(VmError::Other(format!(
+            "guest MAC {mac:?} is not six colon-separated hex bytes"
+        )))
+    }
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(()); // unprivileged: the VMM runs as us and owns what we make
+    }
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        .map_err(|e| io_err(format!("chown {uid}:{gid} {}", path.display()), e))
+}
+
+/// A file the VMM opens itself must exist and be readable by its uid/gid.
+fn check_input(path: &Path, what: &str, cfg: &VmConfig) -> Result<()> {
+    let fix = "agent-sandbox image build";
+    let m = fs::metadata(path).map_err(|e| VmError::BadFile {
+        path: path.to_path_buf(),
+        problem: format!("{what}: {e}"),
+        fix: fix.into(),
+    })?;
+    if !m.is_file() {
+        return Err(VmError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("{what} is not a regular file"),
+            fix: fix.into(),
+        });
+    }
+    if m.len() == 0 {
+        return Err(VmError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!("{what} is empty"),
+            fix: fix.into(),
+        });
+    }
+    let mode = m.mode();
+    let readable = mode & 0o004 != 0
+        || (m.uid() == cfg.uid && mode & 0o400 != 0)
+        || (m.gid() == cfg.gid && mode & 0o040 != 0);
+    // SAFETY: geteuid has no preconditions.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    if as_root && !readable {
+        return Err(VmError::BadFile {
+            path: path.to_path_buf(),
+            problem: format!(
+                "{what} is not readable by the VMM's uid {} / gid {}",
+                cfg.uid, cfg.gid
+            ),
+            fix: format!("chmod o+r {}", path.display()),
+        });
+    }
+    Ok(())
+}
+
+fn find_in_path(bin: &Path) -> Option<PathBuf> {
+    if bin.components().count() > 1 {
+        return Some(bin.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+/// `/dev/kvm` opens and answers KVM_GET_API_VERSION. Necessary, not
+/// sufficient: nested setups exist where it does and guests still hang.
+pub fn kvm_device_usable() -> bool {
+    let Ok(f) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    else {
+        return false;
+    };
+    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
+    // SAFETY: ioctl without arguments on an fd we own.
+    let v = unsafe { libc::ioctl(f.as_raw_fd(), KVM_GET_API_VERSION, 0) };
+    v == 12
+}
+
+/// Boot `kernel` under KVM without a root disk: a kernel that gets as far
+/// as panicking over the missing root has run its whole early boot (CPU,
+/// timers, interrupts) under this KVM. Anything else within `timeout` means
+/// KVM does not work here.
+pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::Result<(), String> {
+    let mut child = Command::new(qemu)
+        .args([
+            "-M",
+            "microvm,acpi=off",
+            "-accel",
+            "kvm",
+            "-cpu",
+            "host",
+            "-m",
+            "128M",
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+            "-append",
+            "console=ttyS0 panic=-1 loglevel=4",
+            "-kernel",
+        ])
+        .arg(kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+    let pid = child.id() as i32;
+    let mut out = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.take(1 << 20).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                // SAFETY: signalling the process group of our own child.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let console = reader.join().unwrap_or_default();
+    let text = String::from_utf8_lossy(&console);
+    if text.contains("Kernel panic") || text.contains("VFS: Unable to mount root") {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    Err(match status {
+        None => format!(
+            "a KVM guest did not reach its root mount within {} ms",
+            timeout.as_millis()
+        ),
+        Some(st) => format!("qemu -accel kvm exited ({st}): {}", err.trim()),
+    })
+}
+
+/// Open `tap` inside the network namespace `netns` (a thread enters the
+/// namespace, so the rest of the process never does) and return the fd to
+/// hand to QEMU, so QEMU needs neither /dev/net/tun nor the namespace.
+pub fn open_tap(netns: &Path, tap: &str) -> Result<OwnedFd> {
+    if tap.is_empty() || tap.len() >= libc::IFNAMSIZ || tap.contains('/') || tap.contains('\0') {
+        return Err(VmError::Other(format!("bad TAP name {tap:?}")));
+    }
+    let ns = fs::File::open(netns).map_err(|e| VmError::BadFile {
+        path: netns.to_path_buf(),
+        problem: format!("cannot open network namespace: {e}"),
+        fix: "create the session's network namespace first".into(),
+    })?;
+    let name = tap.to_string();
+    let handle = std::thread::Builder::new()
+        .name("tap-open".into())
+        .spawn(move || -> io::Result<OwnedFd> {
+            // SAFETY: setns on a namespace fd affects only this thread,
+            // which ends right after.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let tun = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open("/dev/net/tun")?;
+            // struct ifreq: 16 bytes name, then a short of flags (padded).
+            let mut ifr = [0u8; 40];
+            ifr[..name.len()].copy_from_slice(name.as_bytes());
+            let flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as u16;
+            ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+            // SAFETY: TUNSETIFF reads and writes a struct ifreq we own.
+            if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, ifr.as_mut_ptr()) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(OwnedFd::from(tun))
+        })
+        .map_err(|e| io_err("spawn TAP opener thread".into(), e))?;
+    handle
+        .join()
+        .map_err(|_| VmError::Other("TAP opener thread panicked".into()))?
+        .map_err(|e| {
+            io_err(
+                format!("open TAP {tap} in network namespace {}", netns.display()),
+                e,
+            )
+        })
+}
+
+/// Copy `src` to `dst` keeping holes (guest RAM is mostly never touched),
+/// sized to `len`.
+pub fn sparse_copy(src: &Path, dst: &Path, len: u64) -> Result<()> {
+    let job = CopyJob::prepare(src, dst, len)?;
+    job.run()
+}
+
+/// A sparse copy whose destination exists (at full size) before its data
+/// is copied, so QEMU can be starting while the data moves.
+pub struct CopyJob {
+    src: PathBuf,
+    dst: PathBuf,
+    s: fs::File,
+    d: fs::File,
+    len: u64,
+}
+
+impl CopyJob {
+    pub fn prepare(src: &Path, dst: &Path, len: u64) -> Result<CopyJob> {
+        let bad = |problem: String| VmError::BadFile {
+            path: src.to_path_buf(),
+            problem,
+            fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+        };
+        let s =
+            fs::File::open(src).map_err(|e| bad(format!("cannot open snapshot memory: {e}")))?;
+        let slen = s
+            .metadata()
+            .map_err(|e| bad(format!("cannot stat snapshot memory: {e}")))?
+            .len();
+        if slen != len {
+            return Err(bad(format!(
+                "snapshot memory is {slen} bytes, the VM has {len}"
+            )));
+        }
+        let d = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dst)
+            .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
+        d.set_len(len)
+            .map_err(|e| io_err(format!("size {}", dst.display()), e))?;
+        Ok(CopyJob {
+            src: src.to_path_buf(),
+            dst: dst.to_path_buf(),
+            s,
+            d,
+            len,
+        })
+    }
+
+    pub fn run(self) -> Result<()> {
+        copy_extents(&self.s, &self.d, self.len, &self.src, &self.dst)
+    }
+}
+
+fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) -> Result<()> {
+    let bad = |problem: String| VmError::BadFile {
+        path: src.to_path_buf(),
+        problem,
+        fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+    };
+    let (sfd, dfd) = (s.as_raw_fd(), d.as_raw_fd());
+    let mut off: i64 = 0;
+    while (off as u64) < len {
+        // SAFETY: lseek on our own fd.
+        let data = unsafe { libc::lseek(sfd, off, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole is left
+            }
+            return Err(io_err(format!("SEEK_DATA in {}", src.display()), e));
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(sfd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io_err(
+                format!("SEEK_HOLE in {}", src.display()),
+                io::Error::last_os_error(),
+            ));
+        }
+        let mut so = data;
+        let mut doff = data;
+        while so < hole {
+            // SAFETY: copy_file_range between two fds we own with offsets
+            // we own.
+            let n = unsafe {
+                libc::copy_file_range(sfd, &mut so, dfd, &mut doff, (hole - so) as usize, 0)
+            };
+            if n < 0 {
+                return Err(io_err(
+                    format!("copy {} to {}", src.display(), dst.display()),
+                    io::Error::last_os_error(),
+                ));
+            }
+            if n == 0 {
+                return Err(bad("snapshot memory shrank while being copied".into()));
+            }
+        }
+        off = hole;
+    }
+    Ok(())
+}
+
+/// Console output of one VM: appended to `console.log` in the run dir, the
+/// tail kept in memory for error messages, and the READY line noticed.
+#[derive(Default)]
+struct Console {
+    state: Mutex<ConsoleState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct ConsoleState {
+    tail: VecDeque<u8>,
+    ready: bool,
+    /// The VMM closed its stdout/stderr: it has exited.
+    eof: bool,
+}
+
+impl Console {
+    fn run(self: Arc<Self>, mut from: fs::File, mut log: Option<fs::File>) {
+        let mut buf = [0u8; 4096];
+        let mut window: Vec<u8> = Vec::new();
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let chunk = &buf[..n];
+            if let Some(l) = log.as_mut() {
+                if l.write_all(chunk).is_err() {
+                    log = None;
+                }
+            }
+            let mut st = lock(&self.state);
+            st.tail.extend(chunk);
+            let over = st.tail.len().saturating_sub(CONSOLE_TAIL);
+            st.tail.drain(..over);
+            if !st.ready {
+                // Look across read boundaries without rescanning everything.
+                window.extend_from_slice(chunk);
+                if window
+                    .windows(READY_MARKER.len())
+                    .any(|w| w == READY_MARKER)
+                {
+                    st.ready = true;
+                    self.cv.notify_all();
+                }
+                let keep = window.len().saturating_sub(READY_MARKER.len());
+                window.drain(..keep);
+            }
+        }
+        lock(&self.state).eof = true;
+        self.cv.notify_all();
+    }
+
+    fn tail(&self) -> String {
+        let st = lock(&self.state);
+        let bytes: Vec<u8> = st.tail.iter().copied().collect();
+        drop(st);
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let last = &lines[lines.len().saturating_sub(12)..];
+        // A panic's reason is above its stack dump: keep it in view.
+        let mut out: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.contains("Kernel panic") && !last.contains(l))
+            .take(2)
+            .copied()
+            .collect();
+        out.extend_from_slice(last);
+        out.join(" | ")
+    }
+
+    /// Wait until the VMM's output has been read to its end.
+    fn wait_eof(&self, deadline: Instant) {
+        let mut st = lock(&self.state);
+        while !st.eof {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            st = match self.cv.wait_timeout(st, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    /// Wait for READY; `Ok(false)` if the VMM exited first.
+    fn wait_ready(&self, deadline: Instant) -> std::result::Result<bool, ()> {
+        let mut st = lock(&self.state);
+        loop {
+            if st.ready {
+                return Ok(true);
+            }
+            if st.eof {
+                return Ok(false);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(());
+            }
+            st = match self.cv.wait_timeout(st, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+pub struct QemuVm {
+    id: String,
+    cfg: VmConfig,
+    child: Option<Child>,
+    pidfd: Option<Pidfd>,
+    console: Arc<Console>,
+    qmp: Option<Qmp>,
+    timeouts: Timeouts,
+    vmm_version: String,
+    destroyed: bool,
+    /// A snapshot took its RAM file: it must never run again.
+    saved: bool,
+}
+
+impl QemuVm {
+    fn spawn(&mut self, bin: &Path, argv: &[OsString], inherit: &[RawFd]) -> Result<()> {
+        let (rd, wr) = pipe().map_err(|e| io_err("create console pipe".into(), e))?;
+        let wr2 = wr
+            .try_clone()
+            .map_err(|e| io_err("dup console pipe".into(), e))?;
+        let log_path = self.cfg.run_dir.join(CONSOLE_LOG);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(|e| io_err(format!("create {}", log_path.display()), e))?;
+        let mut cmd = Command::new(bin);
+        cmd.args(argv)
+            .current_dir(&self.cfg.run_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(wr))
+            .stderr(Stdio::from(wr2))
+            .env_clear();
+        let (uid, gid) = (self.cfg.uid, self.cfg.gid);
+        let fds = inherit.to_vec();
+        // SAFETY: the closure only makes async-signal-safe syscalls.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Own session and process group: a kill takes everything.
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for &fd in &fds {
+                    let fl = libc::fcntl(fd, libc::F_GETFD);
+                    if fl < 0 || libc::fcntl(fd, libc::F_SETFD, fl & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::geteuid() == 0 {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::geteuid() != uid {
+                    return Err(io::Error::from_raw_os_error(libc::EPERM));
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| io_err(format!("start {} as uid {uid}", bin.display()), e))?;
+        self.pidfd = Some(
+            Pidfd::open(child.id() as i32)
+                .map_err(|e| io_err(format!("pidfd_open {}", child.id()), e))?,
+        );
+        self.child = Some(child);
+        drop(cmd); // closes our copies of the pipe's write end
+        let console = self.console.clone();
+        std::thread::Builder::new()
+            .name(format!("console-{}", self.id))
+            .spawn(move || console.run(rd, Some(log)))
+            .map_err(|e| io_err("spawn console reader".into(), e))?;
+        Ok(())
+    }
+
+    fn alive(&self) -> bool {
+        self.pidfd.as_ref().is_some_and(Pidfd::is_alive)
+    }
+
+    /// Turn a failure into one that says whether the VMM died, with the
+    /// console tail, and tear everything down.
+    fn explain(&mut self, e: VmError, when: &str) -> VmError {
+        // Let the console reader catch the last words of a dying VMM.
+        if let Some(p) = &self.pidfd {
+            p.wait_exit(Instant::now() + Duration::from_millis(100));
+        }
+        let died = !self.alive();
+        if died {
+            self.console
+                .wait_eof(Instant::now() + Duration::from_millis(500));
+        }
+        let status = if died {
+            self.child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .map(|s| s.to_string())
+        } else {
+            None
+        };
+        let tail = self.console.tail();
+        let _ = self.destroy();
+        let what = if died {
+            // QEMU's own complaints ("invalid kernel header") omit the file.
+            format!(
+                "VM {}: QEMU exited while {when} ({}; kernel {}, rootfs {})",
+                self.id,
+                status.unwrap_or_else(|| "status unknown".into()),
+                self.cfg.kernel.display(),
+                self.cfg.rootfs.display()
+            )
+        } else {
+            format!("VM {}: {e} while {when}", self.id)
+        };
+        VmError::Api {
+            backend: NAME,
+            msg: if tail.is_empty() {
+                format!("{what}; no console output")
+            } else {
+                format!("{what}; console: {tail}")
+            },
+        }
+    }
+
+    fn wait_ready(&mut self, deadline: Instant) -> Result<()> {
+        let start = Instant::now();
+        match self.console.wait_ready(deadline) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(VmError::Api {
+                backend: NAME,
+                msg: "QEMU exited before the agent was ready".into(),
+            }),
+            Err(()) => Err(VmError::Timeout {
+                backend: NAME,
+                what: "the agent's READY line on the console".into(),
+                ms: start.elapsed().as_millis() as u64,
+            }),
+        }
+    }
+
+    fn qmp(&mut self) -> Result<&mut Qmp> {
+        self.qmp.as_mut().ok_or_else(|| VmError::Api {
+            backend: NAME,
+            msg: "no QMP connection".into(),
+        })
+    }
+
+    fn load_state(&mut self, fd: RawFd) -> Result<()> {
+        let t = self.timeouts.qmp;
+        let deadline = Instant::now() + self.timeouts.migrate;
+        let q = self.qmp()?;
+        q.execute(
+            "migrate-set-capabilities",
+            Some(json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] })),
+            t,
+        )?;
+        q.execute(
+            "migrate-incoming",
+            Some(json!({ "uri": format!("fd:{fd}") })),
+            t,
+        )?;
+        q.wait_migration(deadline)?;
+        // The source was paused when saved, so the VM stays paused until told.
+        q.execute("cont", None, t)?;
+        Ok(())
+    }
+
+    /// Path of the agent socket (for tools and tests).
+    pub fn agent_socket(&self) -> PathBuf {
+        self.cfg.run_dir.join(AGENT_SOCK)
+    }
+
+    /// The last lines of the console.
+    pub fn console_tail(&self) -> String {
+        self.console.tail()
+    }
+
+    /// Run a QMP command (diagnostics, tests).
+    pub fn qmp_execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value> {
+        if self.saved && cmd == "cont" {
+            return Err(VmError::Other(format!(
+                "VM {}: its RAM now belongs to a snapshot; it cannot run again",
+                self.id
+            )));
+        }
+        let t = self.timeouts.qmp;
+        self.qmp()?.execute(cmd, args, t)
+    }
+}
+
+/// virtio-serial has no connection reset the guest is sure to see: a host
+/// that detaches and reattaches before the agent runs is invisible to it,
+/// and a restored guest still holds the connection of the host attached
+/// when the snapshot was taken. So every new stream starts with a reset: a
+/// header with a bad magic byte makes the
+/// agent drop whatever connection it has, answer with a connection-level
+/// error frame and start afresh; once that answer is here, a hello starts a
+/// new connection. Bytes before the answer are stale output of the old
+/// connection and are skipped.
+fn reset_agent_stream(s: &UnixStream, deadline: Instant) -> io::Result<()> {
+    use crate::proto::{Header, Kind, HEADER_LEN};
+    (&*s).write_all(&[0u8; HEADER_LEN])?;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let mut start = 0;
+        while start + HEADER_LEN <= buf.len() {
+            let mut hb = [0u8; HEADER_LEN];
+            hb.copy_from_slice(&buf[start..start + HEADER_LEN]);
+            match Header::decode(&hb) {
+                Ok(h) if h.kind == Kind::Error as u8 && h.id == 0 && h.len <= 64 * 1024 => {
+                    let end = start + HEADER_LEN + h.len as usize;
+                    if end > buf.len() {
+                        break;
+                    }
+                    let body = &buf[start + HEADER_LEN..end];
+                    // Only the answer to our reset, not a stale error of the
+                    // old connection.
+                    let ours = serde_json::from_slice::<Value>(body).is_ok()
+                        && body.windows(5).any(|w| w == b"magic");
+                    if ours {
+                        s.set_read_timeout(None)?;
+                        return Ok(());
+                    }
+                    start += 1;
+                }
+                _ => start += 1,
+            }
+        }
+        buf.drain(..start);
+        if buf.len() > 4 << 20 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "no answer to the reset in the first 4 MiB",
+            ));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the agent did not answer the connection reset",
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        match (&*s).read(&mut chunk) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed during the connection reset",
+                ))
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn pipe() -> io::Result<(fs::File, fs::File)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fds on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and ours.
+    Ok(unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) })
+}
+
+impl Vm for QemuVm {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.pidfd.as_ref().filter(|p| p.is_alive()).map(Pidfd::pid)
+    }
+
+    fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream> {
+        let started = Instant::now();
+        let path = self.agent_socket();
+        loop {
+            match UnixStream::connect(&path) {
+                Ok(s) => {
+                    reset_agent_stream(&s, deadline).map_err(|e| {
+                        io_err(
+                            format!("reset the agent connection on {}", path.display()),
+                            e,
+                        )
+                    })?;
+                    return Ok(s);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
+                    if !self.alive() {
+                        return Err(VmError::Api {
+                            backend: NAME,
+                            msg: format!(
+                                "VM {}: QEMU is gone; console: {}",
+                                self.id,
+                                self.console.tail()
+                            ),
+                        });
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(VmError::Timeout {
+                            backend: NAME,
+                            what: format!("agent socket {}", path.display()),
+                            ms: started.elapsed().as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(io_err(format!("connect {}", path.display()), e)),
+            }
+        }
+    }
+
+    fn snapshot(&mut self, dir: &Path) -> Result<()> {
+        if self.saved {
+            return Err(VmError::Other(format!(
+                "VM {}: already saved into a snapshot; boot or restore a new VM",
+                self.id
+            )));
+        }
+        fs::create_dir_all(dir)
+            .map_err(|e| io_err(format!("create snapshot dir {}", dir.display()), e))?;
+        // A stale manifest must not describe the files about to be replaced.
+        let _ = fs::remove_file(dir.join(snapshot::MANIFEST_FILE));
+        let state_tmp = dir.join(format!(".{SNAP_STATE_FILE}.tmp"));
+        let mem_tmp = dir.join(format!(".{SNAP_MEM_FILE}.tmp"));
+        let _ = fs::remove_file(&mem_tmp);
+        let state = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&state_tmp)
+            .map_err(|e| io_err(format!("create {}", state_tmp.display()), e))?;
+        let t = self.timeouts.qmp;
+        let deadline = Instant::now() + self.timeouts.migrate;
+        let r = (|| {
+            let q = self.qmp()?;
+            q.execute("stop", None, t)?;
+            q.execute(
+                "migrate-set-capabilities",
+                Some(
+                    json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] }),
+                ),
+                t,
+            )?;
+            q.getfd("snapshot", &state, t)?;
+            q.execute("migrate", Some(json!({ "uri": "fd:snapshot" })), t)?;
+            q.wait_migration(deadline)
+        })();
+        drop(state);
+        if let Err(e) = r {
+            let _ = fs::remove_file(&state_tmp);
+            return Err(if self.alive() {
+                e
+            } else {
+                self.explain(e, "saving a snapshot")
+            });
+        }
+        // The paused VM's RAM is complete in its backing file: move it (the
+        // VM is never resumed after a snapshot: `saved` forbids it), copy
+        // when the snapshot dir is on another file system.
+        let mem = self.cfg.run_dir.join(MEM_FILE);
+        self.saved = true;
+        let res = match fs::rename(&mem, &mem_tmp) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                sparse_copy(&mem, &mem_tmp, self.cfg.mem_mib as u64 * 1024 * 1024)
+            }
+            Err(e) => Err(io_err(
+                format!("move {} to {}", mem.display(), mem_tmp.display()),
+                e,
+            )),
+        }
+        .and_then(|_| {
+            fs::rename(&state_tmp, dir.join(SNAP_STATE_FILE))
+                .map_err(|e| io_err(format!("rename {}", state_tmp.display()), e))
+        })
+        .and_then(|_| {
+            fs::rename(&mem_tmp, dir.join(SNAP_MEM_FILE))
+                .map_err(|e| io_err(format!("rename {}", mem_tmp.display()), e))
+        });
+        if let Err(e) = res {
+            let _ = fs::remove_file(&state_tmp);
+            let _ = fs::remove_file(&mem_tmp);
+            return Err(e);
+        }
+        // The RAM file was the VMM's: make it ours alone, so no VMM (they
+        // all run as the same uid) can alter what later sessions start from.
+        let snap_mem = dir.join(SNAP_MEM_FILE);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        std::os::unix::fs::chown(&snap_mem, Some(uid), Some(gid))
+            .and_then(|_| fs::set_permissions(&snap_mem, fs::Permissions::from_mode(0o600)))
+            .map_err(|e| io_err(format!("take ownership of {}", snap_mem.display()), e))?;
+        let manifest = Manifest::create(
+            &snapshot::Inputs {
+                backend: NAME,
+                vmm_version: &self.vmm_version,
+                kernel: &self.cfg.kernel,
+                rootfs: &self.cfg.rootfs,
+                vcpus: self.cfg.vcpus,
+                mem_mib: self.cfg.mem_mib,
+            },
+            vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
+        )?;
+        manifest.write(dir)
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.destroyed {
+            return Ok(());
+        }
+        self.qmp = None;
+        let mut first_err = None;
+        if let (Some(p), Some(child)) = (&self.pidfd, self.child.as_mut()) {
+            // Its own process group (setsid): take anything it started.
+            // SAFETY: plain kill on our unreaped child's group.
+            unsafe { libc::kill(-p.pid(), libc::SIGKILL) };
+            if let Err(e) = p.kill() {
+                first_err.get_or_insert(io_err(format!("kill QEMU pid {}", p.pid()), e));
+            }
+            if !p.wait_exit(Instant::now() + self.timeouts.teardown) {
+                first_err.get_or_insert(VmError::Timeout {
+                    backend: NAME,
+                    what: format!("QEMU pid {} to exit after SIGKILL", p.pid()),
+                    ms: self.timeouts.teardown.as_millis() as u64,
+                });
+            } else {
+                let _ = child.wait();
+            }
+        }
+        match fs::remove_dir_all(&self.cfg.run_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                first_err.get_or_insert(io_err(
+                    format!("remove run dir {}", self.cfg.run_dir.display()),
+                    e,
+                ));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.child = None;
+        self.pidfd = None;
+        self.destroyed = true;
+        Ok(())
+    }
+}
+
+impl Drop for QemuVm {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            log::warn!("qemu VM {}: teardown on drop: {e}", self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm::NetAttachment;
+
+    fn cfg() -> VmConfig {
+        VmConfig {
+            id: "t1".into(),
+            kernel: "/k/vmlinux".into(),
+            rootfs: "/r/base,evil.erofs".into(),
+            vcpus: 2,
+            mem_mib: 256,
+            cmdline_extra: "sandbox.ip=10.0.0.2/30".into(),
+            net: Some(NetAttachment {
+                netns: "/run/netns/x".into(),
+                tap: "tap0".into(),
+                guest_mac: "02:00:00:00:00:01".into(),
+            }),
+            uid: 1000,
+            gid: 1000,
+            run_dir: "/run/asbx/t1".into(),
+        }
+    }
+
+    fn argv(spec: &ArgvSpec<'_>) -> Vec<String> {
+        build_argv(&cfg(), spec)
+            .into_iter()
+            .map(|s| s.into_string().unwrap_or_default())
+            .collect()
+    }
+
+    fn after<'a>(a: &'a [String], flag: &str) -> Vec<&'a str> {
+        a.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    }
+
+    #[test]
+    fn argv_has_the_isolation_and_device_flags() {
+        let mem = PathBuf::from("/run/asbx/t1/memory");
+        let a = argv(&ArgvSpec {
+            accel: Accel::Tcg,
+            mem: &mem,
+            tap_fd: Some(7),
+            incoming: true,
+        });
+        assert_eq!(after(&a, "-M"), ["microvm,acpi=off,memory-backend=mem"]);
+        assert_eq!(
+            after(&a, "-sandbox"),
+            ["on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+        );
+        for f in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
+            assert!(a.iter().any(|x| x == f), "{f} missing");
+        }
+        assert_eq!(after(&a, "-accel"), ["tcg"]);
+        assert_eq!(after(&a, "-cpu"), ["max"]);
+        assert_eq!(after(&a, "-smp"), ["2"]);
+        // A comma in a path must not start a new QEMU option.
+        assert!(after(&a, "-drive")[0].contains("file=/r/base,,evil.erofs,"));
+        assert!(after(&a, "-drive")[0].contains("readonly=on"));
+        let append = after(&a, "-append")[0];
+        assert!(append.starts_with(DEFAULT_CMDLINE), "{append}");
+        assert!(append.ends_with("sandbox.ip=10.0.0.2/30"), "{append}");
+        assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7,vnet_hdr=on"]);
+        assert!(after(&a, "-device").contains(&"virtio-net-device,netdev=n0,mac=02:00:00:00:00:01"));
+        assert!(after(&a, "-device").contains(&"virtserialport,chardev=agent,name=agent"));
+        assert_eq!(after(&a, "-incoming"), ["defer"]);
+        assert!(after(&a, "-object")[0].contains("share=on"));
+
+        let a = argv(&ArgvSpec {
+            accel: Accel::Kvm,
+            mem: &mem,
+            tap_fd: None,
+            incoming: false,
+        });
+        assert_eq!(after(&a, "-accel"), ["kvm"]);
+        assert_eq!(after(&a, "-cpu"), ["host"]);
+        assert!(after(&a, "-netdev").is_empty());
+        assert!(after(&a, "-incoming").is_empty());
+    }
+
+    #[test]
+    fn macs_and_tap_names_are_checked() {
+        assert!(validate_mac("02:00:00:00:00:01").is_ok());
+        for bad in [
+            "02:00:00:00:00",
+            "02:00:00:00:00:01,x=y",
+            "zz:00:00:00:00:01",
+            "",
+        ] {
+            assert!(validate_mac(bad).is_err(), "{bad}");
+        }
+        for bad in ["", "a/b", "0123456789abcdef"] {
+            assert!(open_tap(Path::new("/nonexistent"), bad).is_err());
+        }
+        match open_tap(Path::new("/nonexistent/netns"), "tap0") {
+            Err(VmError::BadFile { path, .. }) => assert_eq!(path, Path::new("/nonexistent/netns")),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn sparse_copy_keeps_holes_and_checks_size() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let src = d.path().join("src");
+        let f = fs::File::create(&src).expect("create");
+        f.set_len(64 << 20).expect("size");
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"hello", 10 << 20).expect("write");
+        f.write_all_at(b"world", (64 << 20) - 5).expect("write");
+        drop(f);
+        let dst = d.path().join("dst");
+        sparse_copy(&src, &dst, 64 << 20).expect("copy");
+        let m = fs::metadata(&dst).expect("stat");
+        assert_eq!(m.len(), 64 << 20);
+        assert!(m.blocks() * 512 < 8 << 20, "copy is not sparse");
+        assert_eq!(fs::read(&src).expect("read"), fs::read(&dst).expect("read"));
+        match sparse_copy(&src, &d.path().join("dst2"), 32 << 20) {
+            Err(VmError::BadFile { path, .. }) => assert_eq!(path, src),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+}

@@ -1,0 +1,586 @@
+//! Template and snapshot registry: which templates exist
+//! (`images/templates/*.json`), which kernel and rootfs were built for them
+//! (the image cache, e.g. `/var/cache/agent-sandbox`), and a snapshot per
+//! (template, backend) under `<state>/snapshots/<backend>/<template>/`,
+//! rebuilt when its manifest no longer matches (kernel, rootfs, VMM
+//! version, vCPUs, memory).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::snapshot::{self, Manifest};
+use super::{connect_agent, Backend, NetAttachment, Result, VmConfig, VmError};
+use crate::proto::ExecRequest;
+
+/// One template file, with `extends` applied.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Template {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub extends: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Shell commands run in the booted guest before its snapshot.
+    #[serde(default)]
+    pub warm: Vec<String>,
+    #[serde(default)]
+    pub memory_mib: Option<u32>,
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    #[serde(default)]
+    pub disk_mib: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// `images/templates`.
+    pub templates_dir: PathBuf,
+    /// Image cache: `kernel/vmlinux-<hash>` and `rootfs/<template>-<hash>.erofs`,
+    /// each with a `.json` manifest.
+    pub cache_dir: PathBuf,
+    /// Daemon state; snapshots live in `<state>/snapshots/<backend>/<template>/`.
+    pub state_dir: PathBuf,
+    /// Where the VM that makes a snapshot gets its run dir.
+    pub run_dir: PathBuf,
+    /// Unprivileged uid/gid the snapshot-making VMM runs as.
+    pub uid: u32,
+    pub gid: u32,
+    /// VM shape when a template names none.
+    pub default_vcpus: u32,
+    pub default_mem_mib: u32,
+    /// Kernel command line additions of snapshot VMs (e.g. `sandbox.ip=`):
+    /// restored sessions inherit them.
+    pub cmdline_extra: String,
+    /// Network device of snapshot VMs. A restored VM has exactly the
+    /// devices of the VM that was saved, so sessions with networking need
+    /// snapshots made with it.
+    pub net: Option<NetAttachment>,
+    /// Use this kernel instead of the newest in the cache (e.g. the path
+    /// `images/build.sh` printed).
+    pub pinned_kernel: Option<PathBuf>,
+    /// Per-template rootfs to use instead of the newest in the cache.
+    pub pinned_rootfs: BTreeMap<String, PathBuf>,
+    /// Budget for one `warm` command.
+    pub warm_timeout: Duration,
+    /// Boot to agent hello.
+    pub agent_timeout: Duration,
+}
+
+impl RegistryConfig {
+    pub fn new(templates_dir: PathBuf, cache_dir: PathBuf, state_dir: PathBuf) -> Self {
+        let run_dir = state_dir.join("run");
+        RegistryConfig {
+            templates_dir,
+            cache_dir,
+            state_dir,
+            run_dir,
+            uid: 65534,
+            gid: 65534,
+            default_vcpus: 1,
+            default_mem_mib: 512,
+            cmdline_extra: String::new(),
+            net: None,
+            pinned_kernel: None,
+            pinned_rootfs: BTreeMap::new(),
+            warm_timeout: Duration::from_secs(600),
+            agent_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Freshness of one template's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
+pub enum SnapshotState {
+    Fresh,
+    Stale(String),
+    Missing,
+}
+
+/// What is built for one template.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateStatus {
+    pub name: String,
+    pub description: String,
+    pub kernel: Option<PathBuf>,
+    pub rootfs: Option<PathBuf>,
+    pub snapshot_dir: PathBuf,
+    pub snapshot: SnapshotState,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+}
+
+/// A snapshot ready to restore, and what to restore it with.
+#[derive(Debug, Clone)]
+pub struct SnapshotInfo {
+    pub template: String,
+    pub dir: PathBuf,
+    pub kernel: PathBuf,
+    pub rootfs: PathBuf,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+    pub cmdline_extra: String,
+    /// Made by this call (it was missing or stale).
+    pub rebuilt: bool,
+    /// Environment for processes the agent starts (from the template).
+    pub env: BTreeMap<String, String>,
+}
+
+impl SnapshotInfo {
+    /// The `VmConfig` a restore of this snapshot needs.
+    pub fn vm_config(&self, id: &str, run_dir: PathBuf, uid: u32, gid: u32) -> VmConfig {
+        VmConfig {
+            id: id.to_string(),
+            kernel: self.kernel.clone(),
+            rootfs: self.rootfs.clone(),
+            vcpus: self.vcpus,
+            mem_mib: self.mem_mib,
+            cmdline_extra: self.cmdline_extra.clone(),
+            net: None,
+            uid,
+            gid,
+            run_dir,
+        }
+    }
+}
+
+pub struct Registry {
+    cfg: RegistryConfig,
+    backend: Arc<dyn Backend>,
+}
+
+fn bad(path: &Path, problem: String, fix: &str) -> VmError {
+    VmError::BadFile {
+        path: path.to_path_buf(),
+        problem,
+        fix: fix.to_string(),
+    }
+}
+
+const IMAGE_FIX: &str = "agent-sandbox image build";
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 32
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && n.as_bytes()[0] != b'-'
+        && n.as_bytes()[0] != b'_'
+}
+
+/// Newest `<dir>/<prefix><hash><suffix>` that has its `.json` manifest
+/// (written last by the image build, so a half-built artifact has none).
+fn newest_artifact(dir: &Path, prefix: &str, suffix: &str) -> Option<PathBuf> {
+    let rd = fs::read_dir(dir).ok()?;
+    let mut best: Option<(SystemTime, PathBuf)> = None;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let Some(hash) = rest.strip_suffix(suffix) else {
+            continue;
+        };
+        if hash.is_empty() || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let path = e.path();
+        let manifest = PathBuf::from(format!("{}.json", path.display()));
+        let Ok(m) = fs::metadata(&manifest) else {
+            continue;
+        };
+        let t = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if !best.as_ref().is_some_and(|(bt, _)| t <= *bt) {
+            best = Some((t, path));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+impl Registry {
+    pub fn new(cfg: RegistryConfig, backend: Arc<dyn Backend>) -> Self {
+        Registry { cfg, backend }
+    }
+
+    pub fn config(&self) -> &RegistryConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    fn read_raw(&self, name: &str) -> Result<Template> {
+        if !valid_name(name) {
+            return Err(VmError::Other(format!(
+                "template name {name:?}: expected [a-z0-9][a-z0-9_-]{{0,31}}"
+            )));
+        }
+        let path = self.cfg.templates_dir.join(format!("{name}.json"));
+        let data = fs::read(&path).map_err(|e| {
+            bad(
+                &path,
+                format!("cannot read template: {e}"),
+                "check the template name (GET /exec/templates lists them)",
+            )
+        })?;
+        let t: Template = serde_json::from_slice(&data).map_err(|e| {
+            bad(
+                &path,
+                format!("not a valid template: {e}"),
+                "fix it against images/templates/schema.json",
+            )
+        })?;
+        if t.name != name {
+            return Err(bad(
+                &path,
+                format!("names itself {:?}", t.name),
+                "make `name` equal the file name",
+            ));
+        }
+        Ok(t)
+    }
+
+    /// A template with its `extends` chain applied: env and scalars of the
+    /// child override, `warm` commands are appended to the parent's.
+    pub fn template(&self, name: &str) -> Result<Template> {
+        let mut chain = vec![self.read_raw(name)?];
+        while let Some(parent) = chain.last().and_then(|t| t.extends.clone()) {
+            if chain.len() >= 8 || chain.iter().any(|t| t.name == parent) {
+                return Err(VmError::Other(format!(
+                    "template {name}: extends chain too deep or cyclic at {parent}"
+                )));
+            }
+            chain.push(self.read_raw(&parent)?);
+        }
+        let mut it = chain.into_iter().rev();
+        let mut t = it
+            .next()
+            .ok_or_else(|| VmError::Other("empty template chain".into()))?;
+        for c in it {
+            t.env.extend(c.env);
+            t.warm.extend(c.warm);
+            t.memory_mib = c.memory_mib.or(t.memory_mib);
+            t.vcpus = c.vcpus.or(t.vcpus);
+            t.disk_mib = c.disk_mib.or(t.disk_mib);
+            t.name = c.name;
+            t.description = c.description;
+            t.extends = c.extends;
+        }
+        Ok(t)
+    }
+
+    /// Names of all templates, sorted.
+    pub fn template_names(&self) -> Result<Vec<String>> {
+        let dir = &self.cfg.templates_dir;
+        let rd = fs::read_dir(dir).map_err(|e| {
+            bad(
+                dir,
+                format!("cannot list templates: {e}"),
+                "point templates_dir at images/templates",
+            )
+        })?;
+        let mut names: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
+                (valid_name(&n) && n != "schema").then_some(n)
+            })
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The newest built kernel.
+    pub fn kernel(&self) -> Result<PathBuf> {
+        if let Some(k) = &self.cfg.pinned_kernel {
+            return Ok(k.clone());
+        }
+        let dir = self.cfg.cache_dir.join("kernel");
+        newest_artifact(&dir, "vmlinux-", "").ok_or_else(|| {
+            bad(
+                &dir,
+                "no built kernel (vmlinux-<hash> with its .json manifest)".into(),
+                IMAGE_FIX,
+            )
+        })
+    }
+
+    /// The newest built rootfs of `template`.
+    pub fn rootfs(&self, template: &str) -> Result<PathBuf> {
+        if let Some(r) = self.cfg.pinned_rootfs.get(template) {
+            return Ok(r.clone());
+        }
+        let dir = self.cfg.cache_dir.join("rootfs");
+        newest_artifact(&dir, &format!("{template}-"), ".erofs")
+            .or_else(|| newest_artifact(&dir, &format!("{template}-"), ".ext4"))
+            .ok_or_else(|| {
+                bad(
+                    &dir,
+                    format!("no built rootfs for template {template}"),
+                    &format!("{IMAGE_FIX} --template {template}"),
+                )
+            })
+    }
+
+    pub fn snapshot_dir(&self, template: &str) -> PathBuf {
+        self.cfg
+            .state_dir
+            .join("snapshots")
+            .join(self.backend.name())
+            .join(template)
+    }
+
+    fn shape(&self, t: &Template) -> (u32, u32) {
+        (
+            t.vcpus.unwrap_or(self.cfg.default_vcpus),
+            t.memory_mib.unwrap_or(self.cfg.default_mem_mib),
+        )
+    }
+
+    /// Why the snapshot of `template` cannot be restored now, if it cannot.
+    pub fn snapshot_state(&self, template: &str) -> Result<SnapshotState> {
+        let t = self.template(template)?;
+        let kernel = self.kernel()?;
+        let rootfs = self.rootfs(template)?;
+        self.state_of(&t, &kernel, &rootfs)
+    }
+
+    fn state_of(&self, t: &Template, kernel: &Path, rootfs: &Path) -> Result<SnapshotState> {
+        let dir = self.snapshot_dir(&t.name);
+        if !dir.join(snapshot::MANIFEST_FILE).exists() {
+            return Ok(SnapshotState::Missing);
+        }
+        let m = match Manifest::read(&dir) {
+            Ok(m) => m,
+            Err(e) => return Ok(SnapshotState::Stale(e.to_string())),
+        };
+        let version = self.backend.vmm_version_for(kernel)?;
+        let (vcpus, mem_mib) = self.shape(t);
+        let inputs = snapshot::Inputs {
+            backend: self.backend.name(),
+            vmm_version: &version,
+            kernel,
+            rootfs,
+            vcpus,
+            mem_mib,
+        };
+        Ok(match m.is_stale(&dir, &inputs) {
+            None => SnapshotState::Fresh,
+            Some(r) => SnapshotState::Stale(r),
+        })
+    }
+
+    /// Every template and what is built for it.
+    pub fn list(&self) -> Result<Vec<TemplateStatus>> {
+        let kernel = self.kernel().ok();
+        let mut out = Vec::new();
+        for name in self.template_names()? {
+            let t = match self.template(&name) {
+                Ok(t) => t,
+                Err(e) => {
+                    log::warn!("template {name}: {e}");
+                    continue;
+                }
+            };
+            let rootfs = self.rootfs(&name).ok();
+            let snapshot = match (&kernel, &rootfs) {
+                (Some(k), Some(r)) => self
+                    .state_of(&t, k, r)
+                    .unwrap_or_else(|e| SnapshotState::Stale(e.to_string())),
+                _ => SnapshotState::Missing,
+            };
+            let (vcpus, mem_mib) = self.shape(&t);
+            out.push(TemplateStatus {
+                snapshot_dir: self.snapshot_dir(&name),
+                name,
+                description: t.description,
+                kernel: kernel.clone(),
+                rootfs,
+                snapshot,
+                vcpus,
+                mem_mib,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A fresh snapshot of `template`, made now if missing or stale. Safe
+    /// to call from several threads and processes at once (one builds, the
+    /// others wait on a lock file).
+    pub fn ensure_snapshot(&self, template: &str) -> Result<SnapshotInfo> {
+        self.snapshot_inner(template, false)
+    }
+
+    /// Make the snapshot of `template` again, fresh or not.
+    pub fn create_snapshot(&self, template: &str) -> Result<SnapshotInfo> {
+        self.snapshot_inner(template, true)
+    }
+
+    fn snapshot_inner(&self, template: &str, force: bool) -> Result<SnapshotInfo> {
+        let t = self.template(template)?;
+        let kernel = self.kernel()?;
+        let rootfs = self.rootfs(template)?;
+        let (vcpus, mem_mib) = self.shape(&t);
+        let info = SnapshotInfo {
+            template: t.name.clone(),
+            dir: self.snapshot_dir(&t.name),
+            kernel: kernel.clone(),
+            rootfs: rootfs.clone(),
+            vcpus,
+            mem_mib,
+            cmdline_extra: self.cfg.cmdline_extra.clone(),
+            rebuilt: false,
+            env: t.env.clone(),
+        };
+        if !force && self.state_of(&t, &kernel, &rootfs)? == SnapshotState::Fresh {
+            return Ok(info);
+        }
+        let parent = info
+            .dir
+            .parent()
+            .ok_or_else(|| VmError::Other(format!("bad snapshot dir {}", info.dir.display())))?
+            .to_path_buf();
+        fs::create_dir_all(&parent)
+            .map_err(|e| io_err(format!("create {}", parent.display()), e))?;
+        let _lock = FileLock::acquire(&parent.join(format!(".{}.lock", t.name)))?;
+        // Someone else may have built it while we waited.
+        if !force {
+            match self.state_of(&t, &kernel, &rootfs)? {
+                SnapshotState::Fresh => return Ok(info),
+                SnapshotState::Stale(r) => {
+                    log::info!("snapshot of {} is stale ({r}); rebuilding", t.name)
+                }
+                SnapshotState::Missing => log::info!("making the snapshot of {}", t.name),
+            }
+        }
+        self.build(&t, &info)?;
+        Ok(SnapshotInfo {
+            rebuilt: true,
+            ..info
+        })
+    }
+
+    /// Boot, wait for the agent, run the warm commands, save. The new
+    /// snapshot is made next to the old one and swapped in by rename.
+    fn build(&self, t: &Template, info: &SnapshotInfo) -> Result<()> {
+        let started = Instant::now();
+        let tmp = info.dir.with_file_name(format!(".{}.new", t.name));
+        let _ = fs::remove_dir_all(&tmp);
+        let id = format!("snap-{}-{}", t.name.replace('_', "-"), std::process::id());
+        let mut cfg = VmConfig {
+            run_dir: self.cfg.run_dir.join(&id),
+            ..info.vm_config(&id, PathBuf::new(), self.cfg.uid, self.cfg.gid)
+        };
+        cfg.net = self.cfg.net.clone();
+        if let Some(parent) = cfg.run_dir.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| io_err(format!("create {}", parent.display()), e))?;
+        }
+        // A run dir left by a crashed build of ours would block the boot.
+        let _ = fs::remove_dir_all(&cfg.run_dir);
+        let mut vm = self.backend.boot(&cfg)?;
+        let res = (|| {
+            let client = connect_agent(vm.as_mut(), false, self.cfg.agent_timeout)?;
+            for cmd in &t.warm {
+                let t0 = Instant::now();
+                let out = client
+                    .exec(
+                        ExecRequest {
+                            shell: Some(cmd.clone()),
+                            env: t.env.clone(),
+                            timeout_ms: Some(self.cfg.warm_timeout.as_millis() as u64),
+                            ..Default::default()
+                        },
+                        64 * 1024,
+                    )
+                    .map_err(|e| {
+                        VmError::Other(format!("template {}: warm command {cmd:?}: {e}", t.name))
+                    })?;
+                if out.status.code != Some(0) {
+                    return Err(VmError::Other(format!(
+                        "template {}: warm command {cmd:?} failed ({:?}): {}",
+                        t.name,
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
+                }
+                log::info!(
+                    "template {}: warmed with {cmd:?} in {} ms",
+                    t.name,
+                    t0.elapsed().as_millis()
+                );
+            }
+            // Detach before saving, so the saved agent is between connections
+            // as far as it can tell (restore also resets the stream).
+            client.close();
+            vm.snapshot(&tmp)
+        })();
+        let destroyed = vm.destroy();
+        if let Err(e) = res {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        destroyed?;
+        let old = info.dir.with_file_name(format!(".{}.old", t.name));
+        let _ = fs::remove_dir_all(&old);
+        if info.dir.exists() {
+            fs::rename(&info.dir, &old)
+                .map_err(|e| io_err(format!("move aside {}", info.dir.display()), e))?;
+        }
+        fs::rename(&tmp, &info.dir)
+            .map_err(|e| io_err(format!("install snapshot {}", info.dir.display()), e))?;
+        let _ = fs::remove_dir_all(&old);
+        log::info!(
+            "snapshot of {} made in {} ms: {}",
+            t.name,
+            started.elapsed().as_millis(),
+            info.dir.display()
+        );
+        Ok(())
+    }
+}
+
+fn io_err(what: String, source: io::Error) -> VmError {
+    VmError::Io {
+        backend: "templates",
+        what,
+        source,
+    }
+}
+
+/// An exclusive `flock` held until dropped.
+struct FileLock {
+    _file: fs::File,
+}
+
+impl FileLock {
+    fn acquire(path: &Path) -> Result<FileLock> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err(format!("open lock {}", path.display()), e))?;
+        loop {
+            // SAFETY: flock on an fd we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(FileLock { _file: file });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err(format!("lock {}", path.display()), e));
+            }
+        }
+    }
+}

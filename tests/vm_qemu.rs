@@ -1,0 +1,415 @@
+//! End-to-end tests: real guests under QEMU (TCG here, KVM where it works),
+//! no network device. Snapshots are shared between tests (and runs) through
+//! the template registry; VMs of different tests run one at a time.
+
+#[path = "common/vm.rs"]
+mod vm;
+
+use agent_sandbox::vm::qemu::{QemuBackend, QemuConfig, Timeouts};
+use agent_sandbox::vm::templates::{Registry, RegistryConfig, SnapshotState};
+use agent_sandbox::vm::{connect_agent, snapshot, Backend, Vm, VmError};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vm::{env, serial, sh, stdout, VmEnv};
+
+const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn assert_gone(vm_pid: Option<i32>, run_dir: &Path) {
+    if let Some(pid) = vm_pid {
+        assert!(!vm::pid_alive(pid), "QEMU pid {pid} still exists");
+    }
+    assert!(!run_dir.exists(), "{} still exists", run_dir.display());
+}
+
+fn restore(
+    e: &VmEnv,
+    template: &str,
+    id: &str,
+) -> (Box<dyn Vm>, agent_sandbox::agent::AgentClient) {
+    let info = e
+        .registry
+        .ensure_snapshot(template)
+        .unwrap_or_else(|err| panic!("snapshot of {template}: {err}"));
+    let run_dir = e.run_dir(id);
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let cfg = info.vm_config(id, run_dir, vm::VM_UID, vm::VM_GID);
+    let mut v = e.backend.restore(&cfg, &info.dir).expect("restore");
+    let c = connect_agent(v.as_mut(), true, AGENT_TIMEOUT).expect("agent after restore");
+    (v, c)
+}
+
+#[test]
+fn cold_boot_runs_the_guest_kernel_and_round_trips_files() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let cfg = e.cold_config("cold-files", "base", 256);
+    let run_dir = cfg.run_dir.clone();
+    let t = Instant::now();
+    let mut v = e.backend.boot(&cfg).expect("cold boot");
+    let booted = t.elapsed();
+    let c = connect_agent(v.as_mut(), false, AGENT_TIMEOUT).expect("agent");
+    eprintln!(
+        "cold boot to READY {booted:?}, agent hello {:?}",
+        t.elapsed()
+    );
+
+    let guest = stdout(&sh(&c, "uname -r"));
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    assert!(guest.starts_with("6.1."), "guest kernel {guest:?}");
+    assert_ne!(guest, host.trim(), "uname -r shows the host kernel");
+
+    // 1 MiB + a bit of every byte value, through the overlay root.
+    let data: Vec<u8> = (0..(1 << 20) + 4099).map(|i| (i * 7 % 251) as u8).collect();
+    c.write_file("/root/data.bin", &data, Some(0o600))
+        .expect("write_file");
+    let back = c.read_file("/root/data.bin", 4 << 20).expect("read_file");
+    assert_eq!(back.len(), data.len());
+    assert!(back == data, "file came back different");
+    assert_eq!(
+        stdout(&sh(&c, "sha256sum < /root/data.bin | cut -c1-16")).len(),
+        16
+    );
+    // The image itself is read-only; the overlay makes / writable.
+    assert_eq!(stdout(&sh(&c, "touch /usr/bin/new && echo ok")), "ok");
+
+    let pid = v.pid();
+    assert!(pid.is_some());
+    drop(c);
+    v.destroy().expect("destroy");
+    v.destroy().expect("destroy is idempotent");
+    assert_gone(pid, &run_dir);
+}
+
+#[test]
+fn snapshot_restore_first_exec_and_clock() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let t = Instant::now();
+    let (mut v, c) = restore(e, "base", "restore-clock");
+    let out = sh(&c, "date +%s%N; uname -r");
+    eprintln!(
+        "restore to first exec {:?} (incl. snapshot check)",
+        t.elapsed()
+    );
+    let text = stdout(&out);
+    let mut lines = text.lines();
+    let guest_ns: i128 = lines
+        .next()
+        .and_then(|l| l.parse().ok())
+        .expect("date output");
+    let host_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i128;
+    let skew = (host_ns - guest_ns).abs();
+    assert!(
+        skew < 3_000_000_000,
+        "guest clock off by {} ms after Restored",
+        skew / 1_000_000
+    );
+    assert!(lines.next().is_some_and(|l| l.starts_with("6.1.")));
+    // A second connection (after the first closes) works too.
+    c.close();
+    let c2 = connect_agent(v.as_mut(), false, AGENT_TIMEOUT).expect("second connection");
+    assert_eq!(stdout(&sh(&c2, "echo again")), "again");
+    let pid = v.pid();
+    let run_dir = e.run_dir("restore-clock");
+    v.destroy().expect("destroy");
+    assert_gone(pid, &run_dir);
+}
+
+#[test]
+fn python_template_prints_4() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let (mut v, c) = restore(e, "python", "py-print");
+    let t = Instant::now();
+    let out = sh(&c, "python3 -c 'print(2+2)'");
+    eprintln!("python3 -c 'print(2+2)' after restore: {:?}", t.elapsed());
+    assert_eq!(
+        stdout(&out),
+        "4",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v.destroy().expect("destroy");
+}
+
+/// A minimal pure-Python wheel, zipped on the host by python3.
+fn make_wheel(dir: &Path) -> std::path::PathBuf {
+    let whl = dir.join("tinypkg-0.1-py3-none-any.whl");
+    let script = r#"
+import sys, zipfile, hashlib, base64
+files = {
+    "tinypkg/__init__.py": "ANSWER = 42\n",
+    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append("tinypkg-0.1.dist-info/RECORD,,")
+files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+"#;
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&whl)
+        .status()
+        .expect("run host python3");
+    assert!(st.success(), "building the wheel failed");
+    whl
+}
+
+#[test]
+fn pip_installs_a_local_wheel_into_the_root_fs() {
+    let Some(e) = env() else { return };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let whl = make_wheel(tmp.path());
+    let bytes = std::fs::read(&whl).expect("read wheel");
+    let _g = serial();
+    let (mut v, c) = restore(e, "python", "py-pip");
+    c.write_file("/tmp/tinypkg-0.1-py3-none-any.whl", &bytes, None)
+        .expect("copy wheel in");
+    let out = sh(
+        &c,
+        "PIP_ROOT_USER_ACTION=ignore pip install -q --no-index /tmp/tinypkg-0.1-py3-none-any.whl && \
+         python3 -c 'import tinypkg; print(tinypkg.ANSWER, tinypkg.__file__)'",
+    );
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code,
+        Some(0),
+        "pip failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut words = text.split_whitespace();
+    assert_eq!(words.next(), Some("42"), "{text}");
+    let file = words.next().unwrap_or_default();
+    assert!(
+        file.starts_with("/usr/"),
+        "installed outside the root fs: {file}"
+    );
+    v.destroy().expect("destroy");
+}
+
+#[test]
+fn vmm_killed_mid_exec_fails_fast_and_leaves_nothing() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let (mut v, c) = restore(e, "base", "killed");
+    let pid = v.pid().expect("pid");
+    let run_dir = e.run_dir("killed");
+    let c2 = c.clone();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let r = c2.exec(
+            agent_sandbox::proto::ExecRequest {
+                shell: Some("sleep 60".into()),
+                ..Default::default()
+            },
+            1024,
+        );
+        let _ = tx.send(r);
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: SIGKILL to the QEMU process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let t = Instant::now();
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("exec still hanging 10 s after the VMM died");
+    assert!(r.is_err(), "exec succeeded on a dead VM: {r:?}");
+    eprintln!(
+        "exec failed {:?} after SIGKILL: {}",
+        t.elapsed(),
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    );
+    // The socket closes a moment before the process is marked dead.
+    let until = Instant::now() + Duration::from_secs(2);
+    while v.pid().is_some() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(v.pid().is_none(), "pid() still reports a dead VMM");
+    v.destroy().expect("destroy after the VMM died");
+    assert_gone(Some(pid), &run_dir);
+}
+
+#[test]
+fn vmm_dying_or_hanging_at_boot_gives_a_clear_error_and_cleans_up() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    // The kernel takes the last init=: one that exits makes it panic and
+    // QEMU (-no-reboot) exit.
+    let mut cfg = e.cold_config("dies-at-boot", "base", 256);
+    cfg.cmdline_extra = "init=/bin/false".into();
+    let t = Instant::now();
+    let err = e.backend.boot(&cfg).err().expect("boot with a dying init");
+    let msg = err.to_string();
+    eprintln!("dying boot: {:?}: {msg}", t.elapsed());
+    assert!(msg.contains("QEMU exited"), "{msg}");
+    assert!(msg.contains("console:"), "no console tail: {msg}");
+    assert!(!cfg.run_dir.exists());
+
+    // An init that never exits and never prints READY: bounded by the boot timeout.
+    let backend = QemuBackend::new(QemuConfig {
+        timeouts: Timeouts {
+            boot: Duration::from_secs(4),
+            ..Timeouts::default()
+        },
+        accel_cache: Some(e.work.join("accel.json")),
+        ..QemuConfig::default()
+    });
+    let mut cfg = e.cold_config("hangs-at-boot", "base", 256);
+    cfg.cmdline_extra = "init=/bin/sleep 1000".into();
+    let t = Instant::now();
+    let err = backend.boot(&cfg).err().expect("boot with a silent init");
+    let took = t.elapsed();
+    let msg = err.to_string();
+    eprintln!("hanging boot: {took:?}: {msg}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(msg.contains("READY"), "{msg}");
+    assert!(!cfg.run_dir.exists());
+}
+
+#[test]
+fn missing_or_corrupt_files_are_named_in_the_error() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let info = e.registry.ensure_snapshot("base").expect("snapshot");
+    let tmp = tempfile::tempdir().expect("tempdir");
+
+    // Missing rootfs image.
+    let mut cfg = e.cold_config("bad-image", "base", 256);
+    cfg.rootfs = tmp.path().join("nope.erofs");
+    match e.backend.boot(&cfg) {
+        Err(VmError::BadFile { path, .. }) => assert_eq!(path, cfg.rootfs),
+        other => panic!("missing rootfs: {:?}", other.err()),
+    }
+    // A kernel that is not a kernel: QEMU refuses it, the error says so.
+    let junk = tmp.path().join("vmlinux-junk");
+    std::fs::write(&junk, vec![0x5au8; 4096]).expect("write junk");
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let mut cfg = e.cold_config("bad-kernel", "base", 256);
+    cfg.kernel = junk.clone();
+    let msg = e.backend.boot(&cfg).err().expect("junk kernel").to_string();
+    eprintln!("junk kernel: {msg}");
+    assert!(msg.contains("vmlinux-junk"), "{msg}");
+    assert!(!cfg.run_dir.exists());
+
+    // Snapshot copies to break.
+    let copy = |name: &str| {
+        let d = tmp.path().join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        for f in ["manifest.json", "state", "memory"] {
+            std::fs::copy(info.dir.join(f), d.join(f)).expect("copy snapshot");
+        }
+        d
+    };
+    let restore_cfg = |id: &str| info.vm_config(id, e.run_dir(id), vm::VM_UID, vm::VM_GID);
+
+    let d = copy("no-manifest");
+    std::fs::remove_file(d.join("manifest.json")).expect("rm");
+    match e.backend.restore(&restore_cfg("no-manifest"), &d) {
+        Err(VmError::BadFile { path, .. }) => assert_eq!(path, d.join("manifest.json")),
+        other => panic!("missing manifest: {:?}", other.err()),
+    }
+
+    let d = copy("no-state");
+    std::fs::remove_file(d.join("state")).expect("rm");
+    match e.backend.restore(&restore_cfg("no-state"), &d) {
+        Err(VmError::StaleSnapshot { reason, .. }) => {
+            assert!(
+                reason.contains(&d.join("state").display().to_string()),
+                "{reason}"
+            )
+        }
+        other => panic!("missing state: {:?}", other.err()),
+    }
+
+    let d = copy("corrupt-state");
+    let len = std::fs::metadata(d.join("state")).expect("stat").len() as usize;
+    std::fs::write(d.join("state"), vec![0xa5u8; len]).expect("corrupt");
+    let cfg = restore_cfg("corrupt-state");
+    let t = Instant::now();
+    match e.backend.restore(&cfg, &d) {
+        Err(VmError::BadFile { path, problem, .. }) => {
+            eprintln!("corrupt state ({:?}): {problem}", t.elapsed());
+            assert_eq!(path, d.join("state"));
+        }
+        other => panic!("corrupt state: {:?}", other.err()),
+    }
+    assert!(!cfg.run_dir.exists(), "failed restore left its run dir");
+
+    let d = copy("garbage-manifest");
+    std::fs::write(d.join("manifest.json"), b"{ not json").expect("write");
+    match e.backend.restore(&restore_cfg("garbage-manifest"), &d) {
+        Err(VmError::BadFile { path, .. }) => assert_eq!(path, d.join("manifest.json")),
+        other => panic!("garbage manifest: {:?}", other.err()),
+    }
+}
+
+#[test]
+fn stale_manifest_triggers_a_rebuild() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let shared = e.registry.ensure_snapshot("base").expect("snapshot");
+    // A registry of its own, seeded with a copy of the shared snapshot.
+    let state = e.work.join("state-stale");
+    let _ = std::fs::remove_dir_all(&state);
+    let mut rc = RegistryConfig::new(
+        e.images_dir.join("templates"),
+        e.cache_dir.clone(),
+        state.clone(),
+    );
+    rc.run_dir = e.work.join("run");
+    rc.uid = vm::VM_UID;
+    rc.gid = vm::VM_GID;
+    rc.pinned_kernel = Some(e.kernel.clone());
+    rc.pinned_rootfs = e.rootfs.clone();
+    let reg = Registry::new(rc, e.backend.clone() as Arc<dyn Backend>);
+    let dir = reg.snapshot_dir("base");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for f in ["manifest.json", "state", "memory"] {
+        std::fs::copy(shared.dir.join(f), dir.join(f)).expect("copy");
+    }
+    assert_eq!(
+        reg.snapshot_state("base").expect("state"),
+        SnapshotState::Fresh
+    );
+
+    // Pretend it was made by another QEMU.
+    let mut m = snapshot::Manifest::read(&dir).expect("manifest");
+    m.vmm_version = "QEMU emulator version 0.1; accel=tcg".into();
+    m.write(&dir).expect("write manifest");
+    match reg.snapshot_state("base").expect("state") {
+        SnapshotState::Stale(r) => assert!(r.contains("VMM"), "{r}"),
+        s => panic!("expected stale, got {s:?}"),
+    }
+    match e.backend.restore(
+        &shared.vm_config("stale", e.run_dir("stale"), vm::VM_UID, vm::VM_GID),
+        &dir,
+    ) {
+        Err(VmError::StaleSnapshot { .. }) => {}
+        other => panic!("restore of a stale snapshot: {:?}", other.err()),
+    }
+    let info = reg.ensure_snapshot("base").expect("rebuild");
+    assert!(info.rebuilt, "a stale snapshot was not rebuilt");
+    assert_eq!(
+        reg.snapshot_state("base").expect("state"),
+        SnapshotState::Fresh
+    );
+    let again = reg.ensure_snapshot("base").expect("ensure");
+    assert!(!again.rebuilt, "a fresh snapshot was rebuilt");
+    let listed = reg.list().expect("list");
+    assert!(listed
+        .iter()
+        .any(|t| t.name == "base" && t.snapshot == SnapshotState::Fresh));
+    let _ = std::fs::remove_dir_all(&state);
+}
