@@ -4,4 +4,8 @@
 pub use sandbox_agent::proto;
 
 pub mod agent;
+pub mod api;
+pub mod config;
+pub mod sandbox;
+pub mod session;
 pub mod vm;
