@@ -108,7 +108,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "d" => n * 86400.0,
         _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h, d)")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(format!("duration {s:?} out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -63,7 +63,7 @@ pub struct Prepared {
 }
 
 impl ExecBody {
-    pub fn prepare(self, ctx: &Ctx, session: &Session) -> ApiResult<Prepared> {
+    pub fn prepare(self, ctx: &Ctx) -> ApiResult<Prepared> {
         let (argv, shell) = match (self.argv, self.command, self.args) {
             (Some(_), Some(_), _) => {
                 return Err(ApiError::bad_request(
@@ -141,7 +141,7 @@ impl ExecBody {
         let req = ExecRequest {
             argv,
             shell,
-            env: session.env_for(&env),
+            env,
             clear_env: false,
             cwd: self.cwd,
             uid: None,

@@ -131,15 +131,14 @@ pub fn stream_format(req: &tiny_http::Request, params: &Params) -> ApiResult<Opt
     })
 }
 
+/// Runs a validated command in `session`.
 pub fn run_exec(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
-    body: ExecBody,
+    fmt: Option<StreamFormat>,
+    mut prepared: exec::Prepared,
     session: Arc<Session>,
-    params: &Params,
 ) -> ApiResult<Reply> {
-    let fmt = stream_format(req, params)?;
-    let prepared = body.prepare(ctx, &session)?;
+    prepared.req.env = session.env_for(&prepared.req.env);
     let activity = session.activity();
     let call = exec::start(ctx, &session, &prepared)?;
     let ctx = ctx.clone();
@@ -170,8 +169,13 @@ pub fn execute(
             "background and pty are /v1 features (POST /v1/sessions/{id}/exec)",
         ));
     }
-    let session = session(ctx, p, params.get("session"), Some(body.template.clone()))?;
-    run_exec(ctx, req, body, session, params)
+    // Validate everything before a session is created for it.
+    validate::session_id(params.get("session"))?;
+    let fmt = stream_format(req, params)?;
+    let template = body.template.clone();
+    let prepared = body.prepare(ctx)?;
+    let session = session(ctx, p, params.get("session"), Some(template))?;
+    run_exec(ctx, fmt, prepared, session)
 }
 
 #[derive(Deserialize)]

@@ -193,7 +193,7 @@ pub fn find(method: &str, t: &Target) -> Result<(&'static Route, Params), ApiErr
     for r in ROUTES {
         if let Some(p) = matches(r.pattern, &t.segments) {
             if r.method == method || (method == "HEAD" && r.method == "GET") {
-                let better = best.as_ref().is_none_or(|(b, _)| p.len() < params_in(b));
+                let better = best.as_ref().map_or(true, |(b, _)| p.len() < params_in(b));
                 if better {
                     best = Some((r, p));
                 }

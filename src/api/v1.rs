@@ -179,8 +179,10 @@ pub fn exec(
             "template is chosen when the session is created (POST /v1/sessions)",
         ));
     }
+    let fmt = stream_format(req, params)?;
+    let prepared = body.prepare(ctx)?;
     let session = own_session(ctx, p, params)?;
-    rest::run_exec(ctx, req, body, session, params)
+    rest::run_exec(ctx, fmt, prepared, session)
 }
 
 fn proc_id(params: &Params) -> ApiResult<u64> {

@@ -68,7 +68,7 @@ impl Manager {
     pub fn list(&self, owner: Option<&str>) -> Vec<Arc<Session>> {
         let mut v: Vec<Arc<Session>> = lock(&self.sessions)
             .values()
-            .filter(|s| owner.is_none_or(|o| s.owner == o))
+            .filter(|s| owner.map_or(true, |o| s.owner == o))
             .cloned()
             .collect();
         v.sort_by(|a, b| (&a.owner, &a.id).cmp(&(&b.owner, &b.id)));
