@@ -68,6 +68,9 @@ impl ApiError {
                     ErrorCode::NoSpace => (507, "no_space"),
                     ErrorCode::Cancelled => (409, "cancelled"),
                     ErrorCode::Unavailable => (503, "sandbox_unavailable"),
+                    // An I/O error inside the guest comes from what the
+                    // user did there (a device path, a full pipe, ...).
+                    ErrorCode::Io => (422, "guest_io_error"),
                     _ => (502, "agent_error"),
                 };
                 ApiError::new(status, code, format!("{what}: {}", b.message))
