@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon (REST API, metrics).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage API keys in the key file.
     Keys {
         #[command(subcommand)]
@@ -90,6 +90,12 @@ struct ServeArgs {
     rate_burst: f64,
     #[arg(long, value_parser = dur, default_value = "5s")]
     reap_interval: Duration,
+    /// Socket read timeout (idle keep-alive connections, stalled uploads).
+    #[arg(long, value_parser = dur, default_value = "5s")]
+    read_timeout: Duration,
+    /// Socket write timeout (clients that stop reading a stream).
+    #[arg(long, value_parser = dur, default_value = "60s")]
+    write_timeout: Duration,
 }
 
 #[derive(Subcommand)]
@@ -124,7 +130,7 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Serve(a) => serve(a, sigs),
+        Cmd::Serve(a) => serve(*a, sigs),
         Cmd::Keys { cmd, key_file } => keys(cmd, key_file),
     };
     match r {
@@ -170,6 +176,8 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
         rate_per_sec: a.rate_limit,
         rate_burst: a.rate_burst,
         reap_interval: a.reap_interval,
+        read_timeout: a.read_timeout,
+        write_timeout: a.write_timeout,
         ..Config::default()
     };
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {

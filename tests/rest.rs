@@ -607,3 +607,67 @@ fn bad_input_gets_clear_4xx() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn slow_commands_do_not_block_the_api_or_other_sessions() {
+    // Two HTTP workers only: long commands and streams must not hold them.
+    let d = Daemon::start(&["--http-workers", "2", "--max-streams", "6"]);
+    let h = d.http();
+    let mut slow = Vec::new();
+    for i in 0..4 {
+        let h = h.clone();
+        slow.push(std::thread::spawn(move || {
+            if i % 2 == 0 {
+                h.post(
+                    &format!("/exec/slow{i}/execute"),
+                    &json!({"command": "sleep 2"}),
+                )
+                .status
+            } else {
+                h.post(
+                    &format!("/exec/slow{i}/execute?format=ndjson"),
+                    &json!({"command": "sleep 2"}),
+                )
+                .status
+            }
+        }));
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            h.get("/exec").json()["sessions"]
+                .as_array()
+                // More long requests than workers are running. (tiny_http may
+                // queue a burst's last connection until another one ends.)
+                .is_some_and(|a| a.iter().filter(|s| s["busy"] == true).count() >= 3)
+        }),
+        "{}",
+        d.log()
+    );
+    let t0 = Instant::now();
+    assert_eq!(h.get("/health").status, 200);
+    let v = h.exec("fast", "echo quick");
+    assert_eq!(stdout_of(&v), "quick\n");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Beyond --max-streams long requests: a clear 503, not a hang.
+    let extra: Vec<_> = (0..4)
+        .map(|i| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                h.post(
+                    &format!("/exec/x{i}/execute"),
+                    &json!({"command": "sleep 1"}),
+                )
+                .status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = extra.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.contains(&503), "{statuses:?}");
+    for t in slow {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+}

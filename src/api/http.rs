@@ -112,11 +112,23 @@ pub fn read_body(req: &mut Request, max: usize) -> ApiResult<Vec<u8>> {
     req.as_reader()
         .take(max as u64 + 1)
         .read_to_end(&mut buf)
-        .map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
+        .map_err(body_error)?;
     if buf.len() > max {
         return Err(too_large(max));
     }
     Ok(buf)
+}
+
+/// A body read failure: a stalled client is a timeout (408).
+pub fn body_error(e: std::io::Error) -> ApiError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ApiError::new(
+            408,
+            "request_timeout",
+            "the request body did not arrive in time",
+        ),
+        _ => ApiError::bad_request(format!("reading request body: {e}")),
+    }
 }
 
 fn too_large(max: usize) -> ApiError {

@@ -79,9 +79,13 @@ impl Server {
         mgr.pool
             .start()
             .map_err(|e| format!("start pool thread: {e}"))?;
+        let listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(|e| format!("listen on {}: {e}", cfg.listen))?;
+        set_socket_timeouts(&listener, cfg.read_timeout, cfg.write_timeout)
+            .map_err(|e| format!("socket timeouts on {}: {e}", cfg.listen))?;
         let http = Arc::new(
-            tiny_http::Server::http(cfg.listen)
-                .map_err(|e| format!("listen on {}: {e}", cfg.listen))?,
+            tiny_http::Server::from_listener(listener, None)
+                .map_err(|e| format!("serve on {}: {e}", cfg.listen))?,
         );
         let addr = http
             .server_addr()
@@ -140,6 +144,39 @@ impl Server {
         }
         drop(self.http);
     }
+}
+
+/// Timeouts set on the listening socket are inherited by every accepted
+/// connection (Linux copies them on accept). The read timeout ends idle
+/// keep-alive connections and stalled request bodies, which also frees
+/// tiny_http's per-connection threads; the write timeout drops clients
+/// that stop reading a stream.
+fn set_socket_timeouts(
+    l: &std::net::TcpListener,
+    read: Duration,
+    write: Duration,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    for (opt, d) in [(libc::SO_RCVTIMEO, read), (libc::SO_SNDTIMEO, write)] {
+        let tv = libc::timeval {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_usec: d.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: valid fd, pointer and length for a timeval option.
+        let r = unsafe {
+            libc::setsockopt(
+                l.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn worker_loop(ctx: Arc<Ctx>, http: Arc<tiny_http::Server>) {

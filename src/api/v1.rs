@@ -501,9 +501,7 @@ pub fn upload(
     let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0usize;
     loop {
-        let n = body
-            .read(&mut buf)
-            .map_err(|e| ApiError::bad_request(format!("reading upload: {e}")))?;
+        let n = body.read(&mut buf).map_err(super::http::body_error)?;
         if n == 0 {
             break;
         }
