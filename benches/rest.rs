@@ -6,7 +6,6 @@
 //!   cargo bench --bench rest [-- SECONDS_PER_LEVEL]
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use common::daemon::Daemon;
