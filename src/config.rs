@@ -33,9 +33,6 @@ pub struct Config {
     pub max_output: usize,
     pub default_exec_timeout: Duration,
     pub max_exec_timeout: Duration,
-    /// Socket read timeout: idle keep-alive connections and stalled request
-    /// bodies end after it.
-    pub read_timeout: Duration,
     /// Socket write timeout: a client that stops reading is dropped.
     pub write_timeout: Duration,
     /// How long an API thread waits for a session to start.
@@ -69,7 +66,6 @@ impl Default for Config {
             max_output: 16 << 20,
             default_exec_timeout: Duration::from_secs(600),
             max_exec_timeout: Duration::from_secs(24 * 3600),
-            read_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(60),
             create_timeout: Duration::from_secs(60),
             rate_per_sec: 50.0,

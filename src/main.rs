@@ -90,9 +90,6 @@ struct ServeArgs {
     rate_burst: f64,
     #[arg(long, value_parser = dur, default_value = "5s")]
     reap_interval: Duration,
-    /// Socket read timeout (idle keep-alive connections, stalled uploads).
-    #[arg(long, value_parser = dur, default_value = "5s")]
-    read_timeout: Duration,
     /// Socket write timeout (clients that stop reading a stream).
     #[arg(long, value_parser = dur, default_value = "60s")]
     write_timeout: Duration,
@@ -176,7 +173,6 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
         rate_per_sec: a.rate_limit,
         rate_burst: a.rate_burst,
         reap_interval: a.reap_interval,
-        read_timeout: a.read_timeout,
         write_timeout: a.write_timeout,
         ..Config::default()
     };

@@ -51,7 +51,7 @@ impl Ctx {
 
 pub struct Server {
     pub ctx: Arc<Ctx>,
-    http: Arc<tiny_http::Server>,
+    http: Arc<Listening>,
     addr: SocketAddr,
     workers: Vec<JoinHandle<()>>,
     reaper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
@@ -79,18 +79,17 @@ impl Server {
         mgr.pool
             .start()
             .map_err(|e| format!("start pool thread: {e}"))?;
-        let listener = std::net::TcpListener::bind(cfg.listen)
-            .map_err(|e| format!("listen on {}: {e}", cfg.listen))?;
-        set_socket_timeouts(&listener, cfg.read_timeout, cfg.write_timeout)
-            .map_err(|e| format!("socket timeouts on {}: {e}", cfg.listen))?;
-        let http = Arc::new(
-            tiny_http::Server::from_listener(listener, None)
-                .map_err(|e| format!("serve on {}: {e}", cfg.listen))?,
-        );
-        let addr = http
+        raise_fd_limit();
+        let first = listen(cfg.listen, cfg.write_timeout)?;
+        let addr = first
             .server_addr()
             .to_ip()
             .ok_or_else(|| "listening socket has no IP address".to_string())?;
+        let http = Arc::new(Listening {
+            addr,
+            write_timeout: cfg.write_timeout,
+            current: std::sync::Mutex::new(Arc::new(first)),
+        });
         let ctx = Arc::new(Ctx {
             limiter: RateLimiter::new(cfg.rate_per_sec, cfg.rate_burst),
             cfg: cfg.clone(),
@@ -146,47 +145,105 @@ impl Server {
     }
 }
 
-/// Timeouts set on the listening socket are inherited by every accepted
-/// connection (Linux copies them on accept). The read timeout ends idle
-/// keep-alive connections and stalled request bodies, which also frees
-/// tiny_http's per-connection threads; the write timeout drops clients
-/// that stop reading a stream.
-fn set_socket_timeouts(
-    l: &std::net::TcpListener,
-    read: Duration,
-    write: Duration,
-) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    for (opt, d) in [(libc::SO_RCVTIMEO, read), (libc::SO_SNDTIMEO, write)] {
-        let tv = libc::timeval {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_usec: d.subsec_micros() as libc::suseconds_t,
-        };
-        // SAFETY: valid fd, pointer and length for a timeval option.
-        let r = unsafe {
-            libc::setsockopt(
-                l.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &tv as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
+/// The tiny_http server in use. tiny_http's accept thread ends for good on
+/// an accept error (e.g. EMFILE); the workers then start a new server on
+/// the same address, so the API does not silently go deaf.
+struct Listening {
+    addr: SocketAddr,
+    write_timeout: Duration,
+    current: std::sync::Mutex<Arc<tiny_http::Server>>,
+}
+
+impl Listening {
+    fn get(&self) -> Arc<tiny_http::Server> {
+        match self.current.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         }
+    }
+
+    fn replace_dead(&self, dead: &Arc<tiny_http::Server>) {
+        let mut cur = match self.current.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if !Arc::ptr_eq(&cur, dead) {
+            return; // another worker already did it
+        }
+        // Give the old accept thread time to drop its socket, and an fd
+        // shortage time to ease.
+        std::thread::sleep(Duration::from_millis(200));
+        match listen(self.addr, self.write_timeout) {
+            Ok(s) => {
+                log::warn!("http: listening again on {}", self.addr);
+                *cur = Arc::new(s);
+            }
+            Err(e) => log::error!("http: cannot listen again on {}: {e}", self.addr),
+        }
+    }
+}
+
+fn listen(addr: SocketAddr, write_timeout: Duration) -> Result<tiny_http::Server, String> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("listen on {addr}: {e}"))?;
+    // Inherited by every accepted connection (Linux copies socket options
+    // on accept): a client that stops reading a stream is dropped, which
+    // cancels its command. (A read timeout cannot be set this way: it
+    // would also make accept() time out, which ends tiny_http's accept
+    // thread.)
+    set_write_timeout(&listener, write_timeout)
+        .map_err(|e| format!("SO_SNDTIMEO on {addr}: {e}"))?;
+    tiny_http::Server::from_listener(listener, None).map_err(|e| format!("serve on {addr}: {e}"))
+}
+
+fn set_write_timeout(l: &std::net::TcpListener, d: Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid fd, pointer and length for a timeval option.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
 
-fn worker_loop(ctx: Arc<Ctx>, http: Arc<tiny_http::Server>) {
+/// Connections, sandboxes and agent sockets all take descriptors; the
+/// default soft limit (1024) is low for a server.
+fn raise_fd_limit() {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+    }
+}
+
+fn worker_loop(ctx: Arc<Ctx>, http: Arc<Listening>) {
     while !ctx.is_closing() {
-        match http.recv_timeout(Duration::from_millis(200)) {
+        let srv = http.get();
+        match srv.recv_timeout(Duration::from_millis(200)) {
             Ok(Some(req)) => handle(&ctx, req),
             Ok(None) => {}
             Err(e) => {
-                log::warn!("http: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+                log::error!("http: accept failed ({e}); restarting the listener");
+                ctx.metrics.error("accept");
+                http.replace_dead(&srv);
             }
         }
     }
