@@ -112,6 +112,14 @@ impl Server {
                 .map_err(|e| format!("start http worker: {e}"))?;
             workers.push(h);
         }
+        {
+            let ctx = ctx.clone();
+            let http = http.clone();
+            std::thread::Builder::new()
+                .name("http-watchdog".into())
+                .spawn(move || watchdog(ctx, http))
+                .map_err(|e| format!("start http watchdog: {e}"))?;
+        }
         Ok(Server {
             ctx,
             http,
@@ -146,8 +154,11 @@ impl Server {
 }
 
 /// The tiny_http server in use. tiny_http's accept thread ends for good on
-/// an accept error (e.g. EMFILE); the workers then start a new server on
-/// the same address, so the API does not silently go deaf.
+/// an accept error (it reports it) or panics when it cannot duplicate a
+/// socket (EMFILE, reported by nobody). Either way its listening socket is
+/// closed; the workers (on a reported error) or the watchdog (on a refused
+/// probe connection) then start a new server on the same address, so the
+/// API does not silently go deaf.
 struct Listening {
     addr: SocketAddr,
     write_timeout: Duration,
@@ -179,6 +190,28 @@ impl Listening {
                 *cur = Arc::new(s);
             }
             Err(e) => log::error!("http: cannot listen again on {}: {e}", self.addr),
+        }
+    }
+}
+
+/// Probes the listener every 2 s; a refused connection means tiny_http's
+/// accept thread is gone.
+fn watchdog(ctx: Arc<Ctx>, http: Arc<Listening>) {
+    while !ctx.is_closing() {
+        std::thread::sleep(Duration::from_secs(2));
+        let srv = http.get();
+        match std::net::TcpStream::connect_timeout(&http.addr, Duration::from_secs(1)) {
+            // Closed at once: tiny_http reads EOF and ends that connection.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if ctx.is_closing() {
+                    return;
+                }
+                log::error!("http: listener on {} is gone; restarting it", http.addr);
+                ctx.metrics.error("accept");
+                http.replace_dead(&srv);
+            }
+            Err(_) => {}
         }
     }
 }
