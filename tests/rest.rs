@@ -298,6 +298,9 @@ fn v1_sessions_processes_and_files() {
     );
     assert!(text.contains("\"signal\":\"SIGTERM\""), "{text}");
     assert_eq!(h.get("/v1/sessions/box/processes/999/output").status, 404);
+    let r = h.post_raw("/v1/sessions/box/processes/999/stdin", b"x", "text/plain");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.code(), "process_not_found");
 
     // PTY.
     let r = h.post(

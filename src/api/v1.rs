@@ -248,6 +248,24 @@ pub fn list_procs(
     })))
 }
 
+/// An unknown process is a 404 up front, not a stream that fails later.
+fn ensure_proc(ctx: &Ctx, s: &Session, proc: u64) -> ApiResult<()> {
+    let known = s
+        .call(Request::ListProcs, ctx.cfg.create_timeout)
+        .and_then(|mut c| {
+            c.finish()
+                .map_err(|e| ApiError::from_agent(e, "list processes"))
+        })?;
+    match known {
+        Response::Procs { procs } if procs.iter().any(|p| p.proc == proc) => Ok(()),
+        _ => Err(ApiError::new(
+            404,
+            "process_not_found",
+            format!("no process {proc} in session {:?}", s.id),
+        )),
+    }
+}
+
 pub fn attach(
     ctx: &Arc<Ctx>,
     req: &mut tiny_http::Request,
@@ -260,7 +278,8 @@ pub fn attach(
     let fmt = stream_format(req, params)?.unwrap_or(exec::StreamFormat::Ndjson);
     let s = own_session(ctx, p, params)?;
     let activity = s.activity();
-    let mut call = s.call(
+    ensure_proc(ctx, &s, proc)?;
+    let call = s.call(
         Request::Attach {
             proc,
             stdin: false,
@@ -268,25 +287,6 @@ pub fn attach(
         },
         ctx.cfg.create_timeout,
     )?;
-    // An unknown process fails at once: report it as a 404, not a stream.
-    if let Some(first) = call
-        .recv_timeout(Duration::from_millis(0))
-        .map_err(|e| ApiError::from_agent(e, "attach"))?
-    {
-        if let Inbound::Error(e) = first {
-            return Err(ApiError::from_agent(ClientError::Agent(e), "attach"));
-        }
-        // Anything else was data; simplest correct thing: re-attach.
-        drop(call);
-        call = s.call(
-            Request::Attach {
-                proc,
-                stdin: false,
-                replay,
-            },
-            ctx.cfg.create_timeout,
-        )?;
-    }
     let ctx = ctx.clone();
     Ok(Reply::Stream {
         content_type: fmt.content_type(),
@@ -308,8 +308,12 @@ pub fn stdin(
     let data = read_body(req, ctx.cfg.max_file)?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
+    let ctx = ctx.clone();
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
+        if let Err(e) = ensure_proc(&ctx, &s, proc) {
+            return e.into();
+        }
         let r = s
             .call(
                 Request::Attach {
