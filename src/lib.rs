@@ -4,5 +4,9 @@
 pub use sandbox_agent::proto;
 
 pub mod agent;
+pub mod api;
+pub mod config;
 pub mod net;
+pub mod sandbox;
+pub mod session;
 pub mod vm;

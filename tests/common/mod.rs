@@ -157,3 +157,4 @@ pub fn sleepers(marker: &str) -> usize {
         .filter(|e| std::fs::read(e.path().join("cmdline")).unwrap_or_default() == want.as_bytes())
         .count()
 }
+pub mod daemon;

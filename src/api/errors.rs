@@ -1,0 +1,97 @@
+//! API errors: one JSON shape, `{"error": {"code", "message"}}`, with the
+//! matching HTTP status.
+
+use crate::agent::ClientError;
+use crate::proto::ErrorCode;
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds, for 429/503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        Self::new(400, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        Self::new(404, "not_found", message)
+    }
+
+    pub fn session_not_found(id: &str) -> ApiError {
+        Self::new(404, "session_not_found", format!("no session {id:?}"))
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        Self::new(500, "internal", message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        let mut e = Self::new(503, "unavailable", message);
+        e.retry_after = Some(1);
+        e
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+
+    /// Maps an agent failure. Agent-side errors about the user's input
+    /// (missing file, bad path) are the client's problem (4xx); a dead
+    /// agent connection is ours (502/503).
+    pub fn from_agent(e: ClientError, what: &str) -> ApiError {
+        match e {
+            ClientError::Agent(b) => {
+                let (status, code) = match b.code {
+                    ErrorCode::NotFound => (404, "file_not_found"),
+                    ErrorCode::AlreadyExists => (409, "already_exists"),
+                    ErrorCode::PermissionDenied => (403, "permission_denied"),
+                    ErrorCode::NotADirectory => (400, "not_a_directory"),
+                    ErrorCode::IsADirectory => (400, "is_a_directory"),
+                    ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
+                    ErrorCode::Invalid => (400, "invalid"),
+                    ErrorCode::SpawnFailed => (400, "spawn_failed"),
+                    ErrorCode::NoSpace => (507, "no_space"),
+                    ErrorCode::Cancelled => (409, "cancelled"),
+                    ErrorCode::Unavailable => (503, "sandbox_unavailable"),
+                    // An I/O error inside the guest comes from what the
+                    // user did there (a device path, a full pipe, ...).
+                    ErrorCode::Io => (422, "guest_io_error"),
+                    _ => (502, "agent_error"),
+                };
+                ApiError::new(status, code, format!("{what}: {}", b.message))
+            }
+            ClientError::Timeout(d) => {
+                ApiError::new(504, "timeout", format!("{what}: no answer after {d:?}"))
+            }
+            ClientError::Closed(m) => {
+                ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
+            }
+            other => ApiError::new(502, "agent_error", format!("{what}: {other}")),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,247 @@
+//! HTTP plumbing over tiny_http: URL and query parsing, bounded bodies,
+//! replies, and chunked streaming written straight to the socket.
+
+use super::errors::{ApiError, ApiResult};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use tiny_http::{Header, Request, Response, StatusCode};
+
+/// What a handler answers.
+pub enum Reply {
+    Json(u16, serde_json::Value),
+    Bytes(u16, String, Vec<u8>),
+    Empty(u16),
+    /// Computed on a separate (bounded) thread, so a long command never
+    /// holds one of the API worker threads.
+    Later(Box<dyn FnOnce() -> Reply + Send>),
+    /// A live stream: the head is written at once, then the job writes
+    /// chunks as they come.
+    Stream {
+        content_type: &'static str,
+        job: Box<dyn FnOnce(&mut StreamWriter) + Send>,
+    },
+}
+
+impl From<ApiError> for Reply {
+    fn from(e: ApiError) -> Reply {
+        Reply::Json(e.status, e.body())
+    }
+}
+
+pub fn ok_json(v: serde_json::Value) -> ApiResult<Reply> {
+    Ok(Reply::Json(200, v))
+}
+
+/// Decodes `%XX` escapes (and `+` as space in queries).
+pub fn percent_decode(s: &str, plus_is_space: bool) -> ApiResult<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz");
+                let v = u8::from_str_radix(hex, 16)
+                    .map_err(|_| ApiError::bad_request(format!("bad %-escape in {s:?}")))?;
+                out.push(v);
+                i += 3;
+            }
+            b'%' => return Err(ApiError::bad_request(format!("bad %-escape in {s:?}"))),
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("{s:?} is not UTF-8")))
+}
+
+/// Splits a request target into decoded path segments and query pairs.
+pub struct Target {
+    pub path: String,
+    pub segments: Vec<String>,
+    pub query: HashMap<String, String>,
+}
+
+pub fn parse_target(url: &str) -> ApiResult<Target> {
+    if url.len() > 8192 {
+        return Err(ApiError::new(
+            414,
+            "uri_too_long",
+            "request target too long",
+        ));
+    }
+    let (path, q) = url.split_once('?').unwrap_or((url, ""));
+    let mut segments = Vec::new();
+    for seg in path.split('/').skip(1) {
+        segments.push(percent_decode(seg, false)?);
+    }
+    // `/exec/` and `/exec` are the same route.
+    if segments.len() > 1 && segments.last().is_some_and(|s| s.is_empty()) {
+        segments.pop();
+    }
+    let mut query = HashMap::new();
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        query.insert(percent_decode(k, true)?, percent_decode(v, true)?);
+    }
+    Ok(Target {
+        path: path.to_string(),
+        segments,
+        query,
+    })
+}
+
+pub fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
+    req.headers()
+        .iter()
+        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+/// Reads the whole body, refusing more than `max` bytes (413).
+pub fn read_body(req: &mut Request, max: usize) -> ApiResult<Vec<u8>> {
+    if req.body_length().is_some_and(|n| n > max) {
+        return Err(too_large(max));
+    }
+    let mut buf = Vec::new();
+    req.as_reader()
+        .take(max as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(body_error)?;
+    if buf.len() > max {
+        return Err(too_large(max));
+    }
+    Ok(buf)
+}
+
+/// A body read failure: a stalled client is a timeout (408).
+pub fn body_error(e: std::io::Error) -> ApiError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => ApiError::new(
+            408,
+            "request_timeout",
+            "the request body did not arrive in time",
+        ),
+        _ => ApiError::bad_request(format!("reading request body: {e}")),
+    }
+}
+
+fn too_large(max: usize) -> ApiError {
+    ApiError::new(
+        413,
+        "body_too_large",
+        format!("request body exceeds {max} bytes"),
+    )
+}
+
+/// Parses a JSON body into `T`. An empty body reads as `{}`.
+pub fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request, max: usize) -> ApiResult<T> {
+    let body = read_body(req, max)?;
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &body
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn hdr(name: &str, value: &str) -> Option<Header> {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+}
+
+/// Sends a finished reply. Write errors mean the client left: nothing to do.
+pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
+    let (status, ct, body) = match reply {
+        Reply::Json(s, v) => (
+            s,
+            "application/json".to_string(),
+            serde_json::to_vec(&v).unwrap_or_default(),
+        ),
+        Reply::Bytes(s, ct, b) => (s, ct, b),
+        Reply::Empty(s) => (s, String::new(), Vec::new()),
+        // Callers resolve these before calling `respond`.
+        Reply::Later(_) | Reply::Stream { .. } => {
+            let e = ApiError::internal("unresolved deferred reply");
+            (
+                e.status,
+                "application/json".into(),
+                serde_json::to_vec(&e.body()).unwrap_or_default(),
+            )
+        }
+    };
+    let mut resp = Response::from_data(body).with_status_code(StatusCode(status));
+    if !ct.is_empty() {
+        if let Some(h) = hdr("Content-Type", &ct) {
+            resp.add_header(h);
+        }
+    }
+    if let Some(s) = retry_after {
+        if let Some(h) = hdr("Retry-After", &s.to_string()) {
+            resp.add_header(h);
+        }
+    }
+    let _ = req.respond(resp);
+}
+
+/// Chunked transfer encoding over the raw connection, flushed per write so
+/// output reaches the client as soon as the guest produced it.
+pub struct StreamWriter {
+    out: Box<dyn Write + Send>,
+    chunked: bool,
+    pub failed: bool,
+}
+
+impl StreamWriter {
+    pub fn start(req: Request, content_type: &str) -> StreamWriter {
+        let chunked = !matches!(req.http_version(), tiny_http::HTTPVersion(1, 0));
+        let mut out = req.into_writer();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
+             X-Accel-Buffering: no\r\nConnection: close\r\n{}\r\n",
+            if chunked {
+                "Transfer-Encoding: chunked\r\n"
+            } else {
+                ""
+            }
+        );
+        let failed = out
+            .write_all(head.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err();
+        StreamWriter {
+            out,
+            chunked,
+            failed,
+        }
+    }
+
+    /// Writes one piece; returns false once the client is gone.
+    pub fn send(&mut self, data: &[u8]) -> bool {
+        if self.failed || data.is_empty() {
+            return !self.failed;
+        }
+        let r = if self.chunked {
+            write!(self.out, "{:x}\r\n", data.len())
+                .and_then(|_| self.out.write_all(data))
+                .and_then(|_| self.out.write_all(b"\r\n"))
+        } else {
+            self.out.write_all(data)
+        }
+        .and_then(|_| self.out.flush());
+        self.failed = r.is_err();
+        !self.failed
+    }
+
+    pub fn finish(mut self) {
+        if !self.failed && self.chunked {
+            let _ = self.out.write_all(b"0\r\n\r\n");
+        }
+        let _ = self.out.flush();
+    }
+}

@@ -1,0 +1,540 @@
+//! Seed-compatible routes (`/exec/...`), health, metrics and admin keys.
+
+use super::auth::{validate_scopes, Principal};
+use super::errors::{ApiError, ApiResult};
+use super::exec::{self, ExecBody, StreamFormat};
+use super::http::{header, json_body, ok_json, Reply};
+use super::routes::Params;
+use super::{validate, Ctx};
+use crate::agent::ClientError;
+use crate::proto::{DirEntry, FileType};
+use crate::session::{Session, SessionOptions};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub fn health(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    ok_json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "backend": ctx.mgr.factory.backend(),
+        "uptimeSeconds": ctx.started.elapsed().as_secs(),
+        "sessions": ctx.mgr.count(),
+    }))
+}
+
+pub fn ready(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    if ctx.is_closing() || ctx.mgr.is_closing() {
+        return Ok(Reply::Json(
+            503,
+            json!({"ready": false, "reason": "shutting down"}),
+        ));
+    }
+    if ctx.mgr.factory.templates().is_empty() {
+        return Ok(Reply::Json(
+            503,
+            json!({"ready": false, "reason": "no templates available"}),
+        ));
+    }
+    ok_json(json!({"ready": true}))
+}
+
+pub fn metrics(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    Ok(Reply::Bytes(
+        200,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8".into(),
+        ctx.metrics.render().into_bytes(),
+    ))
+}
+
+pub fn templates(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    ok_json(json!({"templates": ctx.mgr.factory.templates()}))
+}
+
+pub fn list_sessions(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    let owner = (!p.is_admin()).then_some(p.id.as_str());
+    let sessions: Vec<Value> = ctx.mgr.list(owner).iter().map(|s| s.info()).collect();
+    ok_json(json!({"sessions": sessions}))
+}
+
+/// The caller's session `id`, created on first use when `create` is set.
+pub fn session(
+    ctx: &Arc<Ctx>,
+    p: &Principal,
+    id: &str,
+    create: Option<Option<String>>,
+) -> ApiResult<Arc<Session>> {
+    validate::session_id(id)?;
+    match create {
+        Some(template) => {
+            let opts = SessionOptions {
+                template,
+                ..Default::default()
+            };
+            ctx.mgr
+                .get_or_create(&p.id, id, opts, false)
+                .map(|(s, _)| s)
+        }
+        None => ctx
+            .mgr
+            .get(&p.id, id)
+            .ok_or_else(|| ApiError::session_not_found(id)),
+    }
+}
+
+/// Streaming requested by `Accept` or `?format=`.
+pub fn stream_format(req: &tiny_http::Request, params: &Params) -> ApiResult<Option<StreamFormat>> {
+    match params.query("format") {
+        Some("ndjson") => return Ok(Some(StreamFormat::Ndjson)),
+        Some("sse") => return Ok(Some(StreamFormat::Sse)),
+        Some("json") => return Ok(None),
+        Some(f) => {
+            return Err(ApiError::bad_request(format!(
+                "format={f:?}: want json, ndjson or sse"
+            )))
+        }
+        None => {}
+    }
+    let accept = header(req, "accept").unwrap_or("").to_ascii_lowercase();
+    Ok(if accept.contains("application/x-ndjson") {
+        Some(StreamFormat::Ndjson)
+    } else if accept.contains("text/event-stream") {
+        Some(StreamFormat::Sse)
+    } else {
+        None
+    })
+}
+
+/// Runs a validated command in `session`.
+pub fn run_exec(
+    ctx: &Arc<Ctx>,
+    fmt: Option<StreamFormat>,
+    mut prepared: exec::Prepared,
+    session: Arc<Session>,
+) -> ApiResult<Reply> {
+    prepared.req.env = session.env_for(&prepared.req.env);
+    let activity = session.activity();
+    let call = exec::start(ctx, &session, &prepared)?;
+    let ctx = ctx.clone();
+    Ok(match fmt {
+        None => Reply::Later(Box::new(move || {
+            exec::buffered(ctx, call, prepared, activity)
+        })),
+        Some(fmt) => Reply::Stream {
+            content_type: fmt.content_type(),
+            job: Box::new(move |w| {
+                let _activity = activity;
+                let timeout = (!prepared.req.background).then_some(prepared.timeout);
+                exec::relay(&ctx, call, w, fmt, prepared.encoding, timeout)
+            }),
+        },
+    })
+}
+
+pub fn execute(
+    ctx: &Arc<Ctx>,
+    req: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let body: ExecBody = json_body(req, ctx.cfg.max_body)?;
+    if body.background.unwrap_or(false) || body.pty.is_some() {
+        return Err(ApiError::bad_request(
+            "background and pty are /v1 features (POST /v1/sessions/{id}/exec)",
+        ));
+    }
+    // Validate everything before a session is created for it.
+    validate::session_id(params.get("session"))?;
+    let fmt = stream_format(req, params)?;
+    let template = body.template.clone();
+    let prepared = body.prepare(ctx)?;
+    let session = session(ctx, p, params.get("session"), Some(template))?;
+    run_exec(ctx, fmt, prepared, session)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WriteBody {
+    path: String,
+    content: String,
+    encoding: Option<String>,
+    mode: Option<u32>,
+}
+
+pub fn write(
+    ctx: &Arc<Ctx>,
+    req: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let max = ctx.cfg.max_file.max(ctx.cfg.max_body);
+    let body: WriteBody = json_body(req, max)?;
+    validate::path(&body.path, "path")?;
+    let data = match exec::encoding(body.encoding.as_deref())? {
+        exec::Encoding::Utf8 => body.content.into_bytes(),
+        exec::Encoding::Base64 => base64::engine::general_purpose::STANDARD
+            .decode(body.content.as_bytes())
+            .map_err(|e| ApiError::bad_request(format!("content is not base64: {e}")))?,
+    };
+    if body.mode.is_some_and(|m| m > 0o7777) {
+        return Err(ApiError::bad_request("mode must be at most 0o7777"));
+    }
+    let session = session(ctx, p, params.get("session"), Some(None))?;
+    let activity = session.activity();
+    let path = body.path;
+    let mode = body.mode;
+    let wait = ctx.cfg.create_timeout;
+    Ok(Reply::Later(Box::new(move || {
+        let _a = activity;
+        match write_file(&session, &path, &data, mode, wait) {
+            Ok(n) => Reply::Json(200, json!({"success": true, "path": path, "bytes": n})),
+            Err(e) => e.into(),
+        }
+    })))
+}
+
+pub fn write_file(
+    session: &Session,
+    path: &str,
+    data: &[u8],
+    mode: Option<u32>,
+    wait: std::time::Duration,
+) -> ApiResult<u64> {
+    let call = session.call(
+        crate::proto::Request::WriteFile {
+            path: path.to_string(),
+            mode,
+            create_parents: true,
+            append: false,
+        },
+        wait,
+    )?;
+    let mut call = call;
+    let r = call
+        .send_all(data)
+        .and_then(|_| call.send_eof())
+        .and_then(|_| call.finish());
+    match r {
+        Ok(crate::proto::Response::Written { bytes }) => Ok(bytes),
+        Ok(other) => Err(ApiError::new(
+            502,
+            "agent_error",
+            format!("unexpected answer {other:?}"),
+        )),
+        Err(e) => Err(ApiError::from_agent(e, &format!("write {path}"))),
+    }
+}
+
+/// Reads a whole file through the session (bounded by `max`).
+pub fn read_file(
+    session: &Session,
+    path: &str,
+    max: u64,
+    wait: std::time::Duration,
+) -> ApiResult<Vec<u8>> {
+    let mut call = session.call(
+        crate::proto::Request::ReadFile {
+            path: path.to_string(),
+            offset: 0,
+            len: Some(max.saturating_add(1)),
+        },
+        wait,
+    )?;
+    let mut out = Vec::new();
+    loop {
+        match call.recv() {
+            Ok(crate::agent::Inbound::Data { bytes, .. }) => {
+                out.extend_from_slice(&bytes);
+                if out.len() as u64 > max {
+                    return Err(ApiError::new(
+                        413,
+                        "file_too_large",
+                        format!("{path} is larger than {max} bytes"),
+                    ));
+                }
+            }
+            Ok(crate::agent::Inbound::Response(_)) => return Ok(out),
+            Ok(crate::agent::Inbound::Error(e)) => {
+                return Err(ApiError::from_agent(
+                    ClientError::Agent(e),
+                    &format!("read {path}"),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(ApiError::from_agent(e, &format!("read {path}"))),
+        }
+    }
+}
+
+pub fn read(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let path = params
+        .query("path")
+        .ok_or_else(|| ApiError::bad_request("query parameter path is required"))?
+        .to_string();
+    validate::path(&path, "path")?;
+    let want_b64 = exec::encoding(params.query("encoding"))? == exec::Encoding::Base64;
+    let session = session(ctx, p, params.get("session"), None)?;
+    let activity = session.activity();
+    let max = ctx.cfg.max_file as u64;
+    let wait = ctx.cfg.create_timeout;
+    Ok(Reply::Later(Box::new(move || {
+        let _a = activity;
+        match read_file(&session, &path, max, wait) {
+            Ok(data) => {
+                let size = data.len();
+                let (content, enc) = match (want_b64, String::from_utf8(data)) {
+                    (false, Ok(s)) => (s, "utf8"),
+                    (_, Ok(s)) => (
+                        base64::engine::general_purpose::STANDARD.encode(s),
+                        "base64",
+                    ),
+                    (_, Err(e)) => (
+                        base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
+                        "base64",
+                    ),
+                };
+                Reply::Json(
+                    200,
+                    json!({"path": path, "content": content, "encoding": enc, "size": size}),
+                )
+            }
+            Err(e) => e.into(),
+        }
+    })))
+}
+
+fn type_name(t: FileType) -> &'static str {
+    match t {
+        FileType::File => "file",
+        FileType::Dir => "directory",
+        FileType::Symlink => "symlink",
+        FileType::Other => "other",
+    }
+}
+
+pub fn entry_json(e: &DirEntry) -> Value {
+    json!({
+        "path": e.path,
+        "name": e.path.rsplit('/').next().unwrap_or(&e.path),
+        "type": type_name(e.file_type),
+        "size": e.size,
+        "mode": e.mode,
+        "mtime": e.mtime_ms,
+    })
+}
+
+/// Lists `path` through the session.
+pub fn list(
+    session: &Session,
+    path: &str,
+    recursive: bool,
+    wait: std::time::Duration,
+) -> ApiResult<Value> {
+    let mut call = session.call(
+        crate::proto::Request::List {
+            path: path.to_string(),
+            recursive,
+            max_entries: Some(100_000),
+        },
+        wait,
+    )?;
+    let mut files = Vec::new();
+    loop {
+        match call.recv() {
+            Ok(crate::agent::Inbound::Event(crate::proto::Event::Entries { entries })) => {
+                files.extend(entries.iter().map(entry_json))
+            }
+            Ok(crate::agent::Inbound::Response(crate::proto::Response::Listed {
+                truncated,
+                ..
+            })) => return Ok(json!({"path": path, "files": files, "truncated": truncated})),
+            Ok(crate::agent::Inbound::Response(r)) => {
+                return Err(ApiError::new(
+                    502,
+                    "agent_error",
+                    format!("unexpected answer {r:?}"),
+                ))
+            }
+            Ok(crate::agent::Inbound::Error(e)) => {
+                return Err(ApiError::from_agent(
+                    ClientError::Agent(e),
+                    &format!("list {path}"),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(ApiError::from_agent(e, &format!("list {path}"))),
+        }
+    }
+}
+
+pub fn files(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let path = params.query("path").unwrap_or(".").to_string();
+    validate::path(&path, "path")?;
+    let recursive = params.flag("recursive", false)?;
+    let session = session(ctx, p, params.get("session"), None)?;
+    let activity = session.activity();
+    let wait = ctx.cfg.create_timeout;
+    Ok(Reply::Later(Box::new(move || {
+        let _a = activity;
+        match list(&session, &path, recursive, wait) {
+            Ok(v) => Reply::Json(200, v),
+            Err(e) => e.into(),
+        }
+    })))
+}
+
+pub fn delete_session(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let id = params.get("session");
+    validate::session_id(id)?;
+    let owner = owner_for(p, params)?;
+    if !ctx.mgr.remove(&owner, id, "deleted by request", true) {
+        return Err(ApiError::session_not_found(id));
+    }
+    ok_json(json!({"success": true, "sessionId": id}))
+}
+
+/// Whose sessions a request addresses: the caller's own, or, for an admin
+/// key, another key's with `?owner=`.
+pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
+    match params.query("owner") {
+        Some(o) if p.is_admin() => Ok(o.to_string()),
+        Some(_) => Err(ApiError::new(403, "forbidden", "owner= needs an admin key")),
+        None => Ok(p.id.clone()),
+    }
+}
+
+// ---- admin keys -----------------------------------------------------------
+
+pub fn list_keys(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    let keys: Vec<Value> = ctx.keys.list().iter().map(|k| k.public()).collect();
+    ok_json(json!({"keys": keys}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    #[serde(default)]
+    name: String,
+    scopes: Vec<String>,
+    rate: Option<f64>,
+    burst: Option<f64>,
+}
+
+pub fn create_key(
+    ctx: &Arc<Ctx>,
+    req: &mut tiny_http::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    let body: CreateKey = json_body(req, ctx.cfg.max_body)?;
+    validate_scopes(&body.scopes).map_err(ApiError::bad_request)?;
+    let (rec, token) = ctx
+        .keys
+        .create(&body.name, body.scopes, body.rate, body.burst)
+        .map_err(ApiError::bad_request)?;
+    let mut v = rec.public();
+    v["key"] = json!(token);
+    Ok(Reply::Json(201, v))
+}
+
+fn key_id(params: &Params) -> ApiResult<&str> {
+    let id = params.get("key");
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError::bad_request(format!("invalid key id {id:?}")));
+    }
+    Ok(id)
+}
+
+fn key_missing(id: &str) -> ApiError {
+    ApiError::new(404, "key_not_found", format!("no key {id:?}"))
+}
+
+/// Ends every session a key owns (its access is gone).
+fn drop_sessions_of(ctx: &Ctx, key: &str) {
+    for s in ctx.mgr.list(Some(key)) {
+        ctx.mgr.remove(&s.owner, &s.id, "key revoked", false);
+    }
+}
+
+pub fn revoke_key(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let id = key_id(params)?;
+    let rec = ctx.keys.revoke(id).map_err(|_| key_missing(id))?;
+    drop_sessions_of(ctx, id);
+    ok_json(rec.public())
+}
+
+pub fn rotate_key(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let id = key_id(params)?;
+    let (rec, token) = ctx.keys.rotate(id).map_err(|_| key_missing(id))?;
+    let mut v = rec.public();
+    v["key"] = json!(token);
+    ok_json(v)
+}
+
+pub fn delete_key(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    _: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let id = key_id(params)?;
+    ctx.keys.delete(id).map_err(|_| key_missing(id))?;
+    drop_sessions_of(ctx, id);
+    ok_json(json!({"deleted": true, "id": id}))
+}

@@ -1,0 +1,234 @@
+//! The route table: one list, used by the router and checked against
+//! `docs/openapi.yaml` by the tests.
+
+use super::auth::Principal;
+use super::errors::{ApiError, ApiResult};
+use super::http::{Reply, Target};
+use super::{rest, v1, Ctx};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub type Handler = fn(&Arc<Ctx>, &mut tiny_http::Request, &Principal, &Params) -> ApiResult<Reply>;
+
+pub struct Route {
+    pub method: &'static str,
+    /// `{name}` matches one path segment.
+    pub pattern: &'static str,
+    /// Scope required; `None` = no authentication.
+    pub scope: Option<&'static str>,
+    pub handler: Handler,
+}
+
+/// Captured path parameters and the query.
+pub struct Params {
+    pub path: HashMap<&'static str, String>,
+    pub query: HashMap<String, String>,
+}
+
+impl Params {
+    pub fn get(&self, name: &str) -> &str {
+        self.path.get(name).map_or("", String::as_str)
+    }
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query.get(name).map(String::as_str)
+    }
+    /// A boolean query flag (`true/1/yes`, `false/0/no`).
+    pub fn flag(&self, name: &str, default: bool) -> ApiResult<bool> {
+        match self.query(name) {
+            None => Ok(default),
+            Some("true" | "1" | "yes" | "") => Ok(true),
+            Some("false" | "0" | "no") => Ok(false),
+            Some(v) => Err(ApiError::bad_request(format!(
+                "query parameter {name}={v:?}: want true or false"
+            ))),
+        }
+    }
+}
+
+macro_rules! r {
+    ($m:literal, $p:literal, $s:expr, $h:expr) => {
+        Route {
+            method: $m,
+            pattern: $p,
+            scope: $s,
+            handler: $h,
+        }
+    };
+}
+
+const EXEC: Option<&str> = Some("exec");
+const ADMIN: Option<&str> = Some("admin");
+
+pub static ROUTES: &[Route] = &[
+    r!("GET", "/health", None, rest::health),
+    r!("GET", "/ready", None, rest::ready),
+    r!("GET", "/metrics", Some("metrics"), rest::metrics),
+    // Seed-compatible API.
+    r!("GET", "/exec", EXEC, rest::list_sessions),
+    r!("GET", "/exec/templates", EXEC, rest::templates),
+    r!("POST", "/exec/{session}/execute", EXEC, rest::execute),
+    r!("POST", "/exec/{session}/write", EXEC, rest::write),
+    r!("GET", "/exec/{session}/read", EXEC, rest::read),
+    r!("GET", "/exec/{session}/files", EXEC, rest::files),
+    r!("DELETE", "/exec/{session}", EXEC, rest::delete_session),
+    r!("GET", "/admin/keys", ADMIN, rest::list_keys),
+    r!("POST", "/admin/keys", ADMIN, rest::create_key),
+    r!("POST", "/admin/keys/{key}/revoke", ADMIN, rest::revoke_key),
+    r!("POST", "/admin/keys/{key}/rotate", ADMIN, rest::rotate_key),
+    r!("DELETE", "/admin/keys/{key}", ADMIN, rest::delete_key),
+    // v1.
+    r!("GET", "/v1/templates", EXEC, rest::templates),
+    r!("GET", "/v1/sessions", EXEC, v1::list_sessions),
+    r!("POST", "/v1/sessions", EXEC, v1::create_session),
+    r!("GET", "/v1/sessions/{session}", EXEC, v1::get_session),
+    r!("DELETE", "/v1/sessions/{session}", EXEC, v1::delete_session),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/keepalive",
+        EXEC,
+        v1::keepalive
+    ),
+    r!("POST", "/v1/sessions/{session}/exec", EXEC, v1::exec),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/processes",
+        EXEC,
+        v1::list_procs
+    ),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/processes/{proc}/output",
+        EXEC,
+        v1::attach
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/processes/{proc}/stdin",
+        EXEC,
+        v1::stdin
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/processes/{proc}/signal",
+        EXEC,
+        v1::signal
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/processes/{proc}/resize",
+        EXEC,
+        v1::resize
+    ),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/files/content",
+        EXEC,
+        v1::download
+    ),
+    r!(
+        "PUT",
+        "/v1/sessions/{session}/files/content",
+        EXEC,
+        v1::upload
+    ),
+    r!("GET", "/v1/sessions/{session}/files/stat", EXEC, v1::stat),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/files/list",
+        EXEC,
+        v1::list_files
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/files/mkdir",
+        EXEC,
+        v1::mkdir
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/files/remove",
+        EXEC,
+        v1::remove
+    ),
+    r!(
+        "POST",
+        "/v1/sessions/{session}/files/rename",
+        EXEC,
+        v1::rename
+    ),
+];
+
+fn matches(pattern: &str, segs: &[String]) -> Option<HashMap<&'static str, String>> {
+    // Patterns are 'static; re-borrow names from the static table.
+    let pat: Vec<&str> = pattern.split('/').skip(1).collect();
+    if pat.len() != segs.len() {
+        return None;
+    }
+    let mut out = HashMap::new();
+    for (p, s) in pat.iter().zip(segs) {
+        if let Some(name) = p.strip_prefix('{').and_then(|n| n.strip_suffix('}')) {
+            out.insert(static_name(name), s.clone());
+        } else if p != s {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+fn static_name(name: &str) -> &'static str {
+    match name {
+        "session" => "session",
+        "key" => "key",
+        "proc" => "proc",
+        _ => "param",
+    }
+}
+
+/// The route for `method` + target; 404 when no path matches, 405 when
+/// the path exists with other methods.
+pub fn find(method: &str, t: &Target) -> Result<(&'static Route, Params), ApiError> {
+    let mut allowed = Vec::new();
+    // Literal segments win over parameters (`/exec/templates`).
+    let mut best: Option<(&'static Route, HashMap<&'static str, String>)> = None;
+    for r in ROUTES {
+        if let Some(p) = matches(r.pattern, &t.segments) {
+            if r.method == method || (method == "HEAD" && r.method == "GET") {
+                let better = best.as_ref().map_or(true, |(b, _)| p.len() < params_in(b));
+                if better {
+                    best = Some((r, p));
+                }
+            } else {
+                allowed.push(r.method);
+            }
+        }
+    }
+    if let Some((r, path)) = best {
+        return Ok((
+            r,
+            Params {
+                path,
+                query: t.query.clone(),
+            },
+        ));
+    }
+    if !allowed.is_empty() {
+        return Err(ApiError::new(
+            405,
+            "method_not_allowed",
+            format!(
+                "{method} is not allowed on {}; try {}",
+                t.path,
+                allowed.join(", ")
+            ),
+        ));
+    }
+    Err(ApiError::new(
+        404,
+        "route_not_found",
+        format!("no route {method} {}", t.path),
+    ))
+}
+
+fn params_in(r: &Route) -> usize {
+    r.pattern.matches('{').count()
+}

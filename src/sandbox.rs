@@ -1,0 +1,175 @@
+//! The seam between sessions and everything below them. A [`Sandbox`] is
+//! one isolated machine with a connected guest agent; a [`SandboxFactory`]
+//! makes them. Sessions, the pool and the API know only these traits.
+//!
+//! Factories:
+//! - [`vm::VmSandboxFactory`]: a VM backend + templates + networking. The
+//!   production factory, completed when the QEMU/template and networking
+//!   branches land (see [`production_factory`]).
+//! - [`local::LocalProcessFactory`]: the real guest agent run as an ordinary
+//!   host process. No isolation at all: for development and the daemon's own
+//!   tests only, selected explicitly with `--backend local-process`.
+
+pub mod local;
+pub mod vm;
+
+use crate::agent::AgentClient;
+use crate::config::Config;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("unknown template {0:?}")]
+    UnknownTemplate(String),
+    #[error("sandbox {id}: {what}: {msg}")]
+    Failed {
+        id: String,
+        what: &'static str,
+        msg: String,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, SandboxError>;
+
+/// Egress policy of a session, enforced by the networking layer. Parsed and
+/// validated here so the API contract is fixed before `net/` lands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    #[serde(default)]
+    pub mode: EgressMode,
+    /// `CIDR[:port[/proto]]` rules for `allowlist` / `denylist`.
+    #[serde(default)]
+    pub rules: Vec<String>,
+    /// Domain names (`*.pypi.org`) resolvable and reachable under `allowlist`.
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// Bandwidth cap in kbit/s.
+    #[serde(default, rename = "bandwidthKbps", alias = "bandwidth_kbps")]
+    pub bandwidth_kbps: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressMode {
+    #[default]
+    Internet,
+    None,
+    Allowlist,
+    Denylist,
+}
+
+impl EgressPolicy {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.rules.len() > 256 || self.domains.len() > 256 {
+            return Err("at most 256 egress rules and 256 domains".into());
+        }
+        for r in &self.rules {
+            let cidr = r.split(':').next().unwrap_or("");
+            let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, "32"));
+            if addr.parse::<std::net::IpAddr>().is_err() || prefix.parse::<u8>().is_err() {
+                return Err(format!("bad egress rule {r:?}: want CIDR[:port[/proto]]"));
+            }
+        }
+        for d in &self.domains {
+            let ok = !d.is_empty()
+                && d.len() <= 253
+                && d.trim_start_matches("*.")
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if !ok {
+                return Err(format!("bad egress domain {d:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What to make.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// Internal id, `[a-z0-9-]`, unique per daemon run; names VMs, jails,
+    /// namespaces and runtime dirs. Carries [`ID_PREFIX`] so the orphan
+    /// sweep recognises leftovers.
+    pub id: String,
+    pub template: String,
+    pub vcpus: u32,
+    pub mem_mib: u32,
+    pub disk_mib: u32,
+    /// Environment every command in the sandbox starts with.
+    pub env: BTreeMap<String, String>,
+    pub egress: EgressPolicy,
+}
+
+/// Prefix of every resource name we create (processes, dirs, netns, ...).
+pub const ID_PREFIX: &str = "asbx-";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    pub description: String,
+    pub vcpus: u32,
+    #[serde(rename = "memoryMib")]
+    pub mem_mib: u32,
+    #[serde(rename = "default")]
+    pub is_default: bool,
+}
+
+/// One isolated machine with a connected agent. Owned by exactly one
+/// session thread (or the warm pool until a session takes it).
+pub trait Sandbox: Send {
+    fn id(&self) -> &str;
+    fn agent(&self) -> &AgentClient;
+    /// Ends the machine and frees everything it held. Idempotent.
+    fn destroy(&mut self) -> Result<()>;
+    /// Host pids that belong to this sandbox (VMM or agent), for tests and
+    /// diagnostics.
+    fn pids(&self) -> Vec<i32> {
+        Vec::new()
+    }
+}
+
+pub trait SandboxFactory: Send + Sync {
+    /// Backend name for metrics labels (`firecracker`, `qemu`, `local-process`).
+    fn backend(&self) -> &'static str;
+    /// Boot or restore a sandbox and connect to its agent. May take seconds;
+    /// called on a session or pool thread, never on an API thread.
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
+    fn templates(&self) -> Vec<TemplateInfo>;
+    /// Removes what an earlier, crashed run left behind (processes, jails,
+    /// netns, links, firewall rules, cgroups), found by [`ID_PREFIX`].
+    /// Called once at start, before the API opens. Returns how many
+    /// resources were removed.
+    fn sweep_orphans(&self) -> Result<usize> {
+        Ok(0)
+    }
+}
+
+/// Backend names `serve --backend` accepts.
+pub const BACKENDS: &[&str] = &["local-process", "qemu", "firecracker"];
+
+/// INTEGRATION POINT for the VM backends: build the production factory for
+/// `--backend qemu|firecracker`. When the QEMU/template and networking
+/// branches land, construct a [`vm::VmSandboxFactory`] here from the chosen
+/// `crate::vm::Backend`, a [`vm::TemplateSource`] over the template registry
+/// and (optionally) a [`vm::NetProvider`] over `crate::net`.
+pub fn production_factory(backend: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
+    let _ = cfg;
+    Err(SandboxError::Other(format!(
+        "backend {backend:?} is not wired into `serve` yet (see sandbox::production_factory); \
+         use --backend local-process for development"
+    )))
+}
+
+/// A unique internal id for a new sandbox.
+pub fn new_sandbox_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let r = crate::agent::random_u64() & 0xffff_ffff;
+    format!("{ID_PREFIX}{}-{n}-{r:08x}", std::process::id())
+}

@@ -1,0 +1,214 @@
+//! The production factory: a VM backend + templates + per-session network.
+//! Written against `crate::vm::{Backend, Vm}`; the template registry and the
+//! networking layer plug in through the two small traits below, so this file
+//! does not depend on branches that have not landed yet.
+
+use super::{
+    EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
+};
+use crate::agent::AgentClient;
+use crate::proto::Request;
+use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a template resolves to for one boot.
+#[derive(Debug, Clone)]
+pub struct ResolvedTemplate {
+    pub kernel: PathBuf,
+    pub rootfs: PathBuf,
+    /// A snapshot made on this host for this template, if any: restored
+    /// instead of cold-booting.
+    pub snapshot_dir: Option<PathBuf>,
+    pub cmdline_extra: String,
+}
+
+/// The template/snapshot registry (implemented over `vm::templates`).
+pub trait TemplateSource: Send + Sync {
+    fn list(&self) -> Vec<TemplateInfo>;
+    fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate>;
+}
+
+/// Per-session networking (implemented over `crate::net`).
+pub trait NetProvider: Send + Sync {
+    /// Namespace + links + firewall for sandbox `id`, fail-closed: returns
+    /// only once the rules are installed and verified.
+    fn setup(&self, id: &str, egress: &EgressPolicy) -> Result<Box<dyn NetLease>>;
+    fn sweep_orphans(&self) -> Result<usize> {
+        Ok(0)
+    }
+}
+
+pub trait NetLease: Send {
+    fn attachment(&self) -> NetAttachment;
+    fn teardown(&mut self) -> Result<()>;
+}
+
+pub struct VmSandboxFactory {
+    pub backend: Arc<dyn Backend>,
+    pub templates: Arc<dyn TemplateSource>,
+    pub net: Option<Arc<dyn NetProvider>>,
+    /// Parent of every VM's runtime directory.
+    pub run_root: PathBuf,
+    /// Unprivileged ids the VMM runs as.
+    pub uid: u32,
+    pub gid: u32,
+    pub agent_timeout: Duration,
+}
+
+impl SandboxFactory for VmSandboxFactory {
+    fn backend(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn templates(&self) -> Vec<TemplateInfo> {
+        self.templates.list()
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        let fail = |what: &'static str, msg: String| SandboxError::Failed {
+            id: spec.id.clone(),
+            what,
+            msg,
+        };
+        let tpl = self
+            .templates
+            .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
+        let mut net = match &self.net {
+            Some(n) => Some(n.setup(&spec.id, &spec.egress)?),
+            None => None,
+        };
+        let cfg = VmConfig {
+            id: spec.id.clone(),
+            kernel: tpl.kernel,
+            rootfs: tpl.rootfs,
+            vcpus: spec.vcpus,
+            mem_mib: spec.mem_mib,
+            cmdline_extra: tpl.cmdline_extra,
+            net: net.as_ref().map(|n| n.attachment()),
+            uid: self.uid,
+            gid: self.gid,
+            run_dir: self.run_root.join(&spec.id),
+        };
+        let booted = match &tpl.snapshot_dir {
+            Some(dir) => self.backend.restore(&cfg, dir),
+            None => self.backend.boot(&cfg),
+        };
+        let mut vm = match booted {
+            Ok(vm) => vm,
+            Err(e) => {
+                if let Some(n) = net.as_mut() {
+                    let _ = n.teardown();
+                }
+                return Err(fail("start vm", e.to_string()));
+            }
+        };
+        let connected = vm
+            .connect_agent(Instant::now() + self.agent_timeout)
+            .map_err(|e| fail("agent socket", e.to_string()))
+            .and_then(|s| {
+                AgentClient::connect(s, self.agent_timeout)
+                    .map_err(|e| fail("agent hello", e.to_string()))
+            })
+            .and_then(|agent| {
+                if tpl.snapshot_dir.is_some() {
+                    restored(&agent, self.agent_timeout).map_err(|e| fail("restore fixup", e))?;
+                }
+                Ok(agent)
+            });
+        match connected {
+            Ok(agent) => Ok(Box::new(VmSandbox {
+                id: spec.id.clone(),
+                vm,
+                net,
+                agent,
+                destroyed: false,
+            })),
+            Err(e) => {
+                let _ = vm.destroy();
+                if let Some(n) = net.as_mut() {
+                    let _ = n.teardown();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn sweep_orphans(&self) -> Result<usize> {
+        // The backends' own sweeps (jails, VMM processes, cgroups) are
+        // added here when they exist; the network sweep already has a hook.
+        match &self.net {
+            Some(n) => n.sweep_orphans(),
+            None => Ok(0),
+        }
+    }
+}
+
+/// After a snapshot restore: fresh wall clock and entropy for the guest.
+fn restored(agent: &AgentClient, timeout: Duration) -> std::result::Result<(), String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut entropy = String::with_capacity(64);
+    for _ in 0..4 {
+        entropy.push_str(&format!("{:016x}", crate::agent::random_u64()));
+    }
+    agent
+        .simple(
+            &Request::Restored {
+                unix_time_ns: now,
+                entropy_hex: entropy,
+            },
+            timeout,
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+pub struct VmSandbox {
+    id: String,
+    vm: Box<dyn Vm>,
+    net: Option<Box<dyn NetLease>>,
+    agent: AgentClient,
+    destroyed: bool,
+}
+
+impl Sandbox for VmSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.destroyed {
+            return Ok(());
+        }
+        self.destroyed = true;
+        self.agent.close();
+        let vm = self.vm.destroy().map_err(|e| SandboxError::Failed {
+            id: self.id.clone(),
+            what: "destroy vm",
+            msg: e.to_string(),
+        });
+        let net = match self.net.as_mut() {
+            Some(n) => n.teardown(),
+            None => Ok(()),
+        };
+        vm.and(net)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.vm.pid().into_iter().collect()
+    }
+}
+
+impl Drop for VmSandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}

@@ -1,0 +1,207 @@
+//! Sessions: a registry of live sessions, one worker thread per session
+//! owning its sandbox, a reaper thread for idle/expired sessions and a warm
+//! pool per template.
+//!
+//! The API talks to a session only through [`Session::call`]: the command
+//! goes to the session's thread over a channel, which starts the request on
+//! its sandbox's agent and hands back the [`Call`]; the API thread then
+//! consumes the call's stream itself. So a long exec occupies neither the
+//! session thread nor any other session, and one session can run several
+//! commands at once.
+
+pub mod pool;
+pub mod reaper;
+pub mod registry;
+pub mod worker;
+
+use crate::agent::Call;
+use crate::api::errors::ApiError;
+use crate::proto::Request;
+use crate::sandbox::{EgressPolicy, SandboxSpec};
+use crossbeam_channel::{RecvTimeoutError, Sender};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+pub use registry::{Manager, SessionOptions};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Valid session ids: `[A-Za-z0-9_-]{1,64}`.
+pub fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    Starting,
+    Ready,
+    Failed(String),
+    Closing,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Ready => "ready",
+            State::Failed(_) => "failed",
+            State::Closing => "closing",
+        }
+    }
+}
+
+pub(crate) enum Cmd {
+    /// Start `Request` on the agent; reply with the call handle.
+    Call(Box<Request>, Sender<Result<Call, ApiError>>),
+    /// Destroy the sandbox and end the thread.
+    Stop,
+}
+
+pub struct Session {
+    /// The user-visible id (unique per owner).
+    pub id: String,
+    /// Key id that created it.
+    pub owner: String,
+    pub spec: SandboxSpec,
+    pub created: Instant,
+    pub created_unix_ms: u64,
+    pub expires: Instant,
+    pub idle_timeout: Duration,
+    last_used: Mutex<Instant>,
+    /// Requests in flight; a busy session is never idle-reaped.
+    active: AtomicUsize,
+    pub(crate) state: Mutex<State>,
+    pub(crate) tx: Sender<Cmd>,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+    /// Sandbox pids, filled once it is up (diagnostics and tests).
+    pub(crate) pids: Mutex<Vec<i32>>,
+}
+
+/// Held while a request uses a session: counts as activity.
+pub struct Activity(Arc<Session>);
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Session {
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        lock(&self.last_used).elapsed()
+    }
+
+    pub fn busy(&self) -> bool {
+        self.active.load(Ordering::Acquire) > 0
+    }
+
+    pub fn state(&self) -> State {
+        lock(&self.state).clone()
+    }
+
+    /// Marks the session in use until the returned guard drops.
+    pub fn activity(self: &Arc<Self>) -> Activity {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        Activity(self.clone())
+    }
+
+    /// Starts `req` on this session's agent, waiting up to `wait` for the
+    /// sandbox to come up.
+    pub fn call(&self, req: Request, wait: Duration) -> Result<Call, ApiError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.tx.send(Cmd::Call(Box::new(req), tx)).is_err() {
+            return Err(self.gone_error());
+        }
+        match rx.recv_timeout(wait) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(ApiError::new(
+                504,
+                "session_start_timeout",
+                format!("session {:?} did not become ready within {wait:?}", self.id),
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
+        }
+    }
+
+    fn gone_error(&self) -> ApiError {
+        match self.state() {
+            State::Failed(m) => ApiError::new(
+                503,
+                "session_failed",
+                format!("session {:?} failed to start: {m}", self.id),
+            ),
+            _ => ApiError::new(
+                410,
+                "session_closed",
+                format!("session {:?} was closed", self.id),
+            ),
+        }
+    }
+
+    pub fn info(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let unix_ms = |i: Instant| -> u64 {
+            let delta = i.saturating_duration_since(now).as_millis() as u64;
+            now_unix_ms() + delta
+        };
+        json!({
+            "id": self.id,
+            "sessionId": self.id,
+            "owner": self.owner,
+            "template": self.spec.template,
+            "state": self.state().name(),
+            "vcpus": self.spec.vcpus,
+            "memoryMib": self.spec.mem_mib,
+            "diskMib": self.spec.disk_mib,
+            "env": self.spec.env,
+            "egress": self.spec.egress,
+            "createdAt": self.created_unix_ms,
+            "lastUsedAt": now_unix_ms().saturating_sub(self.idle_for().as_millis() as u64),
+            "expiresAt": unix_ms(self.expires),
+            "idleTimeoutMs": self.idle_timeout.as_millis() as u64,
+            "busy": self.busy(),
+        })
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        lock(&self.pids).clone()
+    }
+
+    /// Session-wide env merged under a command's own.
+    pub fn env_for(&self, cmd_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut e = self.spec.env.clone();
+        e.extend(cmd_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        e
+    }
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Options as the API receives them (already validated).
+pub fn default_egress() -> EgressPolicy {
+    EgressPolicy::default()
+}

@@ -1,0 +1,103 @@
+//! One thread per session: creates (or takes from the pool) the sandbox,
+//! starts agent requests for the API, destroys the sandbox at the end.
+
+use super::registry::Manager;
+use super::{lock, Cmd, Session, State};
+use crate::api::errors::ApiError;
+use crate::sandbox::Sandbox;
+use crossbeam_channel::Receiver;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Session threads do little work of their own; a small stack keeps the
+/// per-session memory low.
+const STACK: usize = 256 * 1024;
+
+pub(crate) fn spawn(
+    mgr: Arc<Manager>,
+    session: Arc<Session>,
+    rx: Receiver<Cmd>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("session-{}", session.id))
+        .stack_size(STACK)
+        .spawn(move || run(mgr, session, rx))
+}
+
+fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
+    let t0 = Instant::now();
+    let spec = &session.spec;
+    let made = match mgr.pool.take(spec) {
+        Some(sb) => Ok(sb),
+        None => mgr.factory.create(spec).inspect(|_| {
+            mgr.metrics
+                .sandbox_created(mgr.factory.backend(), &spec.template, t0.elapsed())
+        }),
+    };
+    let mut sandbox: Box<dyn Sandbox> = match made {
+        Ok(sb) => sb,
+        Err(e) => {
+            let msg = e.to_string();
+            log::error!("session {}/{}: {msg}", session.owner, session.id);
+            mgr.metrics.error("sandbox_create");
+            *lock(&session.state) = State::Failed(msg.clone());
+            mgr.forget(&session);
+            // Answer everything queued so far; later senders find the
+            // channel closed and report the failure from the state.
+            for cmd in rx.try_iter() {
+                if let Cmd::Call(_, reply) = cmd {
+                    let _ = reply.send(Err(ApiError::new(
+                        503,
+                        "session_failed",
+                        format!("session {:?} failed to start: {msg}", session.id),
+                    )));
+                }
+            }
+            return;
+        }
+    };
+    *lock(&session.pids) = sandbox.pids();
+    {
+        let mut st = lock(&session.state);
+        if *st == State::Starting {
+            *st = State::Ready;
+        }
+    }
+    log::info!(
+        "session {}/{}: ready as {} in {:?}",
+        session.owner,
+        session.id,
+        sandbox.id(),
+        t0.elapsed()
+    );
+    for cmd in rx.iter() {
+        match cmd {
+            Cmd::Call(req, reply) => {
+                let r = sandbox
+                    .agent()
+                    .call(&req)
+                    .map_err(|e| ApiError::from_agent(e, "start request"));
+                let _ = reply.send(r);
+            }
+            Cmd::Stop => break,
+        }
+    }
+    let (bytes_in, bytes_out) = sandbox.agent().traffic();
+    mgr.metrics.agent_traffic(bytes_in, bytes_out);
+    if let Err(e) = sandbox.destroy() {
+        log::error!("session {}/{}: destroy: {e}", session.owner, session.id);
+        mgr.metrics.error("sandbox_destroy");
+    }
+    // Anything that raced with the stop gets a clear answer.
+    for cmd in rx.try_iter() {
+        if let Cmd::Call(_, reply) = cmd {
+            let _ = reply.send(Err(ApiError::new(
+                410,
+                "session_closed",
+                format!("session {:?} was closed", session.id),
+            )));
+        }
+    }
+    log::info!("session {}/{}: destroyed", session.owner, session.id);
+}

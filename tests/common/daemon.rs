@@ -1,0 +1,321 @@
+//! Runs the real `agent-sandbox serve` binary on 127.0.0.1 with an
+//! ephemeral port and a private state dir, and talks to it over HTTP.
+//!
+//! The backend defaults to `local-process` (the real guest agent as a host
+//! process). Set `AGENT_SANDBOX_TEST_BACKEND=qemu` (plus any extra flags in
+//! `AGENT_SANDBOX_TEST_ARGS`) to run the same tests through real VMs.
+#![allow(dead_code)]
+
+use super::agent_bin;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub base: String,
+    /// The first admin+exec+metrics key the daemon printed.
+    pub key: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("sbx-daemon-test")
+            .tempdir()
+            .expect("tempdir");
+        Self::start_in(dir, extra)
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
+        let backend =
+            std::env::var("AGENT_SANDBOX_TEST_BACKEND").unwrap_or_else(|_| "local-process".into());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--state-dir")
+            .arg(dir.path())
+            .arg("--backend")
+            .arg(&backend);
+        if backend == "local-process" {
+            cmd.arg("--agent-bin").arg(agent_bin());
+        }
+        if let Ok(a) = std::env::var("AGENT_SANDBOX_TEST_ARGS") {
+            cmd.args(a.split_whitespace());
+        }
+        let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
+        let mut child = cmd
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn agent-sandbox serve");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        let mut key = String::new();
+        let mut base = String::new();
+        for line in lines.by_ref() {
+            let line = line.expect("read daemon stdout");
+            if let Some(k) = line.split("API key: ").nth(1) {
+                key = k.trim().to_string();
+            }
+            if let Some(u) = line.split("listening on ").nth(1) {
+                base = u.trim().to_string();
+                break;
+            }
+        }
+        // Keep draining stdout so the daemon never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        assert!(
+            !base.is_empty(),
+            "daemon did not start; log:\n{}",
+            std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+        );
+        Daemon {
+            child: Some(child),
+            base,
+            key,
+            dir,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    pub fn http(&self) -> Http {
+        Http::new(&self.base, Some(&self.key))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Processes (other than the daemon) whose command line names our
+    /// state dir: the sandboxes we started.
+    pub fn sandbox_procs(&self) -> Vec<i32> {
+        let me = self.pid();
+        super::procs_with(&self.dir.path().display().to_string())
+            .into_iter()
+            .filter(|&p| p != me)
+            .collect()
+    }
+
+    /// SIGTERM and wait (bounded) for the exit status.
+    pub fn terminate(&mut self, sig: i32) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: our own child process.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Leave no sandbox behind even if a test failed half-way.
+        for pid in super::procs_with(&self.dir.path().display().to_string()) {
+            // SAFETY: processes carrying our private temp dir in their argv.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "status {} body is not JSON ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    /// The `error.code` of an error answer.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+}
+
+#[derive(Clone)]
+pub struct Http {
+    agent: ureq::Agent,
+    pub base: String,
+    pub key: Option<String>,
+}
+
+impl Http {
+    pub fn new(base: &str, key: Option<&str>) -> Http {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        Http {
+            agent,
+            base: base.to_string(),
+            key: key.map(str::to_string),
+        }
+    }
+
+    pub fn with_key(&self, key: &str) -> Http {
+        let mut h = self.clone();
+        h.key = Some(key.to_string());
+        h
+    }
+
+    pub fn anonymous(&self) -> Http {
+        let mut h = self.clone();
+        h.key = None;
+        h
+    }
+
+    fn finish(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Resp {
+        let r = r.expect("HTTP request failed");
+        let status = r.status().as_u16();
+        let headers = r
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let mut body = Vec::new();
+        r.into_body()
+            .into_reader()
+            .read_to_end(&mut body)
+            .expect("read body");
+        Resp {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        let mut rb = self.agent.get(format!("{}{path}", self.base));
+        if let Some(k) = &self.key {
+            rb = rb.header("Authorization", format!("Bearer {k}"));
+        }
+        Self::finish(rb.call())
+    }
+
+    pub fn delete(&self, path: &str) -> Resp {
+        let mut rb = self.agent.delete(format!("{}{path}", self.base));
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        Self::finish(rb.call())
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> Resp {
+        self.post_raw(path, body.to_string().as_bytes(), "application/json")
+    }
+
+    pub fn post_raw(&self, path: &str, body: &[u8], ct: &str) -> Resp {
+        let mut rb = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .content_type(ct);
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        Self::finish(rb.send(body))
+    }
+
+    pub fn put_raw(&self, path: &str, body: &[u8]) -> Resp {
+        let mut rb = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .content_type("application/octet-stream");
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        Self::finish(rb.send(body))
+    }
+
+    /// Starts a POST and returns the live body reader (for streams).
+    pub fn post_stream(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        accept: &str,
+    ) -> (u16, Box<dyn BufRead + Send>) {
+        let mut rb = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .content_type("application/json")
+            .header("Accept", accept);
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        let r = rb.send(body.to_string()).expect("HTTP request failed");
+        let status = r.status().as_u16();
+        (
+            status,
+            Box::new(BufReader::new(r.into_body().into_reader())),
+        )
+    }
+
+    /// Runs a command through the seed endpoint and returns the JSON answer.
+    pub fn exec(&self, session: &str, command: &str) -> serde_json::Value {
+        let r = self.post(
+            &format!("/exec/{session}/execute"),
+            &serde_json::json!({ "command": command }),
+        );
+        assert_eq!(r.status, 200, "exec {command:?}: {}", r.text());
+        r.json()
+    }
+}
+
+/// All stdout text of a seed/v1 buffered exec answer.
+pub fn stdout_of(v: &serde_json::Value) -> String {
+    v["output"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["stream"] == "stdout")
+                .filter_map(|e| e["data"].as_str())
+                .collect::<String>()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,155 @@
+//! Session layer behaviour with an in-process server and a wrapped factory:
+//! slow sandbox creation blocks nobody else, failed creation is reported
+//! and cleaned up, the warm pool serves new sessions.
+
+mod common;
+
+use agent_sandbox::api::Server;
+use agent_sandbox::config::Config;
+use agent_sandbox::sandbox::local::LocalProcessFactory;
+use agent_sandbox::sandbox::{
+    Result as SbResult, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
+};
+use common::daemon::{stdout_of, Http};
+use common::wait_until;
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The local-process factory plus two extra templates: `slow` takes 3 s
+/// to create, `broken` always fails.
+struct Wrapped {
+    inner: LocalProcessFactory,
+    created: AtomicUsize,
+}
+
+impl SandboxFactory for Wrapped {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+    fn templates(&self) -> Vec<TemplateInfo> {
+        let mut t = self.inner.templates();
+        for name in ["slow", "broken"] {
+            let mut x = t[0].clone();
+            x.name = name.into();
+            x.is_default = false;
+            t.push(x);
+        }
+        t
+    }
+    fn create(&self, spec: &SandboxSpec) -> SbResult<Box<dyn Sandbox>> {
+        self.created.fetch_add(1, Ordering::SeqCst);
+        let mut s = spec.clone();
+        match spec.template.as_str() {
+            "broken" => {
+                return Err(SandboxError::Other(
+                    "template broken: kernel missing".into(),
+                ))
+            }
+            "slow" => std::thread::sleep(Duration::from_secs(3)),
+            _ => {}
+        }
+        s.template = "default".into();
+        self.inner.create(&s)
+    }
+}
+
+fn start(pool: usize) -> (Server, Arc<Wrapped>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let factory = Arc::new(Wrapped {
+        inner: LocalProcessFactory::new(common::agent_bin(), dir.path().join("run")).unwrap(),
+        created: AtomicUsize::new(0),
+    });
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        state_dir: dir.path().into(),
+        key_file: dir.path().join("keys.json"),
+        auth: false,
+        pool_size: pool,
+        ..Config::default()
+    };
+    let server = Server::start(cfg, factory.clone()).unwrap();
+    (server, factory, dir)
+}
+
+#[test]
+fn slow_creation_blocks_no_one_and_failures_are_clean() {
+    let (server, _f, _dir) = start(0);
+    let h = Http::new(&format!("http://{}", server.addr()), None);
+    let h2 = h.clone();
+    let slow = std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = h2.post(
+            "/exec/tortoise/execute",
+            &json!({"template": "slow", "command": "echo slow"}),
+        );
+        (r.status, stdout_of(&r.json()), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let v = h.exec("hare", "echo fast");
+    assert_eq!(stdout_of(&v), "fast\n");
+    assert_eq!(h.get("/exec").status, 200);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let (st, out, took) = slow.join().unwrap();
+    assert_eq!((st, out.as_str()), (200, "slow\n"));
+    assert!(took >= Duration::from_secs(3));
+
+    // A sandbox that cannot be made: a clear 503, and no session left.
+    let r = h.post(
+        "/exec/doomed/execute",
+        &json!({"template": "broken", "command": "true"}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.code(), "session_failed");
+    assert!(r.text().contains("kernel missing"));
+    let ids: Vec<String> = h.get("/exec").json()["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!ids.contains(&"doomed".to_string()), "{ids:?}");
+    let r = h.post(
+        "/v1/sessions",
+        &json!({"id": "doomed2", "template": "broken"}),
+    );
+    assert_eq!(r.status, 503);
+    assert_eq!(h.get("/v1/sessions/doomed2").status, 404);
+    let m = h.get("/metrics").text();
+    assert!(m.contains("kind=\"sandbox_create\""), "{m}");
+    server.shutdown();
+}
+
+#[test]
+fn warm_pool_serves_new_sessions() {
+    let (server, f, dir) = start(1);
+    let h = Http::new(&format!("http://{}", server.addr()), None);
+    // One warm sandbox per template (3 templates, `broken` keeps failing).
+    assert!(wait_until(Duration::from_secs(10), || {
+        h.get("/metrics")
+            .text()
+            .contains("agent_sandbox_pool_size{template=\"default\"} 1")
+    }));
+    let before = f.created.load(Ordering::SeqCst);
+    let v = h.exec("warm", "echo warm");
+    assert_eq!(stdout_of(&v), "warm\n");
+    // The session took the warm sandbox; the pool refills in the background.
+    assert!(wait_until(Duration::from_secs(10), || {
+        h.get("/metrics")
+            .text()
+            .contains("agent_sandbox_pool_size{template=\"default\"} 1")
+            && f.created.load(Ordering::SeqCst) > before
+    }));
+    // A session with another shape does not use the pool.
+    let r = h.post("/v1/sessions", &json!({"id": "big", "vcpus": 2}));
+    assert_eq!(r.status, 201);
+    server.shutdown();
+    // Shutdown destroyed the sessions and the warm sandboxes.
+    let marker = dir.path().display().to_string();
+    assert!(wait_until(Duration::from_secs(5), || common::procs_with(
+        &marker
+    )
+    .is_empty()));
+}
