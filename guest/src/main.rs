@@ -5,6 +5,9 @@
 use sandbox_agent::agent::{self, Config, Listen};
 use std::path::PathBuf;
 
+/// Template description the image build leaves in every root filesystem.
+const TEMPLATE_FILE: &str = "/etc/agent-sandbox/template.json";
+
 const USAGE: &str = "usage: sandbox-agent [--listen unix:PATH|vsock:PORT|serial:NAME]... \
 [--workspace DIR] [--env KEY=VALUE]...";
 
@@ -95,15 +98,20 @@ fn main() {
     } else {
         std::env::vars().collect()
     };
-    // Template environment baked into the image.
-    if let Ok(text) = std::fs::read_to_string("/etc/sandbox/env") {
-        for line in text.lines() {
-            if let Some((k, v)) = line.split_once('=') {
-                if !k.trim().is_empty() && !k.starts_with('#') {
-                    base_env.retain(|(ek, _)| ek != k.trim());
-                    base_env.push((k.trim().into(), v.into()));
+    // The template's environment, baked into the image by images/build-rootfs.sh.
+    if let Ok(text) = std::fs::read(TEMPLATE_FILE) {
+        match serde_json::from_slice::<serde_json::Value>(&text) {
+            Ok(v) => {
+                if let Some(obj) = v.get("env").and_then(|e| e.as_object()) {
+                    for (k, v) in obj {
+                        if let Some(v) = v.as_str() {
+                            base_env.retain(|(ek, _)| ek != k);
+                            base_env.push((k.clone(), v.to_string()));
+                        }
+                    }
                 }
             }
+            Err(e) => log::warn!("{TEMPLATE_FILE}: {e}"),
         }
     }
     for (k, v) in env {
