@@ -12,6 +12,7 @@
 
 pub mod local;
 pub mod vm;
+pub mod wiring;
 
 use crate::agent::AgentClient;
 use crate::config::Config;
@@ -158,11 +159,7 @@ pub const BACKENDS: &[&str] = &["local-process", "qemu", "firecracker"];
 /// `crate::vm::Backend`, a [`vm::TemplateSource`] over the template registry
 /// and (optionally) a [`vm::NetProvider`] over `crate::net`.
 pub fn production_factory(backend: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
-    let _ = cfg;
-    Err(SandboxError::Other(format!(
-        "backend {backend:?} is not wired into `serve` yet (see sandbox::production_factory); \
-         use --backend local-process for development"
-    )))
+    wiring::factory(backend, cfg)
 }
 
 /// A unique internal id for a new sandbox.

@@ -22,6 +22,9 @@ pub struct ResolvedTemplate {
     /// instead of cold-booting.
     pub snapshot_dir: Option<PathBuf>,
     pub cmdline_extra: String,
+    /// The VM shape to boot with: a snapshot fixes it.
+    pub vcpus: u32,
+    pub mem_mib: u32,
 }
 
 /// The template/snapshot registry (implemented over `vm::templates`).
@@ -83,8 +86,8 @@ impl SandboxFactory for VmSandboxFactory {
             id: spec.id.clone(),
             kernel: tpl.kernel,
             rootfs: tpl.rootfs,
-            vcpus: spec.vcpus,
-            mem_mib: spec.mem_mib,
+            vcpus: tpl.vcpus,
+            mem_mib: tpl.mem_mib,
             cmdline_extra: tpl.cmdline_extra,
             net: net.as_ref().map(|n| n.attachment()),
             uid: self.uid,
