@@ -3,6 +3,7 @@
 
 pub use sandbox_agent::proto;
 
+pub mod admin;
 pub mod agent;
 pub mod api;
 pub mod config;

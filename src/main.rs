@@ -34,6 +34,64 @@ enum Cmd {
         #[arg(long, global = true)]
         key_file: Option<PathBuf>,
     },
+    /// What this host has and lacks for running sandboxes, with fixes.
+    Doctor {
+        #[arg(long, default_value = "qemu")]
+        backend: String,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Guest images (kernel, root filesystems).
+    Image {
+        #[command(subcommand)]
+        cmd: ImageCmd,
+    },
+    /// Template snapshots sessions restore from.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Build what is missing (idempotent; cached by input hash).
+    Build {
+        /// Templates to build (default: all).
+        #[arg(long)]
+        template: Vec<String>,
+        /// Static guest agent to put in the images (default: build it).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Make the snapshot of each template that lacks a fresh one.
+    Create {
+        #[arg(long)]
+        template: Vec<String>,
+        #[arg(long, default_value = "qemu")]
+        backend: String,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Remake even fresh snapshots.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn admin_config(state_dir: Option<PathBuf>) -> Config {
+    let mut c = Config::default();
+    if let Some(d) = state_dir {
+        c.key_file = d.join("keys.json");
+        c.state_dir = d;
+    }
+    c
 }
 
 fn dur(s: &str) -> Result<Duration, String> {
@@ -129,6 +187,28 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(*a, sigs),
         Cmd::Keys { cmd, key_file } => keys(cmd, key_file),
+        Cmd::Doctor {
+            backend,
+            state_dir,
+            json,
+        } => agent_sandbox::admin::doctor(&admin_config(state_dir), &backend, json),
+        Cmd::Image {
+            cmd: ImageCmd::Build { template, agent },
+        } => agent_sandbox::admin::image_build(&template, agent),
+        Cmd::Snapshot {
+            cmd:
+                SnapshotCmd::Create {
+                    template,
+                    backend,
+                    state_dir,
+                    force,
+                },
+        } => agent_sandbox::admin::snapshot_create(
+            &admin_config(state_dir),
+            &backend,
+            &template,
+            force,
+        ),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -75,7 +75,10 @@ pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
             if let Some(root) = crate::vm::jailer::cgroup2_mount() {
                 jc.cgroup_root = root;
             }
-            Ok(Arc::new(FirecrackerBackend::new(jc, Arc::new(DirectSpawner))))
+            Ok(Arc::new(FirecrackerBackend::new(
+                jc,
+                Arc::new(DirectSpawner),
+            )))
         }
         other => Err(SandboxError::Other(format!("unknown VM backend {other:?}"))),
     }

@@ -1,0 +1,144 @@
+//! Host administration commands: `doctor`, `image build`, `snapshot create`.
+
+use crate::config::Config;
+use crate::sandbox::wiring;
+use crate::vm::doctor;
+use crate::vm::templates::Registry;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `agent-sandbox doctor`: what this host has and lacks, each with its fix.
+/// Fails (exit 1) if something the chosen backend needs is missing.
+pub fn doctor(cfg: &Config, backend: &str, json: bool) -> Result<(), String> {
+    let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
+    let reg = Registry::new(wiring::registry_config(cfg), be);
+    let mut opts = doctor::Options::default();
+    opts.kvm_probe_kernel = reg.kernel().ok();
+    let report = doctor::run(&opts, Some(&reg));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{report}");
+    }
+    if report.ok() {
+        Ok(())
+    } else {
+        Err("some checks failed (see the fixes above)".into())
+    }
+}
+
+/// The directory holding `build.sh` and `templates/`.
+fn images_dir() -> PathBuf {
+    wiring::templates_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("images"))
+}
+
+/// Builds the static guest agent from this source checkout, if there is one.
+fn build_agent(images: &Path) -> Result<PathBuf, String> {
+    let root = images
+        .parent()
+        .ok_or("images directory has no parent")?
+        .to_path_buf();
+    if !root.join("guest/Cargo.toml").exists() {
+        return Err(format!(
+            "no guest agent source next to {} and no --agent given",
+            images.display()
+        ));
+    }
+    let target = "x86_64-unknown-linux-gnu";
+    eprintln!("==> building the static guest agent");
+    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "sandbox-agent",
+            "--target",
+            target,
+        ])
+        // Static: the agent is PID 1 of a root filesystem with its own libc.
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the guest agent failed".into());
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target_dir.join(target).join("release/sandbox-agent"))
+}
+
+/// `agent-sandbox image build [--template T]... [--agent PATH]`: builds the
+/// guest kernel and root filesystems that are missing (cached by input
+/// hash; a second run only checks).
+pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), String> {
+    let images = images_dir();
+    let script = images.join("build.sh");
+    if !script.exists() {
+        return Err(format!("{} not found", script.display()));
+    }
+    let agent = match agent {
+        Some(a) => a,
+        None => build_agent(&images)?,
+    };
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script).arg("--agent").arg(&agent);
+    for t in templates {
+        cmd.args(["--template", t]);
+    }
+    let st = cmd
+        .status()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("{} failed ({st})", script.display()))
+    }
+}
+
+/// `agent-sandbox snapshot create [--template T]... [--force]`.
+pub fn snapshot_create(
+    cfg: &Config,
+    backend: &str,
+    templates: &[String],
+    force: bool,
+) -> Result<(), String> {
+    let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
+    let reg = Registry::new(wiring::registry_config(cfg), be);
+    let names = if templates.is_empty() {
+        reg.list()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|t| t.rootfs.is_some())
+            .map(|t| t.name)
+            .collect()
+    } else {
+        templates.to_vec()
+    };
+    if names.is_empty() {
+        return Err("no template has a built image (run `agent-sandbox image build`)".into());
+    }
+    for t in names {
+        let t0 = std::time::Instant::now();
+        let info = if force {
+            reg.create_snapshot(&t)
+        } else {
+            reg.ensure_snapshot(&t)
+        }
+        .map_err(|e| format!("{t}: {e}"))?;
+        println!(
+            "{t}: {} {} ({:.1} s)",
+            if info.rebuilt { "made" } else { "fresh" },
+            info.dir.display(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
