@@ -12,8 +12,10 @@ use std::process::Command;
 pub fn doctor(cfg: &Config, backend: &str, json: bool) -> Result<(), String> {
     let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
     let reg = Registry::new(wiring::registry_config(cfg), be);
-    let mut opts = doctor::Options::default();
-    opts.kvm_probe_kernel = reg.kernel().ok();
+    let opts = doctor::Options {
+        kvm_probe_kernel: reg.kernel().ok(),
+        ..Default::default()
+    };
     let report = doctor::run(&opts, Some(&reg));
     if json {
         println!(

@@ -57,8 +57,10 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
     match name {
         "qemu" => {
-            let mut qc = QemuConfig::default();
-            qc.accel_cache = Some(cfg.state_dir.join("qemu-accel"));
+            let qc = QemuConfig {
+                accel_cache: Some(cfg.state_dir.join("qemu-accel")),
+                ..Default::default()
+            };
             Ok(Arc::new(QemuBackend::new(qc)))
         }
         "firecracker" => {
