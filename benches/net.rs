@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_sandbox::net::{firewall, EgressPolicy, Net, NetConfig};
+use agent_sandbox::net::{firewall, EgressPolicy, Net, NetConfig, NetPolicy};
 use netns::{is_root, sh, SweepGuard, Topology};
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -155,7 +155,7 @@ fn main() {
         let ha = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 1);
         let pa = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 2);
         let gw = ha.trim_end_matches("/30").to_string();
-        let table = firewall::session_table(&cfg, &pif, &EgressPolicy::Internet).to_nft_script();
+        let table = firewall::session_table(&cfg, &pif, &NetPolicy::default()).to_nft_script();
         let t = Instant::now();
         run(&["ip", "netns", "add", &ns]);
         run(&[
