@@ -336,3 +336,14 @@ fn bandwidth_limit_throttles_both_ways_and_changes_live() {
     net.close().unwrap();
     assert!(leftovers(&topo, prefix).is_empty());
 }
+
+#[test]
+fn doctor_passes_here_and_leaves_nothing() {
+    if skip_unless_root("doctor_passes_here_and_leaves_nothing") {
+        return;
+    }
+    let topo = Topology::new("d3");
+    let cfg = config(&topo, "asbxd3");
+    agent_sandbox::net::doctor::check(&cfg).expect("doctor");
+    assert!(leftovers(&topo, "asbxd3").is_empty());
+}

@@ -15,6 +15,7 @@ mod blocks;
 mod config;
 pub mod dns;
 mod dnsfwd;
+pub mod doctor;
 pub mod egress;
 pub mod firewall;
 pub mod netns;
