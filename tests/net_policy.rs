@@ -347,3 +347,49 @@ fn doctor_passes_here_and_leaves_nothing() {
     agent_sandbox::net::doctor::check(&cfg).expect("doctor");
     assert!(leftovers(&topo, "asbxd3").is_empty());
 }
+
+#[test]
+fn failed_live_change_keeps_the_previous_policy() {
+    if skip_unless_root("failed_live_change_keeps_the_previous_policy") {
+        return;
+    }
+    let prefix = "asbxd4";
+    let mut topo = Topology::new("d4");
+    let cfg = config(&topo, prefix);
+    let _sweep = SweepGuard(cfg.clone());
+    let _srv = Servers::start(&topo.internet, &[INTERNET]);
+    let net = Net::new(cfg).unwrap();
+    let s = net
+        .create_session(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
+        .unwrap();
+    let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+    assert!(tcp_probe(&g.ns, INTERNET).is_some());
+    // Someone holds port 53 on the gateway: the forwarder cannot start, so
+    // the change must fail as a whole, after its firewall part and its
+    // bandwidth part were already installed.
+    let squatter = in_ns(s.netns(), || {
+        std::net::UdpSocket::bind((gw(), 53)).expect("squat port 53")
+    });
+    let e = s
+        .set_policy(policy(
+            r#"{"mode":"none","domains":["github.com"],"bandwidth":{"down_kbit":16000}}"#,
+        ))
+        .expect_err("forwarder cannot bind");
+    assert!(e.to_string().contains("53"), "{e}");
+    // Everything as before: the policy in force, egress open, old limit.
+    assert_eq!(
+        s.policy(),
+        Some(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
+    );
+    assert!(tcp_probe(&g.ns, INTERNET).is_some(), "egress rolled back");
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
+    assert!(q.contains("rate 8Mbit"), "limit rolled back: {q}");
+    drop(squatter);
+    s.set_policy(policy(r#"{"mode":"none","domains":["github.com"]}"#))
+        .expect("works once the port is free");
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None);
+    drop(g);
+    drop(s);
+    net.close().unwrap();
+    assert!(leftovers(&topo, prefix).is_empty());
+}

@@ -650,6 +650,7 @@ mod tests {
             let _ = read_name(&m, rng.below(m.len() + 1));
             n += 1;
         }
+        eprintln!("dns fuzz: {n} cases in 2 s");
         assert!(n > 10_000, "only {n} cases in 2 s");
     }
 }
