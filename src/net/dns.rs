@@ -606,7 +606,17 @@ mod tests {
                 &query("a.pypi.org", TYPE_A),
                 &[(&[0xc0, 12], TYPE_A, 5, &[1, 2, 3, 4])],
             ),
+            // a.pypi.org CNAME b.pypi.org (compressed), b.pypi.org A 1.2.3.4
+            response(
+                &query("a.pypi.org", TYPE_A),
+                &[
+                    (&[0xc0, 12], TYPE_CNAME, 5, &[1, b'b', 0xc0, 14]),
+                    (&[0xc0, 38], TYPE_A, 5, &[1, 2, 3, 4]),
+                ],
+            ),
         ];
+        let a = parse_response(&seeds[3], 0x1234, &fq, 60).unwrap();
+        assert_eq!(a.addrs, vec![(Ipv4Addr::new(1, 2, 3, 4), 5)]);
         let start = std::time::Instant::now();
         let mut n = 0u64;
         while start.elapsed() < std::time::Duration::from_secs(2) {
