@@ -611,7 +611,7 @@ mod tests {
                 &query("a.pypi.org", TYPE_A),
                 &[
                     (&[0xc0, 12], TYPE_CNAME, 5, &[1, b'b', 0xc0, 14]),
-                    (&[0xc0, 38], TYPE_A, 5, &[1, 2, 3, 4]),
+                    (&[0xc0, 40], TYPE_A, 5, &[1, 2, 3, 4]),
                 ],
             ),
         ];
