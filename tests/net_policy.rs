@@ -76,7 +76,10 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     let mut topo = Topology::new("d1");
     add_internet_addr(&topo, EVIL);
     add_internet_addr(&topo, EDGE);
-    let cfg = config(&topo, prefix);
+    let mut cfg = config(&topo, prefix);
+    // The first upstream has nothing listening (port unreachable): every
+    // query fails over to the second.
+    cfg.dns_upstreams.insert(0, (INTERNET, 5353).into());
     let _sweep = SweepGuard(cfg.clone());
     let _srv = Servers::start(&topo.internet, &[INTERNET, EVIL, EDGE, PRIVATE]);
     let dns = DnsServer::start(

@@ -439,7 +439,6 @@ impl Net {
         let rtnl = &mut ctl.rtnl;
         let peer = rtnl.need_index(&s.peer_if)?;
         rtnl.add_addr(peer, s.peer_addr, plen, &s.peer_if)?;
-        rtnl.set_up(peer, &s.peer_if)?;
         let tapi = rtnl.need_index(&cfg.tap_name)?;
         rtnl.add_addr(
             tapi,
@@ -453,6 +452,7 @@ impl Net {
             apply_bandwidth(ctl, &s.id, None, Some(b))?;
         }
         let rtnl = &mut ctl.rtnl;
+        rtnl.set_up(peer, &s.peer_if)?;
         rtnl.set_up(tapi, &cfg.tap_name)?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
         if !policy.domains.is_empty() {
