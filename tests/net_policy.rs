@@ -82,6 +82,10 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     cfg.dns_upstreams.insert(0, (INTERNET, 5353).into());
     let _sweep = SweepGuard(cfg.clone());
     let _srv = Servers::start(&topo.internet, &[INTERNET, EVIL, EDGE, PRIVATE]);
+    // 40 A records: 670 bytes, more than a UDP reply without EDNS may hold.
+    let many: Vec<Ipv4Addr> = (0..40)
+        .map(|i| Ipv4Addr::new(203, 0, 113, 100 + i))
+        .collect();
     let dns = DnsServer::start(
         &topo.internet,
         INTERNET,
@@ -94,6 +98,7 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
             ("pypi.org", Rr::A(EVIL, 300)),
             // DNS rebinding: an allowed name pointing inside.
             ("internal.pypi.org", Rr::A(PRIVATE, 300)),
+            ("many.pypi.org", Rr::Many(many.clone(), 300)),
         ],
     );
 
@@ -153,6 +158,15 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     assert_eq!(r.addrs, vec![PRIVATE]);
     assert_eq!(tcp_probe(&g.ns, PRIVATE), None);
     assert!(!set_list(s.netns(), prefix).contains("10.99.0.1"));
+
+    // A big answer: over UDP the guest is told to retry over TCP, where it
+    // gets all of it; every address is in the set.
+    let r = dns_ask(&g.ns, gw(), "many.pypi.org", A, false).expect("answer");
+    assert!(r.truncated && r.answers == 0, "{r:?}");
+    let r = dns_ask(&g.ns, gw(), "many.pypi.org", A, true).expect("tcp answer");
+    assert_eq!(r.addrs, many);
+    let set = set_list(s.netns(), prefix);
+    assert!(many.iter().all(|a| set.contains(&format!("{a} "))), "{set}");
 
     // AAAA: empty answer (sessions have no IPv6 route).
     let r = dns_ask(&g.ns, gw(), "github.com", AAAA, false).expect("answer");

@@ -458,6 +458,8 @@ pub fn add_internet_addr(topo: &Topology, a: Ipv4Addr) {
 pub enum Rr {
     A(Ipv4Addr, u32),
     Cname(&'static str, u32),
+    /// Many A records (a big answer).
+    Many(Vec<Ipv4Addr>, u32),
 }
 
 fn put_name(out: &mut Vec<u8>, name: &str) {
@@ -524,6 +526,17 @@ fn dns_answer(
             }
             Some(Rr::A(a, ttl)) => {
                 if qtype == 1 {
+                    put_name(&mut r, &n);
+                    r.extend_from_slice(&[0, 1, 0, 1]);
+                    r.extend_from_slice(&ttl.to_be_bytes());
+                    r.extend_from_slice(&[0, 4]);
+                    r.extend_from_slice(&a.octets());
+                    count += 1;
+                }
+                break;
+            }
+            Some(Rr::Many(addrs, ttl)) => {
+                for a in addrs.iter().filter(|_| qtype == 1) {
                     put_name(&mut r, &n);
                     r.extend_from_slice(&[0, 1, 0, 1]);
                     r.extend_from_slice(&ttl.to_be_bytes());
