@@ -82,6 +82,7 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     cfg.dns_upstreams.insert(0, (INTERNET, 5353).into());
     let _sweep = SweepGuard(cfg.clone());
     let _srv = Servers::start(&topo.internet, &[INTERNET, EVIL, EDGE, PRIVATE]);
+    let _bulk = BulkServer::start(&topo.internet, INTERNET, 2_000_000);
     // 40 A records: 670 bytes, more than a UDP reply without EDNS may hold.
     let many: Vec<Ipv4Addr> = (0..40)
         .map(|i| Ipv4Addr::new(203, 0, 113, 100 + i))
@@ -117,7 +118,8 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
 
     let s = net
         .create_session(policy(
-            r#"{"mode":"allowlist","domains":["*.pypi.org","github.com"]}"#,
+            r#"{"mode":"allowlist","domains":["*.pypi.org","github.com"],
+                "bandwidth":{"down_kbit":4000}}"#,
         ))
         .expect("session");
     let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
@@ -131,6 +133,12 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     assert_eq!((r.rcode, r.addrs.clone()), (0, vec![INTERNET]), "{r:?}");
     assert_eq!(tcp_probe(&g.ns, INTERNET).as_deref(), Some("192.0.2.2"));
     assert!(set_list(s.netns(), prefix).contains("198.51.100.1"));
+    // A download that outlives the address's TTL (2 s; 2 MB at 4 Mbit/s
+    // take 4 s) runs to its end; a new connection after the TTL does not.
+    let (n, secs) = download(&g.ns, INTERNET).expect("download via a resolved address");
+    assert_eq!(n, 2_000_000);
+    assert!(secs > 3.0, "{secs}");
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None, "TTL over: closed");
 
     // Not on the list: NXDOMAIN without asking upstream; the address stays
     // closed even though the guest knows it.

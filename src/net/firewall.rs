@@ -30,13 +30,28 @@ fn base(kind: &'static str, hook: Hook, priority: i32, accept: bool) -> Option<B
 /// Rules of the policy chain: the mode's rules, with addresses the DNS
 /// forwarder resolved for allowed names accepted just before the mode's
 /// final verdict (so a denylist still applies to them).
-pub fn policy_rules(p: &NetPolicy) -> Vec<Rule> {
+///
+/// A connection opened that way is marked with `generation`, and its later
+/// packets pass while the mark is current: a download outlives the TTL of
+/// the address it started on. A policy change that touches names or rules
+/// uses a new generation, which cuts those connections.
+pub fn policy_rules(p: &NetPolicy, generation: u32) -> Vec<Rule> {
     let mut rules = p.egress.to_rules();
     if !p.domains.is_empty() {
         let at = rules.len().saturating_sub(1);
         rules.insert(
             at,
-            Rule::new(vec![Match::DaddrInSet(SET.into())], Verdict::Accept),
+            Rule::new(
+                vec![Match::DaddrInSet(SET.into())],
+                Verdict::MarkAccept(generation),
+            ),
+        );
+        rules.insert(
+            0,
+            Rule::new(
+                vec![Match::CtEstablishedRelated, Match::CtMark(generation)],
+                Verdict::Accept,
+            ),
         );
     }
     rules
@@ -192,7 +207,7 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Tabl
             Chain {
                 name: POLICY_CHAIN.into(),
                 base: None,
-                rules: policy_rules(policy),
+                rules: policy_rules(policy, 1),
             },
             Chain {
                 // The guest does not reach the namespace itself; the host

@@ -399,6 +399,7 @@ impl Net {
             tap_index: 0,
             peer_index: 0,
             policy: policy.clone(),
+            generation: 1,
             dns: None,
         });
         injected(1)?;
@@ -549,6 +550,9 @@ struct Ctl {
     tap_index: u32,
     peer_index: u32,
     policy: NetPolicy,
+    /// Conntrack mark of connections the DNS set let in (see
+    /// [`firewall::policy_rules`]); the session table starts with 1.
+    generation: u32,
     dns: Option<Forwarder>,
 }
 
@@ -693,13 +697,17 @@ impl SessionNet {
         // 1. Firewall: the policy chain, and the resolved addresses dropped
         //    when the allowed names change; one transaction, read back.
         let names_changed = from.domains != to.domains;
+        if names_changed || from.egress != to.egress {
+            // Connections the old names let in are cut (0 is "unmarked").
+            ctl.generation = ctl.generation.wrapping_add(1).max(1);
+        }
         let shared = ctl.dns.as_ref().map(|d| d.shared.clone());
         let mut sh = shared.as_ref().map(|s| lock(s));
         let mut b = ctl.nft.batch();
         b.replace_chain_rules(
             &cfg.prefix,
             firewall::POLICY_CHAIN,
-            &firewall::policy_rules(to),
+            &firewall::policy_rules(to, ctl.generation),
         );
         if names_changed {
             b.flush_set(&cfg.prefix, dnsfwd::SET);

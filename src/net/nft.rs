@@ -77,6 +77,7 @@ const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
+const NFTA_CT_SREG: u16 = 4;
 
 const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
@@ -108,6 +109,7 @@ const NFT_META_L4PROTO: u32 = 16;
 const NFT_PAYLOAD_NETWORK: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT: u32 = 2;
 const NFT_CT_STATE: u32 = 0;
+const NFT_CT_MARK: u32 = 3;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
 const NFT_JUMP: i32 = -3;
@@ -165,6 +167,8 @@ pub enum Match {
     CtEstablishedRelated,
     /// Destination address is an element of the named set of the table.
     DaddrInSet(String),
+    /// The connection's conntrack mark equals this.
+    CtMark(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +178,8 @@ pub enum Verdict {
     Return,
     Jump(String),
     Masquerade,
+    /// Set the connection's conntrack mark, then accept.
+    MarkAccept(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,6 +208,7 @@ impl Rule {
                 Match::Dport(p) => write!(s, "th dport {p} "),
                 Match::CtEstablishedRelated => write!(s, "ct state established,related "),
                 Match::DaddrInSet(n) => write!(s, "ip daddr @{n} "),
+                Match::CtMark(v) => write!(s, "ct mark {v:#x} "),
             };
         }
         let _ = match &self.verdict {
@@ -210,6 +217,7 @@ impl Rule {
             Verdict::Return => write!(s, "return"),
             Verdict::Jump(c) => write!(s, "jump {c}"),
             Verdict::Masquerade => write!(s, "masquerade"),
+            Verdict::MarkAccept(v) => write!(s, "ct mark set {v:#x} accept"),
         };
         s
     }
@@ -561,6 +569,14 @@ impl Batch {
                             m.bitwise(&CT_ESTABLISHED_RELATED.to_ne_bytes());
                             m.cmp(NFT_CMP_NEQ, &[0; 4]);
                         }
+                        Match::CtMark(v) => {
+                            m.expr("ct", |m| {
+                                m.u32(NFTA_CT_KEY, NFT_CT_MARK);
+                                m.u32(NFTA_CT_DREG, NFT_REG_1);
+                            });
+                            // Registers hold the mark in host byte order.
+                            m.cmp(NFT_CMP_EQ, &v.to_ne_bytes());
+                        }
                         Match::DaddrInSet(set) => {
                             m.payload(NFT_PAYLOAD_NETWORK, 16, 4);
                             m.expr("lookup", |m| {
@@ -576,6 +592,17 @@ impl Batch {
                     Verdict::Return => m.verdict(NFT_RETURN, None),
                     Verdict::Jump(c) => m.verdict(NFT_JUMP, Some(c)),
                     Verdict::Masquerade => m.expr("masq", |_| {}),
+                    Verdict::MarkAccept(v) => {
+                        m.expr("immediate", |m| {
+                            m.u32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                            m.data_value(NFTA_IMMEDIATE_DATA, &v.to_ne_bytes());
+                        });
+                        m.expr("ct", |m| {
+                            m.u32(NFTA_CT_KEY, NFT_CT_MARK);
+                            m.u32(NFTA_CT_SREG, NFT_REG_1);
+                        });
+                        m.verdict(NF_ACCEPT, None);
+                    }
                 }
                 m.end();
             },
