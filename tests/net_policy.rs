@@ -269,11 +269,18 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     }
     assert!(!set_list(s.netns(), prefix).contains("198.51.100.1 "));
 
-    // Live change: other names; resolved addresses of the old list go.
+    // Live change: other names; resolved addresses of the old list go, and
+    // so do connections they let in.
+    let r = dns_ask(&g.ns, gw(), "files.pypi.org", A, false).expect("answer");
+    assert_eq!(r.addrs, vec![INTERNET]);
+    let gns = g.ns.clone();
+    let dl = std::thread::spawn(move || download_within(&gns, INTERNET, Duration::from_secs(2)));
+    std::thread::sleep(Duration::from_millis(800));
     s.set_policy(policy(
-        r#"{"mode":"allowlist","domains":["files.pypi.org"]}"#,
+        r#"{"mode":"allowlist","domains":["files.pypi.org"],"bandwidth":{"down_kbit":4000}}"#,
     ))
     .unwrap();
+    assert_eq!(dl.join().unwrap(), None, "old connection cut");
     assert_eq!(tcp_probe(&g.ns, EDGE), None, "set flushed on a name change");
     let r = dns_ask(&g.ns, gw(), "github.com", A, false).expect("answer");
     assert_eq!(r.rcode, 3);

@@ -789,12 +789,17 @@ impl Drop for BulkServer {
 
 /// Download everything BULK_PORT sends, from `ns`: (bytes, seconds).
 pub fn download(ns: &str, dst: Ipv4Addr) -> Option<(usize, f64)> {
+    download_within(ns, dst, Duration::from_secs(20))
+}
+
+/// Like `download`, giving up (None) when nothing arrives for `stall`.
+pub fn download_within(ns: &str, dst: Ipv4Addr, stall: Duration) -> Option<(usize, f64)> {
     in_ns(ns, || {
         let t = std::time::Instant::now();
         let mut c =
             TcpStream::connect_timeout(&SocketAddr::from((dst, BULK_PORT)), Duration::from_secs(2))
                 .ok()?;
-        c.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+        c.set_read_timeout(Some(stall)).ok()?;
         let mut v = Vec::new();
         c.read_to_end(&mut v).ok()?;
         Some((v.len(), t.elapsed().as_secs_f64()))
