@@ -230,8 +230,17 @@ impl Worker {
                 }
             }
             if fds[1].revents != 0 {
-                while let Ok((c, _)) = self.tcp.accept() {
-                    self.serve_tcp(c);
+                loop {
+                    match self.tcp.accept() {
+                        Ok((c, _)) => self.serve_tcp(c),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            // E.g. out of descriptors: do not spin on it.
+                            log::warn!("{}: DNS accept: {e}", self.id);
+                            std::thread::sleep(Duration::from_millis(50));
+                            break;
+                        }
+                    }
                 }
             }
         }
