@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_sandbox::net::{firewall, EgressPolicy, Net, NetConfig};
+use agent_sandbox::net::{firewall, EgressPolicy, Net, NetConfig, NetPolicy};
 use netns::{is_root, sh, SweepGuard, Topology};
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -68,6 +68,8 @@ fn main() {
         prefix: "asbxb".into(),
         tap_uid: Some(4242),
         tap_gid: Some(4243),
+        // Only for the forwarder's configuration: the bench sends no query.
+        dns_upstreams: vec![([198, 51, 100, 1], 53).into()],
         ..NetConfig::default()
     };
     let _sweep = SweepGuard(cfg.clone());
@@ -128,6 +130,37 @@ fn main() {
         net.settle(Duration::from_secs(30)),
         "session links did not drain"
     );
+    // Full policy: a DNS forwarder (its thread and sockets) and tbf on both
+    // links at setup; then a live bandwidth change (two tbf replaced and
+    // read back).
+    let full: NetPolicy = serde_json::from_str(
+        r#"{"mode":"allowlist","domains":["*.pypi.org","github.com"],
+            "bandwidth":{"down_kbit":8000,"up_kbit":8000}}"#,
+    )
+    .unwrap();
+    let faster: NetPolicy = serde_json::from_str(
+        r#"{"mode":"allowlist","domains":["*.pypi.org","github.com"],
+            "bandwidth":{"down_kbit":16000,"up_kbit":16000}}"#,
+    )
+    .unwrap();
+    let mut fu = Vec::with_capacity(n);
+    let mut fp = Vec::with_capacity(n);
+    let mut fd = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let mut s = net.create_session(&full).expect("create session");
+        fu.push(t.elapsed());
+        let t = Instant::now();
+        s.set_policy(&faster).expect("set policy");
+        fp.push(t.elapsed());
+        let t = Instant::now();
+        s.teardown().expect("teardown");
+        fd.push(t.elapsed());
+    }
+    assert!(
+        net.settle(Duration::from_secs(30)),
+        "session links did not drain"
+    );
     net.close().unwrap();
 
     // --- the command-line way: the same steps with ip(8) and nft(8).
@@ -155,7 +188,7 @@ fn main() {
         let ha = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 1);
         let pa = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 2);
         let gw = ha.trim_end_matches("/30").to_string();
-        let table = firewall::session_table(&cfg, &pif, &EgressPolicy::Internet).to_nft_script();
+        let table = firewall::session_table(&cfg, &pif, &NetPolicy::default()).to_nft_script();
         let t = Instant::now();
         run(&["ip", "netns", "add", &ns]);
         run(&[
@@ -236,6 +269,9 @@ fn main() {
     report("netlink live policy change", &mut pol);
     report("netlink setup, churn", &mut cu);
     report("netlink teardown, churn", &mut cd);
+    report("setup, domains + bandwidth", &mut fu);
+    report("live bandwidth change", &mut fp);
+    report("teardown, domains + bandwidth", &mut fd);
     let (cup50, _) = report("ip+nft commands setup (13 cmds)", &mut cup);
     let (cdn50, _) = report("ip teardown link+netns (2 cmds)", &mut cdown);
     let (cdna50, _) = report("ip teardown netns del (1 cmd)", &mut cdown_async);

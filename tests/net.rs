@@ -214,8 +214,11 @@ fn two_sessions_nat_isolation_policy_teardown() {
     assert_eq!(udp_probe(&g1.ns, INTERNET).as_deref(), Some("192.0.2.2"));
     assert_eq!(tcp_probe(&g1.ns, INTERNET), None);
     // An allowlist cannot open the always-blocked set.
-    s1.set_policy(&serde_json::from_str(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#).unwrap())
-        .unwrap();
+    s1.set_policy(
+        serde_json::from_str::<EgressPolicy>(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#)
+            .unwrap(),
+    )
+    .unwrap();
     blocked(&g1.ns, METADATA);
     assert!(tcp_probe(&g1.ns, INTERNET).is_some());
     let deny: EgressPolicy =
@@ -411,6 +414,7 @@ fn nft_batch_is_atomic_and_names_the_failing_message() {
         let mut nft = Nft::open("t5")?;
         let t = Table {
             name: "asbxt5".into(),
+            sets: vec![],
             chains: vec![Chain {
                 name: "c".into(),
                 base: None,

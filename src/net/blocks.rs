@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::lock;
-use super::nft::Nft;
 use super::rtnl::Rtnl;
 
 /// Veth address blocks. A block stays taken after its session's teardown
@@ -44,12 +43,13 @@ pub(super) struct Reap {
     /// a netfilter socket can wait for an RCU barrier (nf_tables flushes its
     /// destroy list on socket release, ~10 ms measured under churn), so the
     /// reaper closes it, not the caller.
-    pub(super) nft: Option<Nft>,
+    /// (The session's sockets, its netfilter one among them.)
+    pub(super) held: Option<Box<dyn Send>>,
 }
 
 impl Reap {
     fn start(self) -> (usize, String, Instant) {
-        drop(self.nft);
+        drop(self.held);
         (self.slot, self.host_if, Instant::now())
     }
 }

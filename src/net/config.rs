@@ -1,6 +1,6 @@
 //! Network configuration of the daemon (serde, from the config file).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,18 @@ pub struct NetConfig {
     pub blocked_extra: Vec<Cidr>,
     /// Explicit exceptions to the always-blocked set (host configuration only).
     pub allow_exceptions: Vec<Cidr>,
+    /// Resolvers the per-session DNS forwarder asks (`"9.9.9.9:53"`), in
+    /// order, from the host namespace. Needed only by sessions with a
+    /// domain allowlist; never read from the host's resolv.conf.
+    pub dns_upstreams: Vec<SocketAddr>,
+    /// Per upstream and query.
+    pub dns_timeout_ms: u64,
+    /// Bounds on how long a resolved address stays allowed (the record's
+    /// TTL, clamped): long enough for a connect after a TTL-0 answer.
+    pub dns_ttl_min_secs: u32,
+    pub dns_ttl_max_secs: u32,
+    /// Addresses a session's DNS answers may keep allowed at once.
+    pub dns_max_addrs: u32,
 }
 
 impl Default for NetConfig {
@@ -51,6 +63,11 @@ impl Default for NetConfig {
             tap_gid: None,
             blocked_extra: Vec::new(),
             allow_exceptions: Vec::new(),
+            dns_upstreams: Vec::new(),
+            dns_timeout_ms: 2000,
+            dns_ttl_min_secs: 30,
+            dns_ttl_max_secs: 86_400,
+            dns_max_addrs: 4096,
         }
     }
 }
@@ -99,6 +116,24 @@ impl NetConfig {
             return bad(format!(
                 "guest_cidr {} must hold at least 2 hosts (/30)",
                 self.guest_cidr
+            ));
+        }
+        if self.dns_ttl_min_secs == 0 || self.dns_ttl_min_secs > self.dns_ttl_max_secs {
+            return bad(format!(
+                "dns_ttl_min_secs {} must be between 1 and dns_ttl_max_secs {}",
+                self.dns_ttl_min_secs, self.dns_ttl_max_secs
+            ));
+        }
+        if !(100..=30_000).contains(&self.dns_timeout_ms) {
+            return bad(format!(
+                "dns_timeout_ms {}: between 100 and 30000",
+                self.dns_timeout_ms
+            ));
+        }
+        if !(1..=65_536).contains(&self.dns_max_addrs) {
+            return bad(format!(
+                "dns_max_addrs {}: between 1 and 65536",
+                self.dns_max_addrs
             ));
         }
         Ok(())

@@ -10,9 +10,10 @@
 //!   transaction before any link of the session is up, replaced atomically
 //!   on a policy change and dies with the namespace.
 
-use super::egress::{Cidr, EgressPolicy, ALWAYS_BLOCKED};
-use super::nft::{BaseChain, Chain, Hook, IfName, Match, Rule, Table, Verdict};
-use super::NetConfig;
+use super::dnsfwd::SET;
+use super::egress::{Cidr, ALWAYS_BLOCKED};
+use super::nft::{BaseChain, Chain, Hook, IfName, Match, Rule, Set, Table, Verdict};
+use super::{NetConfig, NetPolicy};
 
 /// Chain holding the mode rules; flushed and refilled on a live change.
 pub const POLICY_CHAIN: &str = "session_policy";
@@ -24,6 +25,36 @@ fn base(kind: &'static str, hook: Hook, priority: i32, accept: bool) -> Option<B
         priority,
         accept_by_default: accept,
     })
+}
+
+/// Rules of the policy chain: the mode's rules, with addresses the DNS
+/// forwarder resolved for allowed names accepted just before the mode's
+/// final verdict (so a denylist still applies to them).
+///
+/// A connection opened that way is marked with `generation`, and its later
+/// packets pass while the mark is current: a download outlives the TTL of
+/// the address it started on. A policy change that touches names or rules
+/// uses a new generation, which cuts those connections.
+pub fn policy_rules(p: &NetPolicy, generation: u32) -> Vec<Rule> {
+    let mut rules = p.egress.to_rules();
+    if !p.domains.is_empty() {
+        let at = rules.len().saturating_sub(1);
+        rules.insert(
+            at,
+            Rule::new(
+                vec![Match::DaddrInSet(SET.into())],
+                Verdict::MarkAccept(generation),
+            ),
+        );
+        rules.insert(
+            0,
+            Rule::new(
+                vec![Match::CtEstablishedRelated, Match::CtMark(generation)],
+                Verdict::Accept,
+            ),
+        );
+    }
+    rules
 }
 
 /// Every destination a session may never reach (without exceptions).
@@ -67,6 +98,7 @@ pub fn host_table(cfg: &NetConfig) -> Table {
     ]);
     Table {
         name: cfg.prefix.clone(),
+        sets: vec![],
         chains: vec![
             Chain {
                 // Sessions never talk to the host itself (any address of it).
@@ -106,7 +138,7 @@ pub fn host_table(cfg: &NetConfig) -> Table {
 
 /// The table inside a session namespace. `peer_if` is the namespace end of
 /// the veth pair.
-pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &EgressPolicy) -> Table {
+pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Table {
     let r = Rule::new;
     let tap = IfName::Exact(cfg.tap_name.clone());
     let peer = IfName::Exact(peer_if.to_string());
@@ -123,8 +155,27 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &EgressPolicy) -> T
     }
     egress.push(r(vec![], Verdict::Jump(POLICY_CHAIN.into())));
     egress.push(r(vec![], Verdict::Drop));
+    // The guest may ask the DNS forwarder on its gateway (port 53); when
+    // none runs it gets a port-unreachable at once.
+    let mut input = Vec::new();
+    for proto in [6u8, 17] {
+        input.push(r(
+            vec![
+                Match::Iif(tap.clone()),
+                Match::Daddr(Cidr::new(cfg.tap_addr(), 32)),
+                Match::L4Proto(proto),
+                Match::Dport(53),
+            ],
+            Verdict::Accept,
+        ));
+    }
+    input.push(r(vec![Match::Iif(tap.clone())], Verdict::Drop));
     Table {
         name: cfg.prefix.clone(),
+        sets: vec![Set {
+            name: SET.into(),
+            size: cfg.dns_max_addrs,
+        }],
         chains: vec![
             Chain {
                 name: "forward".into(),
@@ -156,21 +207,24 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &EgressPolicy) -> T
             Chain {
                 name: POLICY_CHAIN.into(),
                 base: None,
-                rules: policy.to_rules(),
+                rules: policy_rules(policy, 1),
             },
             Chain {
                 // The guest does not reach the namespace itself; the host
                 // side reaches it only with replies.
                 name: "input".into(),
                 base: base("filter", Hook::Input, 0, true),
-                rules: vec![
-                    r(vec![Match::Iif(tap)], Verdict::Drop),
-                    r(
-                        vec![Match::Iif(peer.clone()), Match::CtEstablishedRelated],
-                        Verdict::Accept,
-                    ),
-                    r(vec![Match::Iif(peer.clone())], Verdict::Drop),
-                ],
+                rules: [
+                    input,
+                    vec![
+                        r(
+                            vec![Match::Iif(peer.clone()), Match::CtEstablishedRelated],
+                            Verdict::Accept,
+                        ),
+                        r(vec![Match::Iif(peer.clone())], Verdict::Drop),
+                    ],
+                ]
+                .concat(),
             },
             Chain {
                 name: "nat".into(),

@@ -13,13 +13,19 @@
 
 mod blocks;
 mod config;
+pub mod dns;
+mod dnsfwd;
+pub mod doctor;
 pub mod egress;
 pub mod firewall;
 pub mod netns;
 pub mod nft;
+pub mod policy;
 pub mod rtnl;
 pub mod tap;
+pub mod tc;
 
+use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
@@ -31,8 +37,10 @@ use crossbeam_channel::Sender;
 
 use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
 pub use config::NetConfig;
+use dnsfwd::{Forwarder, FwdConfig};
 pub use egress::{Cidr, EgressPolicy, EgressRule};
 use nft::Nft;
+pub use policy::{Bandwidth, DomainPattern, NetPolicy};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +75,8 @@ struct Host {
 
 struct Inner {
     cfg: NetConfig,
+    /// The host namespace (`None`: the daemon's), for DNS forwarder threads.
+    host_ns: Option<File>,
     host: Mutex<Host>,
     host_table: nft::Table,
     blocks: Arc<Blocks>,
@@ -87,17 +97,17 @@ impl Inner {
     }
 
     /// Close `nft` and free `slot` once `host_if` is gone, in the background.
-    fn release_after(&self, slot: usize, host_if: &str, nft: Option<Nft>) {
+    fn release_after(&self, slot: usize, host_if: &str, held: Option<Box<dyn Send>>) {
         lock(&self.blocks.state).draining += 1;
         let r = Reap {
             slot,
             host_if: host_if.to_string(),
-            nft,
+            held,
         };
         if let Err(e) = self.reap.send(r) {
             // No reaper (cannot happen while `self` lives): do it inline.
             let r = e.into_inner();
-            drop(r.nft);
+            drop(r.held);
             if let Err(e) = lock(&self.host).rtnl.del_link(&r.host_if) {
                 log::error!("{e}");
             }
@@ -189,6 +199,7 @@ impl Net {
         Ok(Net {
             inner: Arc::new(Inner {
                 cfg,
+                host_ns,
                 host: Mutex::new(host),
                 host_table: table,
                 blocks,
@@ -270,8 +281,9 @@ impl Net {
 
     /// Create the network of one session, NAT and policy installed and
     /// verified before it returns. On failure nothing of it remains.
-    pub fn create_session(&self, policy: &EgressPolicy) -> Result<SessionNet> {
-        self.create_session_inner(policy, None)
+    /// Takes a [`NetPolicy`] or a bare [`EgressPolicy`] (by value or reference).
+    pub fn create_session(&self, policy: impl Into<NetPolicy>) -> Result<SessionNet> {
+        self.create_session_inner(&policy.into(), None)
     }
 
     /// Test hook: like [`Net::create_session`] but fail on purpose after
@@ -280,14 +292,14 @@ impl Net {
     #[doc(hidden)]
     pub fn create_session_failing_after(
         &self,
-        policy: &EgressPolicy,
+        policy: impl Into<NetPolicy>,
         step: u8,
     ) -> Result<SessionNet> {
-        self.create_session_inner(policy, Some(step))
+        self.create_session_inner(&policy.into(), Some(step))
     }
 
-    fn create_session_inner(&self, policy: &EgressPolicy, fault: Option<u8>) -> Result<SessionNet> {
-        policy.validate().map_err(NetError::Invalid)?;
+    fn create_session_inner(&self, policy: &NetPolicy, fault: Option<u8>) -> Result<SessionNet> {
+        self.inner.check_policy(policy)?;
         let slot = self.alloc_slot()?;
         let mut last = None;
         for _ in 0..8 {
@@ -312,7 +324,7 @@ impl Net {
         &self,
         slot: usize,
         id: &str,
-        policy: &EgressPolicy,
+        policy: &NetPolicy,
         fault: Option<u8>,
     ) -> Result<SessionNet> {
         let cfg = &self.inner.cfg;
@@ -327,7 +339,7 @@ impl Net {
             host_addr,
             peer_addr,
             slot,
-            nft: Mutex::new(None),
+            ctl: Mutex::new(None),
             done: false,
         };
         match self.setup(&mut s, policy, fault) {
@@ -342,7 +354,7 @@ impl Net {
         }
     }
 
-    fn setup(&self, s: &mut SessionNet, policy: &EgressPolicy, fault: Option<u8>) -> Result<()> {
+    fn setup(&self, s: &mut SessionNet, policy: &NetPolicy, fault: Option<u8>) -> Result<()> {
         let injected = |step: u8| -> Result<()> {
             if fault == Some(step) {
                 return Err(NetError::invalid(format!(
@@ -357,7 +369,7 @@ impl Net {
         // 1. The namespace, set up from inside: no IPv6 (nothing of ours
         //    chatters), forwarding, strict reverse-path filter, the firewall
         //    (before any link exists), then the TAP.
-        let (ns, (mut rtnl, nft)) = netns::create(&s.netns, || {
+        let (ns, (rtnl, nft)) = netns::create(&s.netns, || {
             for k in ["all", "default"] {
                 sysctl_opt(&["net", "ipv6", "conf", k, "disable_ipv6"], "1")?;
                 netns::sysctl_path(&["net", "ipv4", "conf", k, "rp_filter"], "1")?;
@@ -381,7 +393,15 @@ impl Net {
             },
             e => e,
         })?;
-        *lock(&s.nft) = Some(nft);
+        *lock(&s.ctl) = Some(Ctl {
+            nft,
+            rtnl,
+            tap_index: 0,
+            peer_index: 0,
+            policy: policy.clone(),
+            generation: 1,
+            dns: None,
+        });
         injected(1)?;
         // 2. Host side: the veth pair, its host end configured before it is
         //    up. Pure netlink on the host socket: no thread needed.
@@ -411,10 +431,15 @@ impl Net {
             h.rtnl.set_up(idx, host_if)?;
         }
         injected(2)?;
-        // 3. Session side: veth end, TAP, default route to the host.
+        // 3. Session side: veth end, TAP (shaped before they are up),
+        //    default route to the host, then the DNS forwarder if asked for.
+        let mut g = lock(&s.ctl);
+        let ctl = g
+            .as_mut()
+            .ok_or_else(|| NetError::invalid(format!("session {}: torn down", s.id)))?;
+        let rtnl = &mut ctl.rtnl;
         let peer = rtnl.need_index(&s.peer_if)?;
         rtnl.add_addr(peer, s.peer_addr, plen, &s.peer_if)?;
-        rtnl.set_up(peer, &s.peer_if)?;
         let tapi = rtnl.need_index(&cfg.tap_name)?;
         rtnl.add_addr(
             tapi,
@@ -422,8 +447,19 @@ impl Net {
             cfg.guest_cidr.prefix_len,
             &cfg.tap_name,
         )?;
+        ctl.tap_index = tapi;
+        ctl.peer_index = peer;
+        if let Some(b) = policy.bandwidth {
+            apply_bandwidth(ctl, &s.id, None, Some(b))?;
+        }
+        let rtnl = &mut ctl.rtnl;
+        rtnl.set_up(peer, &s.peer_if)?;
         rtnl.set_up(tapi, &cfg.tap_name)?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
+        if !policy.domains.is_empty() {
+            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, &policy.domains)?);
+        }
+        drop(g);
         drop(ns);
         injected(3)
     }
@@ -501,9 +537,86 @@ pub struct SessionNet {
     host_addr: Ipv4Addr,
     peer_addr: Ipv4Addr,
     slot: usize,
-    /// Netfilter socket in the session namespace, for live policy changes.
-    nft: Mutex<Option<Nft>>,
+    /// What live policy changes work with; `None` once torn down.
+    ctl: Mutex<Option<Ctl>>,
     done: bool,
+}
+
+/// A live session's handles inside its namespace, and its policy in force.
+struct Ctl {
+    /// Netfilter and route netlink sockets in the session namespace.
+    nft: Nft,
+    rtnl: Rtnl,
+    tap_index: u32,
+    peer_index: u32,
+    policy: NetPolicy,
+    /// Conntrack mark of connections the DNS set let in (see
+    /// [`firewall::policy_rules`]); the session table starts with 1.
+    generation: u32,
+    dns: Option<Forwarder>,
+}
+
+/// Install `to`'s bandwidth limits (changed from `from`) and read them back.
+fn apply_bandwidth(
+    ctl: &mut Ctl,
+    id: &str,
+    from: Option<Bandwidth>,
+    to: Option<Bandwidth>,
+) -> Result<()> {
+    let (f, t) = (from.unwrap_or_default(), to.unwrap_or_default());
+    let links = [
+        (ctl.tap_index, "TAP (down)", f.down_kbit, t.down_kbit),
+        (ctl.peer_index, "veth (up)", f.up_kbit, t.up_kbit),
+    ];
+    for (idx, dir, old, new) in links {
+        if old == new && from.is_some() {
+            continue;
+        }
+        let what = format!("session {id} {dir}");
+        tc::set_limit(&mut ctl.rtnl, idx, &what, new)?;
+        let got = tc::read_limit(&mut ctl.rtnl, idx, &what)?;
+        let want = new.map(|k| tc::tbf_params(k).0);
+        if got != want {
+            return Err(NetError::invalid(format!(
+                "{what}: bandwidth limit reads back as {got:?} bytes/s, expected {want:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn check_policy(&self, p: &NetPolicy) -> Result<()> {
+        p.validate().map_err(NetError::Invalid)?;
+        if !p.domains.is_empty() && self.cfg.dns_upstreams.is_empty() {
+            return Err(NetError::invalid(
+                "a domain allowlist needs dns_upstreams in the network config",
+            ));
+        }
+        Ok(())
+    }
+
+    fn start_dns(&self, id: &str, ns: &File, domains: &[DomainPattern]) -> Result<Forwarder> {
+        let cfg = &self.cfg;
+        let host_ns = match &self.host_ns {
+            Some(f) => Some(
+                f.try_clone()
+                    .map_err(|e| NetError::io("dup host netns fd".into(), e))?,
+            ),
+            None => None,
+        };
+        let fc = FwdConfig {
+            upstreams: cfg.dns_upstreams.clone(),
+            timeout: Duration::from_millis(cfg.dns_timeout_ms),
+            ttl_min: cfg.dns_ttl_min_secs,
+            ttl_max: cfg.dns_ttl_max_secs,
+            max_addrs: cfg.dns_max_addrs as usize,
+            table: cfg.prefix.clone(),
+            blocked: firewall::blocked_set(cfg),
+            exceptions: cfg.allow_exceptions.clone(),
+        };
+        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, domains.to_vec())
+    }
 }
 
 impl std::fmt::Debug for SessionNet {
@@ -545,20 +658,92 @@ impl SessionNet {
         &self.net.cfg.tap_name
     }
 
-    /// Replace the egress policy of the running session atomically.
-    pub fn set_policy(&self, policy: &EgressPolicy) -> Result<()> {
-        policy.validate().map_err(NetError::Invalid)?;
-        let mut g = lock(&self.nft);
-        let nft = g
+    /// The policy in force.
+    pub fn policy(&self) -> Option<NetPolicy> {
+        lock(&self.ctl).as_ref().map(|c| c.policy.clone())
+    }
+
+    /// Replace the policy of the running session (egress rules, domain
+    /// allowlist, bandwidth). Returns Ok only when all of it is installed
+    /// and read back; on error the previous policy is put back (the
+    /// firewall part of a change is one atomic transaction).
+    pub fn set_policy(&self, policy: impl Into<NetPolicy>) -> Result<()> {
+        let to: NetPolicy = policy.into();
+        self.net.check_policy(&to)?;
+        let mut g = lock(&self.ctl);
+        let ctl = g
             .as_mut()
             .ok_or_else(|| NetError::invalid(format!("session {} is torn down", self.id)))?;
-        let mut b = nft.batch();
+        let from = ctl.policy.clone();
+        match self.apply(ctl, &from, &to) {
+            Ok(()) => {
+                ctl.policy = to;
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(e2) = self.apply(ctl, &to, &from) {
+                    log::error!(
+                        "session {}: putting the previous policy back failed too: {e2}",
+                        self.id
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn apply(&self, ctl: &mut Ctl, from: &NetPolicy, to: &NetPolicy) -> Result<()> {
+        let cfg = &self.net.cfg;
+        // 1. Firewall: the policy chain, and the resolved addresses dropped
+        //    when the allowed names change; one transaction, read back.
+        let names_changed = from.domains != to.domains;
+        if names_changed || from.egress != to.egress {
+            // Connections the old names let in are cut (0 is "unmarked").
+            ctl.generation = ctl.generation.wrapping_add(1).max(1);
+        }
+        let shared = ctl.dns.as_ref().map(|d| d.shared.clone());
+        let mut sh = shared.as_ref().map(|s| lock(s));
+        let mut b = ctl.nft.batch();
         b.replace_chain_rules(
-            &self.net.cfg.prefix,
+            &cfg.prefix,
             firewall::POLICY_CHAIN,
-            &policy.to_rules(),
+            &firewall::policy_rules(to, ctl.generation),
         );
-        nft.commit(b)
+        if names_changed {
+            b.flush_set(&cfg.prefix, dnsfwd::SET);
+        }
+        ctl.nft.commit(b)?;
+        verify(
+            &mut ctl.nft,
+            &firewall::session_table(cfg, &self.peer_if, to),
+            &self.netns,
+        )?;
+        if let Some(sh) = sh.as_mut() {
+            if names_changed {
+                sh.known.clear();
+                sh.allowed = Arc::new(to.domains.clone());
+            }
+        }
+        drop(sh);
+        // 2. Bandwidth, each direction read back.
+        if from.bandwidth != to.bandwidth {
+            apply_bandwidth(
+                ctl,
+                &self.id,
+                Some(from.bandwidth.unwrap_or_default()),
+                to.bandwidth,
+            )?;
+        }
+        // 3. The forwarder runs exactly while there are names to serve.
+        match (ctl.dns.is_some(), to.domains.is_empty()) {
+            (false, false) => {
+                let ns = netns::open(&self.netns_path())?;
+                ctl.dns = Some(self.net.start_dns(&self.id, &ns, &to.domains)?);
+            }
+            (true, true) => ctl.dns = None,
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Remove everything of this session. Idempotent.
@@ -573,9 +758,13 @@ impl SessionNet {
         if self.done {
             return Ok(());
         }
-        let nft = lock(&self.nft).take();
+        let ctl = lock(&self.ctl).take();
         let r = netns::delete(&self.netns);
-        self.net.release_after(self.slot, &self.host_if, nft);
+        let held = ctl.map(|mut c| {
+            c.dns = None; // stop serving now
+            Box::new(c) as Box<dyn Send>
+        });
+        self.net.release_after(self.slot, &self.host_if, held);
         self.done = true;
         r
     }
@@ -587,7 +776,7 @@ impl SessionNet {
         if self.done {
             return Ok(());
         }
-        *lock(&self.nft) = None;
+        *lock(&self.ctl) = None;
         let r1 = lock(&self.net.host).rtnl.del_link(&self.host_if);
         let r2 = netns::delete(&self.netns);
         self.net.blocks.release(self.slot, false);

@@ -199,6 +199,23 @@ fn in_new_netns<T>(name: &str, f: impl FnOnce() -> Result<T, NetError>) -> Resul
     r
 }
 
+/// Run `f` on the calling thread inside the existing namespace `ns`, then
+/// return to the thread's own namespace (used to open sockets there).
+pub fn within<T>(
+    ns: &File,
+    what: &str,
+    f: impl FnOnce() -> Result<T, NetError>,
+) -> Result<T, NetError> {
+    let home = Home(
+        File::open("/proc/thread-self/ns/net")
+            .map_err(|e| NetError::io("open /proc/thread-self/ns/net".into(), e))?,
+    );
+    enter(ns, what)?;
+    let r = f();
+    drop(home);
+    r
+}
+
 /// Remove the named namespace. Idempotent: a missing one is not an error.
 /// The kernel frees the namespace (and the links still in it) once the last
 /// reference (mount, open fd, process) is gone.

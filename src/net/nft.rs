@@ -26,6 +26,9 @@ const MSG_NEWCHAIN: u16 = 3;
 const MSG_NEWRULE: u16 = 6;
 const MSG_GETRULE: u16 = 7;
 const MSG_DELRULE: u16 = 8;
+const MSG_NEWSET: u16 = 9;
+const MSG_NEWSETELEM: u16 = 12;
+const MSG_DELSETELEM: u16 = 14;
 const MSG_GETGEN: u16 = 16;
 
 const NLM_F_REQUEST: u16 = 1;
@@ -74,6 +77,27 @@ const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
+const NFTA_CT_SREG: u16 = 4;
+
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_DESC_SIZE: u16 = 1;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+const NFTA_LOOKUP_SET: u16 = 1;
+const NFTA_LOOKUP_SREG: u16 = 2;
+/// `flags timeout`: elements may carry a timeout.
+const NFT_SET_TIMEOUT: u32 = 0x10;
+/// nft(8)'s data type number for `ipv4_addr` (only shown by `nft list`).
+const NFT_TYPE_IPADDR: u32 = 7;
 
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
@@ -85,6 +109,7 @@ const NFT_META_L4PROTO: u32 = 16;
 const NFT_PAYLOAD_NETWORK: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT: u32 = 2;
 const NFT_CT_STATE: u32 = 0;
+const NFT_CT_MARK: u32 = 3;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
 const NFT_JUMP: i32 = -3;
@@ -140,6 +165,10 @@ pub enum Match {
     /// Destination port; needs an `L4Proto` of tcp or udp before it.
     Dport(u16),
     CtEstablishedRelated,
+    /// Destination address is an element of the named set of the table.
+    DaddrInSet(String),
+    /// The connection's conntrack mark equals this.
+    CtMark(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +178,8 @@ pub enum Verdict {
     Return,
     Jump(String),
     Masquerade,
+    /// Set the connection's conntrack mark, then accept.
+    MarkAccept(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +207,8 @@ impl Rule {
                 Match::L4Proto(p) => write!(s, "meta l4proto {p} "),
                 Match::Dport(p) => write!(s, "th dport {p} "),
                 Match::CtEstablishedRelated => write!(s, "ct state established,related "),
+                Match::DaddrInSet(n) => write!(s, "ip daddr @{n} "),
+                Match::CtMark(v) => write!(s, "ct mark {v:#x} "),
             };
         }
         let _ = match &self.verdict {
@@ -184,6 +217,7 @@ impl Rule {
             Verdict::Return => write!(s, "return"),
             Verdict::Jump(c) => write!(s, "jump {c}"),
             Verdict::Masquerade => write!(s, "masquerade"),
+            Verdict::MarkAccept(v) => write!(s, "ct mark set {v:#x} accept"),
         };
         s
     }
@@ -197,10 +231,19 @@ pub struct Chain {
     pub rules: Vec<Rule>,
 }
 
+/// A named set of IPv4 addresses whose elements expire (`flags timeout`),
+/// holding at most `size` elements.
+#[derive(Debug, Clone)]
+pub struct Set {
+    pub name: String,
+    pub size: u32,
+}
+
 /// A whole table of ours.
 #[derive(Debug, Clone)]
 pub struct Table {
     pub name: String,
+    pub sets: Vec<Set>,
     pub chains: Vec<Chain>,
 }
 
@@ -211,6 +254,13 @@ impl Table {
             "add table ip {0}\ndelete table ip {0}\ntable ip {0} {{\n",
             self.name
         );
+        for set in &self.sets {
+            let _ = writeln!(
+                s,
+                "  set {} {{ type ipv4_addr; flags timeout; size {}; }}",
+                set.name, set.size
+            );
+        }
         for c in &self.chains {
             let _ = writeln!(s, "  chain {} {{", c.name);
             if let Some(b) = &c.base {
@@ -266,6 +316,9 @@ impl Msg<'_> {
         self.attr(kind, &v);
     }
     fn u32(&mut self, kind: u16, v: u32) {
+        self.attr(kind, &v.to_be_bytes());
+    }
+    fn u64(&mut self, kind: u16, v: u64) {
         self.attr(kind, &v.to_be_bytes());
     }
     fn begin(&mut self, kind: u16) {
@@ -516,6 +569,21 @@ impl Batch {
                             m.bitwise(&CT_ESTABLISHED_RELATED.to_ne_bytes());
                             m.cmp(NFT_CMP_NEQ, &[0; 4]);
                         }
+                        Match::CtMark(v) => {
+                            m.expr("ct", |m| {
+                                m.u32(NFTA_CT_KEY, NFT_CT_MARK);
+                                m.u32(NFTA_CT_DREG, NFT_REG_1);
+                            });
+                            // Registers hold the mark in host byte order.
+                            m.cmp(NFT_CMP_EQ, &v.to_ne_bytes());
+                        }
+                        Match::DaddrInSet(set) => {
+                            m.payload(NFT_PAYLOAD_NETWORK, 16, 4);
+                            m.expr("lookup", |m| {
+                                m.str(NFTA_LOOKUP_SET, set);
+                                m.u32(NFTA_LOOKUP_SREG, NFT_REG_1);
+                            });
+                        }
                     }
                 }
                 match &rule.verdict {
@@ -524,15 +592,102 @@ impl Batch {
                     Verdict::Return => m.verdict(NFT_RETURN, None),
                     Verdict::Jump(c) => m.verdict(NFT_JUMP, Some(c)),
                     Verdict::Masquerade => m.expr("masq", |_| {}),
+                    Verdict::MarkAccept(v) => {
+                        m.expr("immediate", |m| {
+                            m.u32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                            m.data_value(NFTA_IMMEDIATE_DATA, &v.to_ne_bytes());
+                        });
+                        m.expr("ct", |m| {
+                            m.u32(NFTA_CT_KEY, NFT_CT_MARK);
+                            m.u32(NFTA_CT_SREG, NFT_REG_1);
+                        });
+                        m.verdict(NF_ACCEPT, None);
+                    }
                 }
                 m.end();
             },
         );
     }
 
+    pub fn add_set(&mut self, table: &str, set: &Set, id: u32) {
+        self.msg(
+            MSG_NEWSET,
+            NLM_F_CREATE,
+            format!("add set {table} {}", set.name),
+            |m| {
+                m.str(NFTA_SET_TABLE, table);
+                m.str(NFTA_SET_NAME, &set.name);
+                m.u32(NFTA_SET_FLAGS, NFT_SET_TIMEOUT);
+                m.u32(NFTA_SET_KEY_TYPE, NFT_TYPE_IPADDR);
+                m.u32(NFTA_SET_KEY_LEN, 4);
+                m.u32(NFTA_SET_ID, id);
+                m.begin(NFTA_SET_DESC);
+                m.u32(NFTA_SET_DESC_SIZE, set.size);
+                m.end();
+            },
+        );
+    }
+
+    fn set_elems(
+        &mut self,
+        ty: u16,
+        what: String,
+        table: &str,
+        set: &str,
+        elems: Option<&[(Ipv4Addr, Option<u64>)]>,
+    ) {
+        let flags = if ty == MSG_NEWSETELEM {
+            NLM_F_CREATE
+        } else {
+            0
+        };
+        self.msg(ty, flags, what, |m| {
+            m.str(NFTA_SET_ELEM_LIST_TABLE, table);
+            m.str(NFTA_SET_ELEM_LIST_SET, set);
+            if let Some(elems) = elems {
+                m.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
+                for (a, timeout_ms) in elems {
+                    m.begin(NFTA_LIST_ELEM);
+                    m.data_value(NFTA_SET_ELEM_KEY, &a.octets());
+                    if let Some(t) = timeout_ms {
+                        m.u64(NFTA_SET_ELEM_TIMEOUT, *t);
+                    }
+                    m.end();
+                }
+                m.end();
+            }
+        });
+    }
+
+    /// Add addresses to a timeout set, each expiring after its timeout
+    /// (milliseconds) counted from this commit. An element already present
+    /// is given exactly the new timeout (add, delete, add: re-adding alone
+    /// does not refresh a timeout on kernels before 6.10).
+    pub fn put_set_elems(&mut self, table: &str, set: &str, elems: &[(Ipv4Addr, u64)]) {
+        if elems.is_empty() {
+            return;
+        }
+        let with: Vec<(Ipv4Addr, Option<u64>)> =
+            elems.iter().map(|(a, t)| (*a, Some(*t))).collect();
+        let bare: Vec<(Ipv4Addr, Option<u64>)> = elems.iter().map(|(a, _)| (*a, None)).collect();
+        let what = format!("add {} element(s) to set {table} {set}", elems.len());
+        self.set_elems(MSG_NEWSETELEM, what.clone(), table, set, Some(&with));
+        self.set_elems(MSG_DELSETELEM, what.clone(), table, set, Some(&bare));
+        self.set_elems(MSG_NEWSETELEM, what, table, set, Some(&with));
+    }
+
+    /// Remove every element of a set.
+    pub fn flush_set(&mut self, table: &str, set: &str) {
+        let what = format!("flush set {table} {set}");
+        self.set_elems(MSG_DELSETELEM, what, table, set, None);
+    }
+
     /// Build `table`, which must not exist yet.
     pub fn create_table(&mut self, t: &Table) {
         self.add_table(&t.name);
+        for (i, s) in t.sets.iter().enumerate() {
+            self.add_set(&t.name, s, i as u32 + 1);
+        }
         for c in &t.chains {
             self.add_chain(&t.name, c);
         }

@@ -53,7 +53,7 @@ impl Rtnl {
 
     /// Send one request and collect replies until its ACK (or DONE for
     /// dumps). A negative errno comes back as `Err(errno)` in the inner result.
-    fn request(
+    pub(super) fn request(
         &mut self,
         msg: RouteNetlinkMessage,
         flags: u16,
@@ -122,7 +122,7 @@ impl Rtnl {
     }
 
     /// Like `request` but any errno is an error.
-    fn exec(
+    pub(super) fn exec(
         &mut self,
         msg: RouteNetlinkMessage,
         flags: u16,

@@ -437,3 +437,388 @@ impl Drop for Guest {
         sh_quiet(&["ip", "netns", "del", &self.ns]);
     }
 }
+
+/// Add an address to the internet namespace's loopback (a further
+/// "public" server); removed with the namespace.
+pub fn add_internet_addr(topo: &Topology, a: Ipv4Addr) {
+    sh(&[
+        "ip",
+        "-n",
+        &topo.internet,
+        "addr",
+        "add",
+        &format!("{a}/32"),
+        "dev",
+        "lo",
+    ]);
+}
+
+/// What the test DNS server answers for a name.
+#[derive(Clone, Debug)]
+pub enum Rr {
+    A(Ipv4Addr, u32),
+    Cname(&'static str, u32),
+    /// Many A records (a big answer).
+    Many(Vec<Ipv4Addr>, u32),
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    for l in name.split('.').filter(|l| !l.is_empty()) {
+        out.push(l.len() as u8);
+        out.extend_from_slice(l.as_bytes());
+    }
+    out.push(0);
+}
+
+/// Decode an uncompressed name at `off` (the test server only needs that).
+fn get_name(m: &[u8], mut off: usize) -> Option<(String, usize)> {
+    let mut labels = Vec::new();
+    loop {
+        let l = *m.get(off)? as usize;
+        if l == 0 {
+            return Some((labels.join("."), off + 1));
+        }
+        if l & 0xc0 != 0 {
+            return None;
+        }
+        labels.push(String::from_utf8_lossy(m.get(off + 1..off + 1 + l)?).to_ascii_lowercase());
+        off += 1 + l;
+    }
+}
+
+/// A tiny authoritative DNS server for tests (UDP and TCP port 53), written
+/// independently of the code under test. It follows CNAMEs it knows and
+/// counts the names it was asked, so a test can prove a query never got
+/// upstream.
+pub struct DnsServer {
+    pub asked: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn dns_answer(
+    q: &[u8],
+    zone: &std::collections::HashMap<String, Rr>,
+    asked: &std::sync::Mutex<Vec<String>>,
+) -> Option<Vec<u8>> {
+    let (name, end) = get_name(q, 12)?;
+    let qtype = u16::from_be_bytes([*q.get(end)?, *q.get(end + 1)?]);
+    asked.lock().unwrap().push(name.clone());
+    let mut r = q[..end + 4].to_vec();
+    r[2] = 0x84 | (q[2] & 1); // QR, AA, RD echoed
+    r[3] = 0x80;
+    r[10] = 0;
+    r[11] = 0;
+    let mut n = name.clone();
+    let mut count = 0u16;
+    for _ in 0..8 {
+        match zone.get(&n) {
+            Some(Rr::Cname(t, ttl)) => {
+                put_name(&mut r, &n);
+                r.extend_from_slice(&[0, 5, 0, 1]);
+                r.extend_from_slice(&ttl.to_be_bytes());
+                let mut d = Vec::new();
+                put_name(&mut d, t);
+                r.extend_from_slice(&(d.len() as u16).to_be_bytes());
+                r.extend_from_slice(&d);
+                count += 1;
+                n = t.to_string();
+            }
+            Some(Rr::A(a, ttl)) => {
+                if qtype == 1 {
+                    put_name(&mut r, &n);
+                    r.extend_from_slice(&[0, 1, 0, 1]);
+                    r.extend_from_slice(&ttl.to_be_bytes());
+                    r.extend_from_slice(&[0, 4]);
+                    r.extend_from_slice(&a.octets());
+                    count += 1;
+                }
+                break;
+            }
+            Some(Rr::Many(addrs, ttl)) => {
+                for a in addrs.iter().filter(|_| qtype == 1) {
+                    put_name(&mut r, &n);
+                    r.extend_from_slice(&[0, 1, 0, 1]);
+                    r.extend_from_slice(&ttl.to_be_bytes());
+                    r.extend_from_slice(&[0, 4]);
+                    r.extend_from_slice(&a.octets());
+                    count += 1;
+                }
+                break;
+            }
+            None => {
+                if count == 0 {
+                    r[3] |= 3; // NXDOMAIN
+                }
+                break;
+            }
+        }
+    }
+    r[6..8].copy_from_slice(&count.to_be_bytes());
+    Some(r)
+}
+
+impl DnsServer {
+    pub fn start(ns: &str, addr: Ipv4Addr, zone: &[(&str, Rr)]) -> DnsServer {
+        let zone: Arc<std::collections::HashMap<String, Rr>> = Arc::new(
+            zone.iter()
+                .map(|(n, r)| (n.to_string(), r.clone()))
+                .collect(),
+        );
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (udp, tcp) = in_ns(ns, || {
+            (
+                UdpSocket::bind((addr, 53)).expect("bind dns udp"),
+                TcpListener::bind((addr, 53)).expect("bind dns tcp"),
+            )
+        });
+        u_timeout(&udp);
+        tcp.set_nonblocking(true).unwrap();
+        let (z1, a1, s1) = (zone.clone(), asked.clone(), stop.clone());
+        let t1 = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while !s1.load(Ordering::Relaxed) {
+                if let Ok((n, peer)) = udp.recv_from(&mut buf) {
+                    if let Some(r) = dns_answer(&buf[..n], &z1, &a1) {
+                        let _ = udp.send_to(&r, peer);
+                    }
+                }
+            }
+        });
+        let (z2, a2, s2) = (zone, asked.clone(), stop.clone());
+        let t2 = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                let Ok((mut c, _)) = tcp.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut l = [0u8; 2];
+                if c.read_exact(&mut l).is_err() {
+                    continue;
+                }
+                let mut q = vec![0u8; u16::from_be_bytes(l) as usize];
+                if c.read_exact(&mut q).is_err() {
+                    continue;
+                }
+                if let Some(r) = dns_answer(&q, &z2, &a2) {
+                    let mut out = (r.len() as u16).to_be_bytes().to_vec();
+                    out.extend_from_slice(&r);
+                    let _ = c.write_all(&out);
+                }
+            }
+        });
+        DnsServer {
+            asked,
+            stop,
+            threads: vec![t1, t2],
+        }
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A DNS query for `name` (type `qtype`) built by hand.
+pub fn dns_query_msg(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut m = id.to_be_bytes().to_vec();
+    m.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+    put_name(&mut m, name);
+    m.extend_from_slice(&qtype.to_be_bytes());
+    m.extend_from_slice(&[0, 1]);
+    m
+}
+
+/// Parsed reply: rcode and the A records in the answer section.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DnsReply {
+    pub rcode: u8,
+    pub answers: u16,
+    pub addrs: Vec<Ipv4Addr>,
+    pub truncated: bool,
+}
+
+/// Parse a reply: skips the question, walks answers (compressed owner
+/// names allowed), collects A records.
+pub fn parse_reply(r: &[u8]) -> Option<DnsReply> {
+    if r.len() < 12 {
+        return None;
+    }
+    let an = u16::from_be_bytes([r[6], r[7]]);
+    let (_, mut off) = get_name(r, 12)?;
+    off += 4;
+    let mut addrs = Vec::new();
+    for _ in 0..an {
+        // owner: a pointer or a plain name
+        if *r.get(off)? & 0xc0 == 0xc0 {
+            off += 2;
+        } else {
+            off = get_name(r, off)?.1;
+        }
+        let t = u16::from_be_bytes([*r.get(off)?, *r.get(off + 1)?]);
+        let len = u16::from_be_bytes([*r.get(off + 8)?, *r.get(off + 9)?]) as usize;
+        let d = r.get(off + 10..off + 10 + len)?;
+        if t == 1 && len == 4 {
+            addrs.push(Ipv4Addr::new(d[0], d[1], d[2], d[3]));
+        }
+        off += 10 + len;
+    }
+    Some(DnsReply {
+        rcode: r[3] & 0x0f,
+        answers: an,
+        addrs,
+        truncated: r[2] & 0x02 != 0,
+    })
+}
+
+/// Send raw bytes by UDP from `ns` and wait for one datagram back.
+pub fn udp_raw(ns: &str, dst: Ipv4Addr, port: u16, msg: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let msg = msg.to_vec();
+    in_ns(ns, move || {
+        let u = UdpSocket::bind(("0.0.0.0", 0)).ok()?;
+        u.set_read_timeout(Some(wait)).ok()?;
+        u.send_to(&msg, (dst, port)).ok()?;
+        let mut buf = vec![0u8; 65536];
+        let (n, _) = u.recv_from(&mut buf).ok()?;
+        buf.truncate(n);
+        Some(buf)
+    })
+}
+
+/// A DNS query over UDP (or TCP) from `ns` to `server`:53.
+pub fn dns_ask(ns: &str, server: Ipv4Addr, name: &str, qtype: u16, tcp: bool) -> Option<DnsReply> {
+    let q = dns_query_msg(0x5a5a, name, qtype);
+    if !tcp {
+        let r = udp_raw(ns, server, 53, &q, Duration::from_secs(3))?;
+        return parse_reply(&r);
+    }
+    in_ns(ns, move || {
+        let mut c =
+            TcpStream::connect_timeout(&SocketAddr::from((server, 53)), Duration::from_secs(2))
+                .ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        let mut out = (q.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&q);
+        c.write_all(&out).ok()?;
+        let mut l = [0u8; 2];
+        c.read_exact(&mut l).ok()?;
+        let mut r = vec![0u8; u16::from_be_bytes(l) as usize];
+        c.read_exact(&mut r).ok()?;
+        parse_reply(&r)
+    })
+}
+
+pub const BULK_PORT: u16 = 7008;
+pub const SINK_PORT: u16 = 7009;
+
+/// TCP servers for throughput: on BULK_PORT each connection gets `bytes`
+/// bytes, then EOF; on SINK_PORT everything read is counted and the count
+/// sent back after the client's EOF.
+pub struct BulkServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl BulkServer {
+    pub fn start(ns: &str, addr: Ipv4Addr, bytes: usize) -> BulkServer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (bulk, sink) = in_ns(ns, || {
+            (
+                TcpListener::bind((addr, BULK_PORT)).expect("bind bulk"),
+                TcpListener::bind((addr, SINK_PORT)).expect("bind sink"),
+            )
+        });
+        bulk.set_nonblocking(true).unwrap();
+        sink.set_nonblocking(true).unwrap();
+        let mut threads = Vec::new();
+        let s1 = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let data = vec![0x5au8; bytes];
+            while !s1.load(Ordering::Relaxed) {
+                match bulk.accept() {
+                    Ok((mut c, _)) => {
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_write_timeout(Some(Duration::from_secs(30)));
+                        let _ = c.write_all(&data);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }));
+        let s2 = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !s2.load(Ordering::Relaxed) {
+                match sink.accept() {
+                    Ok((mut c, _)) => {
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_read_timeout(Some(Duration::from_secs(30)));
+                        let mut n = 0usize;
+                        while let Ok(k) = c.read(&mut buf) {
+                            if k == 0 {
+                                break;
+                            }
+                            n += k;
+                        }
+                        let _ = c.write_all(format!("{n}\n").as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }));
+        BulkServer { stop, threads }
+    }
+}
+
+impl Drop for BulkServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Download everything BULK_PORT sends, from `ns`: (bytes, seconds).
+pub fn download(ns: &str, dst: Ipv4Addr) -> Option<(usize, f64)> {
+    download_within(ns, dst, Duration::from_secs(20))
+}
+
+/// Like `download`, giving up (None) when nothing arrives for `stall`.
+pub fn download_within(ns: &str, dst: Ipv4Addr, stall: Duration) -> Option<(usize, f64)> {
+    in_ns(ns, || {
+        let t = std::time::Instant::now();
+        let mut c =
+            TcpStream::connect_timeout(&SocketAddr::from((dst, BULK_PORT)), Duration::from_secs(2))
+                .ok()?;
+        c.set_read_timeout(Some(stall)).ok()?;
+        let mut v = Vec::new();
+        c.read_to_end(&mut v).ok()?;
+        Some((v.len(), t.elapsed().as_secs_f64()))
+    })
+}
+
+/// Upload `bytes` to SINK_PORT from `ns`: (bytes the server counted, seconds).
+pub fn upload(ns: &str, dst: Ipv4Addr, bytes: usize) -> Option<(usize, f64)> {
+    in_ns(ns, move || {
+        let t = std::time::Instant::now();
+        let mut c =
+            TcpStream::connect_timeout(&SocketAddr::from((dst, SINK_PORT)), Duration::from_secs(2))
+                .ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+        c.set_write_timeout(Some(Duration::from_secs(20))).ok()?;
+        c.write_all(&vec![0xa5u8; bytes]).ok()?;
+        c.shutdown(std::net::Shutdown::Write).ok()?;
+        let mut s = String::new();
+        c.read_to_string(&mut s).ok()?;
+        Some((s.trim().parse().ok()?, t.elapsed().as_secs_f64()))
+    })
+}

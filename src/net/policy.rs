@@ -1,0 +1,304 @@
+//! A session's whole network policy: the egress mode and rules
+//! ([`EgressPolicy`]), the domain allowlist served by the session's DNS
+//! forwarder, and the bandwidth limit. This is the JSON body of
+//! `PUT /v1/sessions/:id/network`; every field but `mode` may be omitted:
+//!
+//! ```json
+//! {"mode":"allowlist","rules":["198.51.100.0/24:443/tcp"],
+//!  "domains":["*.pypi.org","github.com"],
+//!  "bandwidth":{"down_kbit":8000,"up_kbit":2000}}
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::egress::{EgressPolicy, EgressRule};
+
+/// At most this many domain patterns per session.
+pub const MAX_DOMAINS: usize = 256;
+/// Bandwidth bounds (kbit/s): below 64 kbit/s a full-size frame takes
+/// longer than TCP's patience; above 100 Gbit/s a limit means nothing.
+pub const MIN_KBIT: u64 = 64;
+pub const MAX_KBIT: u64 = 100_000_000;
+
+/// An allowed DNS name: `github.com` (exactly that name) or `*.pypi.org`
+/// (any name below pypi.org, not pypi.org itself). Stored lower case,
+/// without a trailing dot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DomainPattern {
+    /// The name, or for a wildcard the suffix after `*.`.
+    pub name: String,
+    pub wildcard: bool,
+}
+
+impl DomainPattern {
+    pub fn matches(&self, qname: &str) -> bool {
+        if self.wildcard {
+            qname.len() > self.name.len() + 1
+                && qname.ends_with(self.name.as_str())
+                && qname.as_bytes()[qname.len() - self.name.len() - 1] == b'.'
+        } else {
+            qname == self.name
+        }
+    }
+}
+
+/// A host name label as we accept it (what DNS names of real services use).
+pub fn valid_label(l: &[u8]) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && l.iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'_')
+}
+
+impl FromStr for DomainPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DomainPattern, String> {
+        let lower = s.trim().to_ascii_lowercase();
+        let t = lower.strip_suffix('.').unwrap_or(&lower);
+        let (wildcard, name) = match t.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, t),
+        };
+        if name.is_empty()
+            || name.len() > 253
+            || !name.split('.').all(|l| valid_label(l.as_bytes()))
+        {
+            return Err(format!(
+                "bad domain {s:?}: want a host name like github.com or *.pypi.org"
+            ));
+        }
+        Ok(DomainPattern {
+            name: name.to_string(),
+            wildcard,
+        })
+    }
+}
+
+impl fmt::Display for DomainPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.wildcard {
+            write!(f, "*.{}", self.name)
+        } else {
+            f.write_str(&self.name)
+        }
+    }
+}
+
+impl TryFrom<String> for DomainPattern {
+    type Error = String;
+    fn try_from(s: String) -> Result<DomainPattern, String> {
+        s.parse()
+    }
+}
+
+impl From<DomainPattern> for String {
+    fn from(d: DomainPattern) -> String {
+        d.to_string()
+    }
+}
+
+/// Token-bucket limits per direction, kbit/s (1 kbit = 1000 bit); `None`:
+/// unlimited that way. `down` is towards the guest, `up` from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bandwidth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_kbit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_kbit: Option<u64>,
+}
+
+impl Bandwidth {
+    /// The same limit both ways.
+    pub fn both(kbit: u64) -> Bandwidth {
+        Bandwidth {
+            down_kbit: Some(kbit),
+            up_kbit: Some(kbit),
+        }
+    }
+}
+
+/// Everything a session's network may do; see the module docs for JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "RawPolicy", into = "RawPolicy")]
+pub struct NetPolicy {
+    pub egress: EgressPolicy,
+    /// Names the session's resolver answers; their A records become
+    /// reachable for their TTL (before the mode's final verdict). Empty: no
+    /// DNS forwarder runs.
+    pub domains: Vec<DomainPattern>,
+    pub bandwidth: Option<Bandwidth>,
+}
+
+impl NetPolicy {
+    pub fn validate(&self) -> Result<(), String> {
+        self.egress.validate()?;
+        if self.domains.len() > MAX_DOMAINS {
+            return Err(format!(
+                "{} domains, at most {MAX_DOMAINS}",
+                self.domains.len()
+            ));
+        }
+        if let Some(b) = &self.bandwidth {
+            for (dir, v) in [("down_kbit", b.down_kbit), ("up_kbit", b.up_kbit)] {
+                if let Some(k) = v {
+                    if !(MIN_KBIT..=MAX_KBIT).contains(&k) {
+                        return Err(format!(
+                            "bandwidth {dir} {k}: between {MIN_KBIT} and {MAX_KBIT} kbit/s"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl From<EgressPolicy> for NetPolicy {
+    fn from(egress: EgressPolicy) -> NetPolicy {
+        NetPolicy {
+            egress,
+            ..NetPolicy::default()
+        }
+    }
+}
+
+impl From<&EgressPolicy> for NetPolicy {
+    fn from(e: &EgressPolicy) -> NetPolicy {
+        e.clone().into()
+    }
+}
+
+impl From<&NetPolicy> for NetPolicy {
+    fn from(p: &NetPolicy) -> NetPolicy {
+        p.clone()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    #[default]
+    Internet,
+    None,
+    Allowlist,
+    Denylist,
+}
+
+/// The flat JSON shape, checked strictly (unknown fields are errors).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    mode: Mode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rules: Option<Vec<EgressRule>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    domains: Vec<DomainPattern>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bandwidth: Option<Bandwidth>,
+}
+
+impl TryFrom<RawPolicy> for NetPolicy {
+    type Error = String;
+    fn try_from(r: RawPolicy) -> Result<NetPolicy, String> {
+        let egress = match (r.mode, r.rules) {
+            (Mode::Internet, None) => EgressPolicy::Internet,
+            (Mode::None, None) => EgressPolicy::None,
+            (Mode::Allowlist, rules) => EgressPolicy::Allowlist {
+                rules: rules.unwrap_or_default(),
+            },
+            (Mode::Denylist, rules) => EgressPolicy::Denylist {
+                rules: rules.unwrap_or_default(),
+            },
+            (m, Some(_)) => {
+                return Err(format!(
+                    "mode {m:?} takes no rules (allowlist and denylist do)"
+                ))
+            }
+        };
+        let p = NetPolicy {
+            egress,
+            domains: r.domains,
+            bandwidth: r.bandwidth.filter(|b| *b != Bandwidth::default()),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+impl From<NetPolicy> for RawPolicy {
+    fn from(p: NetPolicy) -> RawPolicy {
+        let (mode, rules) = match p.egress {
+            EgressPolicy::Internet => (Mode::Internet, None),
+            EgressPolicy::None => (Mode::None, None),
+            EgressPolicy::Allowlist { rules } => (Mode::Allowlist, Some(rules)),
+            EgressPolicy::Denylist { rules } => (Mode::Denylist, Some(rules)),
+        };
+        RawPolicy {
+            mode,
+            rules,
+            domains: p.domains,
+            bandwidth: p.bandwidth,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let w: DomainPattern = "*.PyPI.org.".parse().unwrap();
+        assert!(w.wildcard && w.name == "pypi.org");
+        assert!(w.matches("files.pypi.org"));
+        assert!(w.matches("a.b.pypi.org"));
+        assert!(!w.matches("pypi.org"));
+        assert!(!w.matches("evilpypi.org"));
+        assert!(!w.matches("pypi.org.evil.com"));
+        let e: DomainPattern = "github.com".parse().unwrap();
+        assert!(e.matches("github.com") && !e.matches("api.github.com"));
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "a..b",
+            "a b.com",
+            "*.*.com",
+            "x.*.com",
+            &"a".repeat(64),
+        ] {
+            assert!(bad.parse::<DomainPattern>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn policy_json() {
+        let p: NetPolicy = serde_json::from_str(
+            r#"{"mode":"allowlist","domains":["*.pypi.org"],"bandwidth":{"down_kbit":8000}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.egress, EgressPolicy::Allowlist { rules: vec![] });
+        assert_eq!(p.domains.len(), 1);
+        assert_eq!(p.bandwidth.unwrap().down_kbit, Some(8000));
+        let back = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<NetPolicy>(&back).unwrap(), p);
+        let d: NetPolicy = serde_json::from_str("{}").unwrap();
+        assert_eq!(d, NetPolicy::default());
+        assert_eq!(serde_json::to_string(&d).unwrap(), r#"{"mode":"internet"}"#);
+        for bad in [
+            r#"{"mode":"internet","rules":[]}"#,
+            r#"{"mode":"none","domian":["x.com"]}"#,
+            r#"{"bandwidth":{"down_kbit":1}}"#,
+            r#"{"bandwidth":{"down":100}}"#,
+            r#"{"domains":["*"]}"#,
+        ] {
+            assert!(serde_json::from_str::<NetPolicy>(bad).is_err(), "{bad}");
+        }
+    }
+}

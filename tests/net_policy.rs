@@ -1,0 +1,427 @@
+//! Domain allowlist (DNS forwarder + timeout set) and bandwidth limits, for
+//! real, as root, in namespaces the tests make (tests/common/netns.rs). The
+//! upstream resolver is a test server in the test "internet" namespace; no
+//! query ever reaches a real resolver. Skipped when not root.
+
+#[path = "common/netns.rs"]
+mod netns;
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use agent_sandbox::net::{Net, NetConfig, NetPolicy};
+use netns::*;
+
+const EVIL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
+const EDGE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 9);
+const A: u16 = 1;
+const AAAA: u16 = 28;
+
+fn config(topo: &Topology, prefix: &str) -> NetConfig {
+    NetConfig {
+        host_netns: Some(topo.host_path()),
+        uplink_if: "up0".into(),
+        prefix: prefix.into(),
+        dns_upstreams: vec![(INTERNET, 53).into()],
+        dns_timeout_ms: 1000,
+        dns_ttl_min_secs: 1,
+        ..NetConfig::default()
+    }
+}
+
+fn policy(json: &str) -> NetPolicy {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{json}: {e}"))
+}
+
+fn gw() -> Ipv4Addr {
+    GUEST_GW.parse().unwrap()
+}
+
+fn leftovers(topo: &Topology, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = sh(&["ip", "netns", "list"])
+        .lines()
+        .filter(|l| l.starts_with(&format!("{prefix}-")))
+        .map(String::from)
+        .collect();
+    for l in sh(&["ip", "-n", &topo.host, "-o", "link", "show"]).lines() {
+        if l.contains(&format!(": {prefix}")) {
+            v.push(l.to_string());
+        }
+    }
+    v
+}
+
+/// Elements of the session's set, as `nft` (not our code) lists them.
+fn set_list(ns: &str, prefix: &str) -> String {
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "nft",
+        "list",
+        "set",
+        "ip",
+        prefix,
+        "dns_allowed",
+    ])
+}
+
+#[test]
+fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
+    if skip_unless_root("dns_allowlist_resolves_allows_expires_and_survives_junk") {
+        return;
+    }
+    let prefix = "asbxd1";
+    let mut topo = Topology::new("d1");
+    add_internet_addr(&topo, EVIL);
+    add_internet_addr(&topo, EDGE);
+    let mut cfg = config(&topo, prefix);
+    // The first upstream has nothing listening (port unreachable): every
+    // query fails over to the second.
+    cfg.dns_upstreams.insert(0, (INTERNET, 5353).into());
+    let _sweep = SweepGuard(cfg.clone());
+    let _srv = Servers::start(&topo.internet, &[INTERNET, EVIL, EDGE, PRIVATE]);
+    let _bulk = BulkServer::start(&topo.internet, INTERNET, 2_000_000);
+    // 40 A records: 670 bytes, more than a UDP reply without EDNS may hold.
+    let many: Vec<Ipv4Addr> = (0..40)
+        .map(|i| Ipv4Addr::new(203, 0, 113, 100 + i))
+        .collect();
+    let dns = DnsServer::start(
+        &topo.internet,
+        INTERNET,
+        &[
+            ("files.pypi.org", Rr::A(INTERNET, 2)),
+            ("cdn.pypi.org", Rr::Cname("edge.example.net", 300)),
+            ("edge.example.net", Rr::A(EDGE, 300)),
+            ("github.com", Rr::A(EDGE, 300)),
+            ("evil.com", Rr::A(EVIL, 300)),
+            ("pypi.org", Rr::A(EVIL, 300)),
+            // DNS rebinding: an allowed name pointing inside.
+            ("internal.pypi.org", Rr::A(PRIVATE, 300)),
+            ("many.pypi.org", Rr::Many(many.clone(), 300)),
+        ],
+    );
+
+    let net = Net::new(cfg.clone()).unwrap();
+    // Without upstreams a domain allowlist is refused up front.
+    let bare = Net::new(NetConfig {
+        dns_upstreams: vec![],
+        ..cfg.clone()
+    })
+    .unwrap();
+    let e = bare
+        .create_session(policy(r#"{"domains":["github.com"]}"#))
+        .expect_err("no upstream");
+    assert!(e.to_string().contains("dns_upstreams"), "{e}");
+    drop(bare);
+
+    let s = net
+        .create_session(policy(
+            r#"{"mode":"allowlist","domains":["*.pypi.org","github.com"],
+                "bandwidth":{"down_kbit":4000}}"#,
+        ))
+        .expect("session");
+    let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+
+    // Nothing resolved yet: nothing reachable.
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None);
+    assert_eq!(tcp_probe(&g.ns, EDGE), None);
+
+    // An allowed name resolves through the forwarder; its address opens.
+    let r = dns_ask(&g.ns, gw(), "files.pypi.org", A, false).expect("answer");
+    assert_eq!((r.rcode, r.addrs.clone()), (0, vec![INTERNET]), "{r:?}");
+    assert_eq!(tcp_probe(&g.ns, INTERNET).as_deref(), Some("192.0.2.2"));
+    assert!(set_list(s.netns(), prefix).contains("198.51.100.1"));
+    // A download that outlives the address's TTL (2 s; 2 MB at 4 Mbit/s
+    // take 4 s) runs to its end; a new connection after the TTL does not.
+    let (n, secs) = download(&g.ns, INTERNET).expect("download via a resolved address");
+    assert_eq!(n, 2_000_000);
+    assert!(secs > 3.0, "{secs}");
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None, "TTL over: closed");
+
+    // Not on the list: NXDOMAIN without asking upstream; the address stays
+    // closed even though the guest knows it.
+    for name in ["evil.com", "pypi.org", "files.pypi.org.evil.com"] {
+        let r = dns_ask(&g.ns, gw(), name, A, false).expect("answer");
+        assert_eq!(r.rcode, 3, "{name}: {r:?}");
+        assert!(r.addrs.is_empty());
+    }
+    {
+        let asked = dns.asked.lock().unwrap();
+        assert!(
+            !asked.iter().any(|n| n.contains("evil") || n == "pypi.org"),
+            "refused names reached upstream: {asked:?}"
+        );
+    }
+    assert_eq!(tcp_probe(&g.ns, EVIL), None);
+
+    // CNAME chain, over TCP: the target's address opens.
+    let r = dns_ask(&g.ns, gw(), "cdn.pypi.org", A, true).expect("tcp answer");
+    assert_eq!((r.rcode, r.addrs.clone()), (0, vec![EDGE]), "{r:?}");
+    assert!(tcp_probe(&g.ns, EDGE).is_some());
+
+    // An allowed name answering with a blocked address opens nothing.
+    let r = dns_ask(&g.ns, gw(), "internal.pypi.org", A, false).expect("answer");
+    assert_eq!(r.addrs, vec![PRIVATE]);
+    assert_eq!(tcp_probe(&g.ns, PRIVATE), None);
+    assert!(!set_list(s.netns(), prefix).contains("10.99.0.1"));
+
+    // A big answer: over UDP the guest is told to retry over TCP, where it
+    // gets all of it; every address is in the set.
+    let r = dns_ask(&g.ns, gw(), "many.pypi.org", A, false).expect("answer");
+    assert!(r.truncated && r.answers == 0, "{r:?}");
+    let r = dns_ask(&g.ns, gw(), "many.pypi.org", A, true).expect("tcp answer");
+    assert_eq!(r.addrs, many);
+    let set = set_list(s.netns(), prefix);
+    assert!(many.iter().all(|a| set.contains(&format!("{a} "))), "{set}");
+
+    // AAAA: empty answer (sessions have no IPv6 route).
+    let r = dns_ask(&g.ns, gw(), "github.com", AAAA, false).expect("answer");
+    assert_eq!((r.rcode, r.answers), (0, 0));
+
+    // A client we did not write agrees.
+    if std::path::Path::new("/usr/bin/dig").exists() {
+        let out = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &g.ns,
+            "dig",
+            "+short",
+            "+tries=1",
+            "+time=3",
+            "@172.16.0.1",
+            "github.com",
+            "A",
+        ]);
+        assert_eq!(out.trim(), "198.51.100.9", "dig: {out}");
+        let out = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &g.ns,
+            "dig",
+            "+tries=1",
+            "+time=3",
+            "@172.16.0.1",
+            "evil.com",
+        ]);
+        assert!(out.contains("status: NXDOMAIN"), "dig: {out}");
+    }
+
+    // Junk never kills the forwarder: truncated, oversized, compression
+    // loops, responses, random bytes, over UDP and TCP.
+    let good = dns_query_msg(7, "github.com", A);
+    let mut lp = good[..12].to_vec();
+    lp.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+    let mut resp = good.clone();
+    resp[2] |= 0x80;
+    let mut junk: Vec<Vec<u8>> = vec![
+        good[..5].to_vec(),
+        good[..good.len() - 3].to_vec(),
+        vec![0xff; 3000],
+        vec![0x41; 5000],
+        lp.clone(),
+        resp,
+        vec![],
+    ];
+    let mut x = 0x1234_5678u32;
+    for i in 0..200 {
+        let mut m = good.clone();
+        for _ in 0..(i % 7) + 1 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let at = x as usize % m.len();
+            m[at] = (x >> 8) as u8;
+        }
+        junk.push(m);
+    }
+    for m in &junk {
+        if let Some(r) = udp_raw(&g.ns, gw(), 53, m, Duration::from_millis(200)) {
+            // Whatever comes back is a well-formed response header.
+            assert!(r.len() >= 12 && r[2] & 0x80 != 0, "{r:?}");
+        }
+    }
+    let r = udp_raw(&g.ns, gw(), 53, &lp, Duration::from_secs(1)).expect("FORMERR");
+    assert_eq!(r[3] & 0x0f, 1, "compression loop: FORMERR");
+    in_ns(&g.ns, || {
+        use std::io::Write;
+        use std::net::TcpStream;
+        // A huge length prefix, then garbage; and an idle connection.
+        if let Ok(mut c) = TcpStream::connect((gw(), 53)) {
+            let _ = c.write_all(&[0xff, 0xff, 1, 2, 3]);
+        }
+        let _idle = TcpStream::connect((gw(), 53));
+    });
+    let r = dns_ask(&g.ns, gw(), "github.com", A, false).expect("still answering");
+    assert_eq!(r.addrs, vec![EDGE]);
+
+    // TTL expiry: files.pypi.org had TTL 2 s, so its address closes again.
+    let t = Instant::now();
+    while tcp_probe(&g.ns, INTERNET).is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(6),
+            "address still open after its TTL"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(!set_list(s.netns(), prefix).contains("198.51.100.1 "));
+
+    // Live change: other names; resolved addresses of the old list go, and
+    // so do connections they let in.
+    let r = dns_ask(&g.ns, gw(), "files.pypi.org", A, false).expect("answer");
+    assert_eq!(r.addrs, vec![INTERNET]);
+    let gns = g.ns.clone();
+    let dl = std::thread::spawn(move || download_within(&gns, INTERNET, Duration::from_secs(2)));
+    std::thread::sleep(Duration::from_millis(800));
+    s.set_policy(policy(
+        r#"{"mode":"allowlist","domains":["files.pypi.org"],"bandwidth":{"down_kbit":4000}}"#,
+    ))
+    .unwrap();
+    assert_eq!(dl.join().unwrap(), None, "old connection cut");
+    assert_eq!(tcp_probe(&g.ns, EDGE), None, "set flushed on a name change");
+    let r = dns_ask(&g.ns, gw(), "github.com", A, false).expect("answer");
+    assert_eq!(r.rcode, 3);
+    let r = dns_ask(&g.ns, gw(), "files.pypi.org", A, false).expect("answer");
+    assert_eq!(r.addrs, vec![INTERNET]);
+    assert!(tcp_probe(&g.ns, INTERNET).is_some());
+    // No names: no forwarder (nothing answers on port 53), plain internet.
+    s.set_policy(policy(r#"{"mode":"internet"}"#)).unwrap();
+    assert_eq!(dns_ask(&g.ns, gw(), "files.pypi.org", A, false), None);
+    assert!(tcp_probe(&g.ns, EVIL).is_some());
+    // And back on, live.
+    s.set_policy(policy(r#"{"mode":"none","domains":["github.com"]}"#))
+        .unwrap();
+    assert_eq!(tcp_probe(&g.ns, EDGE), None);
+    assert_eq!(
+        dns_ask(&g.ns, gw(), "github.com", A, false).map(|r| r.addrs),
+        Some(vec![EDGE])
+    );
+    assert!(tcp_probe(&g.ns, EDGE).is_some());
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None);
+
+    drop(g);
+    drop(s);
+    net.close().unwrap();
+    let left = leftovers(&topo, prefix);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn bandwidth_limit_throttles_both_ways_and_changes_live() {
+    if skip_unless_root("bandwidth_limit_throttles_both_ways_and_changes_live") {
+        return;
+    }
+    const MB2: usize = 2 * 1000 * 1000;
+    let prefix = "asbxd2";
+    let mut topo = Topology::new("d2");
+    let cfg = config(&topo, prefix);
+    let _sweep = SweepGuard(cfg.clone());
+    let _bulk = BulkServer::start(&topo.internet, INTERNET, MB2);
+    let net = Net::new(cfg).unwrap();
+    let s = net
+        .create_session(policy(r#"{"bandwidth":{"down_kbit":8000,"up_kbit":4000}}"#))
+        .unwrap();
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
+    assert!(q.contains("tbf") && q.contains("rate 8Mbit"), "{q}");
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", s.peer_if()]);
+    assert!(q.contains("tbf") && q.contains("rate 4Mbit"), "{q}");
+    let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+
+    // 2 MB at 8 Mbit/s: 2 s at least (the bucket holds 20 ms worth).
+    let (n, limited) = download(&g.ns, INTERNET).expect("download");
+    assert_eq!(n, MB2);
+    eprintln!("2 MB down at 8 Mbit/s: {limited:.2} s");
+    assert!(limited >= 1.9, "not throttled: {limited:.2} s");
+    assert!(limited < 6.0, "far slower than the limit: {limited:.2} s");
+    // 1 MB up at 4 Mbit/s: 2 s at least.
+    let (n, up) = upload(&g.ns, INTERNET, MB2 / 2).expect("upload");
+    assert_eq!(n, MB2 / 2);
+    eprintln!("1 MB up at 4 Mbit/s: {up:.2} s");
+    assert!(up >= 1.9, "upload not throttled: {up:.2} s");
+
+    // Live: faster limit, then none.
+    s.set_policy(policy(r#"{"bandwidth":{"down_kbit":32000}}"#))
+        .unwrap();
+    let (_, faster) = download(&g.ns, INTERNET).expect("download");
+    eprintln!("2 MB down at 32 Mbit/s: {faster:.2} s");
+    assert!(faster >= 0.45, "32 Mbit/s limit not applied: {faster:.2} s");
+    assert!(faster < limited / 2.0, "{faster:.2} s vs {limited:.2} s");
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", s.peer_if()]);
+    assert!(!q.contains("tbf"), "upload limit not removed: {q}");
+    s.set_policy(policy(r#"{"mode":"internet"}"#)).unwrap();
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
+    assert!(!q.contains("tbf"), "{q}");
+    let (_, free) = download(&g.ns, INTERNET).expect("download");
+    eprintln!("2 MB down unlimited: {free:.2} s");
+    assert!(free < limited / 4.0, "{free:.2} s vs {limited:.2} s");
+    assert_eq!(
+        s.policy().map(|p| p.bandwidth),
+        Some(None),
+        "policy in force"
+    );
+
+    drop(g);
+    drop(s);
+    net.close().unwrap();
+    assert!(leftovers(&topo, prefix).is_empty());
+}
+
+#[test]
+fn doctor_passes_here_and_leaves_nothing() {
+    if skip_unless_root("doctor_passes_here_and_leaves_nothing") {
+        return;
+    }
+    let topo = Topology::new("d3");
+    let cfg = config(&topo, "asbxd3");
+    agent_sandbox::net::doctor::check(&cfg).expect("doctor");
+    assert!(leftovers(&topo, "asbxd3").is_empty());
+}
+
+#[test]
+fn failed_live_change_keeps_the_previous_policy() {
+    if skip_unless_root("failed_live_change_keeps_the_previous_policy") {
+        return;
+    }
+    let prefix = "asbxd4";
+    let mut topo = Topology::new("d4");
+    let cfg = config(&topo, prefix);
+    let _sweep = SweepGuard(cfg.clone());
+    let _srv = Servers::start(&topo.internet, &[INTERNET]);
+    let net = Net::new(cfg).unwrap();
+    let s = net
+        .create_session(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
+        .unwrap();
+    let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+    assert!(tcp_probe(&g.ns, INTERNET).is_some());
+    // Someone holds port 53 on the gateway: the forwarder cannot start, so
+    // the change must fail as a whole, after its firewall part and its
+    // bandwidth part were already installed.
+    let squatter = in_ns(s.netns(), || {
+        std::net::UdpSocket::bind((gw(), 53)).expect("squat port 53")
+    });
+    let e = s
+        .set_policy(policy(
+            r#"{"mode":"none","domains":["github.com"],"bandwidth":{"down_kbit":16000}}"#,
+        ))
+        .expect_err("forwarder cannot bind");
+    assert!(e.to_string().contains("53"), "{e}");
+    // Everything as before: the policy in force, egress open, old limit.
+    assert_eq!(
+        s.policy(),
+        Some(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
+    );
+    assert!(tcp_probe(&g.ns, INTERNET).is_some(), "egress rolled back");
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
+    assert!(q.contains("rate 8Mbit"), "limit rolled back: {q}");
+    drop(squatter);
+    s.set_policy(policy(r#"{"mode":"none","domains":["github.com"]}"#))
+        .expect("works once the port is free");
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None);
+    drop(g);
+    drop(s);
+    net.close().unwrap();
+    assert!(leftovers(&topo, prefix).is_empty());
+}
