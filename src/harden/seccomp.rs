@@ -71,8 +71,6 @@ impl Mode {
 pub enum ThreadKind {
     /// Union of all kinds; the main thread after `harden::apply`.
     Baseline = 1,
-    /// Starts other threads (`harden::thread`), nothing else.
-    Broker,
     /// tiny_http acceptor and workers, stream pumps: TCP and Unix sockets,
     /// the key file.
     Http,
@@ -93,7 +91,6 @@ pub enum ThreadKind {
 impl ThreadKind {
     pub const ALL: &'static [ThreadKind] = &[
         ThreadKind::Baseline,
-        ThreadKind::Broker,
         ThreadKind::Http,
         ThreadKind::Session,
         ThreadKind::Reaper,
@@ -105,7 +102,6 @@ impl ThreadKind {
     pub fn name(self) -> &'static str {
         match self {
             ThreadKind::Baseline => "baseline",
-            ThreadKind::Broker => "thread-broker",
             ThreadKind::Http => "http",
             ThreadKind::Session => "session",
             ThreadKind::Reaper => "reaper",
@@ -134,7 +130,6 @@ impl ThreadKind {
                 // The main thread waits for SIGTERM/SIGINT with sigwait.
                 r.allow(&[libc::SYS_rt_sigtimedwait, libc::SYS_rt_sigpending]);
             }
-            ThreadKind::Broker => threads(&mut r)?,
             ThreadKind::Http => {
                 threads(&mut r)?;
                 fs_read(&mut r)?;
@@ -356,6 +351,7 @@ fn base(r: &mut Rules) -> Result<(), HardenError> {
         PR_GET_NAME,
         PR_SET_NO_NEW_PRIVS,
         PR_GET_NO_NEW_PRIVS,
+        PR_GET_DUMPABLE,
     ] {
         r.allow_when(SYS_prctl, vec![eq32(0, op as u64)]);
     }

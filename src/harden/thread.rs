@@ -27,10 +27,8 @@ pub(crate) fn start_broker() -> Result<(), HardenError> {
     Builder::new()
         .name("thread-broker".into())
         .spawn(move || {
-            if let Err(e) = seccomp::install_current(ThreadKind::Broker) {
-                log::error!("thread broker: {e}");
-                return;
-            }
+            // No filter of its own: every thread it starts inherits its
+            // filter, so it must keep exactly the baseline.
             for job in rx.iter() {
                 job();
             }
