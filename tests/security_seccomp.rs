@@ -84,7 +84,7 @@ fn main() {
                 .into_iter()
                 .map(|(c, _)| c)
                 .collect::<Vec<_>>(),
-        );
+        ) & common::own_permitted();
         let hex = format!("{want:016x}");
         for (field, val) in [
             ("CapInh", "0000000000000000"),

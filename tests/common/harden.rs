@@ -120,3 +120,14 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// This process's permitted capability mask: a dropped-to set can only be
+/// the wanted set within it (a container may withhold some, e.g.
+/// CAP_SYS_RESOURCE).
+pub fn own_permitted() -> u64 {
+    let st = std::fs::read_to_string("/proc/self/status").expect("read status");
+    st.lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapPrm line")
+}
