@@ -249,7 +249,7 @@ fn child(case: &str) {
                     let s = harden::thread::spawn(
                         ThreadKind::Session,
                         std::thread::Builder::new().name("session-x".into()),
-                        || unshare_net(),
+                        unshare_net,
                     )
                     .expect("spawn session");
                     let r = s.join().expect("join session");

@@ -229,66 +229,77 @@ fn main() {
         Ok(())
     });
 
-    t.check("root_program_keeps_only_spawner_caps_and_can_drop_uid", || {
-        // What the jailer gets: started as root under no_new_privs with the
-        // spawner's bounding set and denylist filter, and it can still
-        // setuid itself.
-        let (r, w) = pipe();
-        let req = SpawnRequest {
-            argv: vec!["/bin/cat".into(), "/proc/self/status".into()],
-            uid: 0,
-            gid: 0,
-            fds: vec![1],
-            ..SpawnRequest::default()
-        };
-        let c = client.spawn(&req, &[w.as_fd()]).map_err(|e| e.to_string())?;
-        drop(w);
-        let status = read_all(r);
-        let _ = c.wait_until(Instant::now() + Duration::from_secs(10));
-        let want = caps::mask(
-            &caps::plan(caps::SPAWNER)
-                .into_iter()
-                .map(|(c, _)| c)
-                .collect::<Vec<_>>(),
-        ) & common::own_permitted();
-        for line in [
-            format!("CapBnd:\t{want:016x}"),
-            format!("CapEff:\t{want:016x}"),
-            "CapAmb:\t0000000000000000".into(),
-            "NoNewPrivs:\t1".into(),
-            "Seccomp:\t2".into(),
-        ] {
-            if !status.contains(&line) {
-                return Err(format!("missing {line:?} in\n{status}"));
+    t.check(
+        "root_program_keeps_only_spawner_caps_and_can_drop_uid",
+        || {
+            // What the jailer gets: started as root under no_new_privs with the
+            // spawner's bounding set and denylist filter, and it can still
+            // setuid itself.
+            let (r, w) = pipe();
+            let req = SpawnRequest {
+                argv: vec!["/bin/cat".into(), "/proc/self/status".into()],
+                uid: 0,
+                gid: 0,
+                fds: vec![1],
+                ..SpawnRequest::default()
+            };
+            let c = client
+                .spawn(&req, &[w.as_fd()])
+                .map_err(|e| e.to_string())?;
+            drop(w);
+            let status = read_all(r);
+            let _ = c.wait_until(Instant::now() + Duration::from_secs(10));
+            let want = caps::mask(
+                &caps::plan(caps::SPAWNER)
+                    .into_iter()
+                    .map(|(c, _)| c)
+                    .collect::<Vec<_>>(),
+            ) & common::own_permitted();
+            for line in [
+                format!("CapBnd:\t{want:016x}"),
+                format!("CapEff:\t{want:016x}"),
+                "CapAmb:\t0000000000000000".into(),
+                "NoNewPrivs:\t1".into(),
+                "Seccomp:\t2".into(),
+            ] {
+                if !status.contains(&line) {
+                    return Err(format!("missing {line:?} in\n{status}"));
+                }
             }
-        }
-        let (r, w) = pipe();
-        let req = SpawnRequest {
-            argv: vec![
-                "/usr/bin/setpriv".into(),
-                "--reuid=65534".into(),
-                "--regid=65534".into(),
-                "--clear-groups".into(),
-                "/bin/sh".into(),
-                "-c".into(),
-                "id -u; grep CapEff /proc/self/status".into(),
-            ],
-            uid: 0,
-            gid: 0,
-            fds: vec![1],
-            ..SpawnRequest::default()
-        };
-        let c = client.spawn(&req, &[w.as_fd()]).map_err(|e| e.to_string())?;
-        drop(w);
-        let out = read_all(r);
-        let st = c.wait_until(Instant::now() + Duration::from_secs(10));
-        if out != "65534\nCapEff:\t0000000000000000\n" {
-            return Err(format!("setpriv under the spawner printed {out:?} ({st:?})"));
-        }
-        Ok(())
-    });
+            let (r, w) = pipe();
+            let req = SpawnRequest {
+                argv: vec![
+                    "/usr/bin/setpriv".into(),
+                    "--reuid=65534".into(),
+                    "--regid=65534".into(),
+                    "--clear-groups".into(),
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    "id -u; grep CapEff /proc/self/status".into(),
+                ],
+                uid: 0,
+                gid: 0,
+                fds: vec![1],
+                ..SpawnRequest::default()
+            };
+            let c = client
+                .spawn(&req, &[w.as_fd()])
+                .map_err(|e| e.to_string())?;
+            drop(w);
+            let out = read_all(r);
+            let st = c.wait_until(Instant::now() + Duration::from_secs(10));
+            if out != "65534\nCapEff:\t0000000000000000\n" {
+                return Err(format!(
+                    "setpriv under the spawner printed {out:?} ({st:?})"
+                ));
+            }
+            Ok(())
+        },
+    );
 
-    t.check("a_killed_spawner_is_noticed", || killed(&client, spawner_pid));
+    t.check("a_killed_spawner_is_noticed", || {
+        killed(&client, spawner_pid)
+    });
     let _ = std::fs::remove_file(&witness);
     drop(ns);
     t.finish();
@@ -298,7 +309,9 @@ fn killed(client: &SpawnerClient, pid: i32) -> Result<(), String> {
     let hook = Arc::new(AtomicBool::new(false));
     let h = hook.clone();
     client.on_death(move |_| h.store(true, Ordering::SeqCst));
-    let running = client.spawn(&sh("exec sleep 100"), &[]).map_err(|e| e.to_string())?;
+    let running = client
+        .spawn(&sh("exec sleep 100"), &[])
+        .map_err(|e| e.to_string())?;
     // SAFETY: signalling the spawner this test forked.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(5);

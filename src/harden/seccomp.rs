@@ -220,12 +220,10 @@ impl Rules {
     }
 
     fn allow_when(&mut self, nr: libc::c_long, conds: Vec<Cond>) {
-        match self.map.entry(nr).or_insert_with(|| Some(Vec::new())) {
-            None => {} // already unconditional
-            Some(v) => {
-                if !v.contains(&conds) {
-                    v.push(conds)
-                }
+        // `None` means already unconditional: nothing to add.
+        if let Some(v) = self.map.entry(nr).or_insert_with(|| Some(Vec::new())) {
+            if !v.contains(&conds) {
+                v.push(conds)
             }
         }
     }
