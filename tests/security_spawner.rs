@@ -57,6 +57,9 @@ fn sh(script: &str) -> SpawnRequest {
 }
 
 fn main() {
+    if common::case_arg().as_deref() == Some("daemon_exits") {
+        daemon_exits();
+    }
     let mut t = Runner::new();
     if !is_root() {
         println!("(not root: the spawner tests need root; skipped)");
@@ -297,6 +300,29 @@ fn main() {
         },
     );
 
+    t.check("daemon_exit_makes_the_spawner_kill_its_children", || {
+        let o = common::run_case("daemon_exits");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let pid: i32 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("child "))
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| format!("no child pid\n{}", common::describe(&o)))?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if Instant::now() > deadline {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+                return Err(format!(
+                    "child {pid} still runs 5 s after the daemon exited"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    });
+
     t.check("a_killed_spawner_is_noticed", || {
         killed(&client, spawner_pid)
     });
@@ -344,4 +370,31 @@ fn killed(client: &SpawnerClient, pid: i32) -> Result<(), String> {
         }
         other => Err(format!("spawn after death: {other:?}")),
     }
+}
+
+/// Child run: start a spawner and a long-running process, then exit
+/// without cleaning up, as a crashing daemon would.
+fn daemon_exits() -> ! {
+    let policy = Policy {
+        programs: vec![prog("/bin/sleep", false)],
+        uids: NOBODY..=NOBODY,
+        gids: NOBODY..=NOBODY,
+        tool_uid: NOBODY,
+        tool_gid: NOBODY,
+        netns_dirs: vec![],
+        cgroup_dirs: vec![],
+    };
+    let client = fork_spawner(policy, Mode::Enforce)
+        .and_then(|f| f.start_client())
+        .expect("spawner");
+    let req = SpawnRequest {
+        argv: vec!["/bin/sleep".into(), "100".into()],
+        uid: NOBODY,
+        gid: NOBODY,
+        new_process_group: true,
+        ..SpawnRequest::default()
+    };
+    let child = client.spawn(&req, &[]).expect("spawn sleep");
+    println!("child {}", child.pid());
+    std::process::exit(0)
 }

@@ -284,8 +284,10 @@ fn spawner_setup(filter: Option<&BpfProgram>) -> Result<(), HardenError> {
     // SAFETY: prctl with integer arguments.
     unsafe {
         // The spawner must not outlive the daemon even if the socket EOF
-        // were missed; it also must not be ptraced or dumped.
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // were missed: SIGHUP (blocked, read from a signalfd) when the
+        // daemon dies, handled like EOF: kill what we started, exit. It
+        // also must not be ptraced or dumped.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGHUP, 0, 0, 0);
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::setsid();
     }

@@ -77,8 +77,11 @@ impl Server {
                 return Err(err("poll"));
             }
             if p[1].revents != 0 {
-                drain_signalfd(&sigfd);
+                let hup = drain_signalfd(&sigfd);
                 self.reap()?;
+                if hup {
+                    return Ok(()); // parent death signal: the daemon is gone
+                }
             }
             if p[0].revents != 0 {
                 match wire::recv(self.sock.as_raw_fd()) {
@@ -479,19 +482,32 @@ fn sigchld_fd() -> io::Result<OwnedFd> {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(err("sigprocmask(SIGCHLD)"));
+            return Err(err("sigprocmask(SIGCHLD, SIGHUP)"));
         }
         let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
         if fd < 0 {
-            return Err(err("signalfd(SIGCHLD)"));
+            return Err(err("signalfd(SIGCHLD, SIGHUP)"));
         }
         Ok(OwnedFd::from_raw_fd(fd))
     }
 }
 
-fn drain_signalfd(fd: &OwnedFd) {
+/// Read every pending signal; true if SIGHUP (parent death) was among them.
+fn drain_signalfd(fd: &OwnedFd) -> bool {
+    // struct signalfd_siginfo is 128 bytes, ssi_signo (u32) first.
     let mut buf = [0u8; 128 * 8];
-    // SAFETY: non-blocking reads into a local buffer until EAGAIN.
-    while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    let mut hup = false;
+    loop {
+        // SAFETY: non-blocking read into a local buffer.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return hup;
+        }
+        for rec in buf[..n as usize].chunks_exact(128) {
+            let signo = u32::from_ne_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            hup |= signo == libc::SIGHUP as u32;
+        }
+    }
 }
