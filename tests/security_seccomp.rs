@@ -7,6 +7,8 @@
 
 #[path = "common/harden.rs"]
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 
 use agent_sandbox::harden::{self, caps, seccomp, Mode, ThreadKind};
 use common::{describe, is_root, run_case, Runner};
@@ -121,6 +123,26 @@ fn main() {
             "http thread stopped",
         )
     });
+    t.check("real_network_setup_fits_the_session_allowlist", || {
+        // The real src/net code, under enforced filters: the daemon's main
+        // thread (baseline) owns the Net, a session thread (Session kind)
+        // creates, re-policies and tears down a session namespace.
+        let topo = netns::Topology::new("hsec");
+        let cfg = net_config(&topo.host_path());
+        let _sweep = netns::SweepGuard(cfg);
+        let o = std::process::Command::new(std::env::current_exe().expect("exe"))
+            .args(["--case", "net"])
+            .env("HSEC_HOST_NETNS", topo.host_path())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let out = String::from_utf8_lossy(&o.stdout);
+        expect(o.status.success(), &o, "exit 0 (no forbidden syscall)")?;
+        expect(
+            out.contains("session net up and torn down"),
+            &o,
+            "session ran",
+        )
+    });
     t.check("baseline_stops_the_main_thread", || {
         let o = run_case("baseline");
         let err = String::from_utf8_lossy(&o.stderr);
@@ -163,8 +185,50 @@ fn unshare_net() -> String {
     }
 }
 
+fn net_config(host: &std::path::Path) -> agent_sandbox::net::NetConfig {
+    agent_sandbox::net::NetConfig {
+        host_netns: Some(host.to_path_buf()),
+        uplink_if: "up0".into(),
+        prefix: "asbxhs".into(),
+        tap_uid: Some(4242),
+        tap_gid: Some(4243),
+        ..agent_sandbox::net::NetConfig::default()
+    }
+}
+
 fn child(case: &str) {
     match case {
+        "net" => {
+            use agent_sandbox::net::{EgressPolicy, Net};
+            let host = std::env::var("HSEC_HOST_NETNS").expect("HSEC_HOST_NETNS");
+            let opts = harden::Options {
+                needs: caps::DAEMON.to_vec(),
+                seccomp: Mode::Enforce,
+                nofile: None,
+            };
+            harden::apply(&opts).expect("apply");
+            let net = std::sync::Arc::new(
+                Net::new(net_config(std::path::Path::new(&host))).expect("Net::new"),
+            );
+            let n = net.clone();
+            let h = harden::thread::spawn(
+                ThreadKind::Session,
+                std::thread::Builder::new().name("session-net".into()),
+                move || -> Result<(), String> {
+                    let mut s = n
+                        .create_session(&EgressPolicy::Internet)
+                        .map_err(|e| e.to_string())?;
+                    s.set_policy(&EgressPolicy::None)
+                        .map_err(|e| e.to_string())?;
+                    s.teardown().map_err(|e| e.to_string())
+                },
+            )
+            .expect("spawn");
+            h.join().expect("join").expect("session net");
+            net.settle(std::time::Duration::from_secs(10));
+            net.close().expect("close");
+            say("session net up and torn down");
+        }
         "trap" => {
             let h = std::thread::spawn(|| {
                 seccomp::install_current_with(ThreadKind::Http, Mode::Enforce).expect("install");
