@@ -5,6 +5,8 @@
 //!
 //! Run as root: `cargo test --test security_spawner`.
 
+#[path = "common/mod.rs"]
+mod agentcommon;
 #[path = "common/harden.rs"]
 mod common;
 
@@ -57,8 +59,10 @@ fn sh(script: &str) -> SpawnRequest {
 }
 
 fn main() {
-    if common::case_arg().as_deref() == Some("daemon_exits") {
-        daemon_exits();
+    match common::case_arg().as_deref() {
+        Some("daemon_exits") => daemon_exits(),
+        Some("daemon_like") => daemon_like(),
+        _ => {}
     }
     let mut t = Runner::new();
     if !is_root() {
@@ -323,6 +327,31 @@ fn main() {
         Ok(())
     });
 
+    t.check("hardened_daemon_runs_the_agent_through_the_spawner", || {
+        // The whole daemon arrangement: spawner forked, apply(), then a
+        // Session thread starts the real guest agent as nobody through the
+        // spawner and drives it with the real AgentClient.
+        let bin = agentcommon::agent_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("asbx-test-hd")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
+            .map_err(|e| e.to_string())?;
+        let o = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+            .args(["--case", "daemon_like"])
+            .env("HD_AGENT_BIN", &bin)
+            .env("HD_DIR", dir.path())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let out = String::from_utf8_lossy(&o.stdout);
+        if o.status.success() && out.contains("agent says: hi from 65534") {
+            Ok(())
+        } else {
+            Err(common::describe(&o))
+        }
+    });
+
     t.check("a_killed_spawner_is_noticed", || {
         killed(&client, spawner_pid)
     });
@@ -396,5 +425,92 @@ fn daemon_exits() -> ! {
     };
     let child = client.spawn(&req, &[]).expect("spawn sleep");
     println!("child {}", child.pid());
+    std::process::exit(0)
+}
+
+/// Child run: the daemon's start-up order, then an agent session.
+fn daemon_like() -> ! {
+    use agent_sandbox::agent::AgentClient;
+    use agent_sandbox::harden::{self, ThreadKind};
+    use agent_sandbox::proto::ExecRequest;
+    let bin = std::env::var("HD_AGENT_BIN").expect("HD_AGENT_BIN");
+    let dir = std::env::var("HD_DIR").expect("HD_DIR");
+    let policy = Policy {
+        programs: vec![prog(&bin, false)],
+        uids: NOBODY..=NOBODY,
+        gids: NOBODY..=NOBODY,
+        tool_uid: NOBODY,
+        tool_gid: NOBODY,
+        netns_dirs: vec![],
+        cgroup_dirs: vec![],
+    };
+    let forked = fork_spawner(policy, Mode::Enforce).expect("fork spawner");
+    let opts = harden::Options {
+        needs: caps::DAEMON.to_vec(),
+        seccomp: Mode::Enforce,
+        nofile: None,
+    };
+    harden::apply(&opts).expect("apply");
+    let client = forked.start_client().expect("client");
+    let h = harden::thread::spawn(
+        ThreadKind::Session,
+        std::thread::Builder::new().name("session-1".into()),
+        move || -> Result<String, String> {
+            let sock = format!("{dir}/agent.sock");
+            let (r, w) = pipe();
+            let req = SpawnRequest {
+                argv: vec![
+                    bin.clone(),
+                    "--listen".into(),
+                    format!("unix:{sock}"),
+                    "--workspace".into(),
+                    format!("{dir}/ws"),
+                ],
+                env: vec![("SANDBOX_AGENT_LOG".into(), "warn".into())],
+                cwd: Some(dir.clone()),
+                uid: NOBODY,
+                gid: NOBODY,
+                fds: vec![1],
+                new_process_group: true,
+                ..SpawnRequest::default()
+            };
+            let child = client
+                .spawn(&req, &[w.as_fd()])
+                .map_err(|e| e.to_string())?;
+            drop(w);
+            let mut f = std::fs::File::from(r);
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while f.read(&mut b).map_err(|e| e.to_string())? == 1 && b[0] != b'\n' {
+                line.push(b[0]);
+            }
+            let stream = std::os::unix::net::UnixStream::connect(&sock)
+                .map_err(|e| format!("connect {sock}: {e}"))?;
+            let agent =
+                AgentClient::connect(stream, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            let out = agent
+                .exec(
+                    ExecRequest {
+                        shell: Some("echo hi from $(id -u)".into()),
+                        ..Default::default()
+                    },
+                    1 << 20,
+                )
+                .map_err(|e| e.to_string())?;
+            agent.close();
+            child.kill(libc::SIGKILL).map_err(|e| e.to_string())?;
+            let _ = child.wait_until(Instant::now() + Duration::from_secs(5));
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        },
+    )
+    .expect("spawn session thread");
+    match h.join() {
+        Ok(Ok(s)) => println!("agent says: {s}"),
+        Ok(Err(e)) => {
+            println!("session failed: {e}");
+            std::process::exit(1)
+        }
+        Err(_) => std::process::exit(2),
+    }
     std::process::exit(0)
 }
