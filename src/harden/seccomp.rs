@@ -465,17 +465,32 @@ fn netns(r: &mut Rules) -> Result<(), HardenError> {
         r.allow_when(SYS_mount, vec![eq64(3, flags)]);
     }
     r.allow_when(SYS_umount2, vec![eq32(1, MNT_DETACH as u64)]);
-    // TUNSETIFF, TUNSETPERSIST, TUNSETOWNER, TUNSETGROUP.
-    for req in [0x4004_54ca_u64, 0x4004_54cb, 0x4004_54cc, 0x4004_54ce] {
+    // TUNSETIFF, TUNSETPERSIST, TUNSETOWNER, TUNSETGROUP, and
+    // KVM_GET_API_VERSION (the QEMU backend's KVM probe).
+    for req in [
+        0x4004_54ca_u64,
+        0x4004_54cb,
+        0x4004_54cc,
+        0x4004_54ce,
+        0xae00,
+    ] {
         r.allow_when(SYS_ioctl, vec![eq32(1, req)]);
     }
     Ok(())
 }
 
-/// Watching, signalling and reaping VMM processes by pidfd.
+/// Watching, signalling and reaping VMM processes by pidfd. Plain `kill`
+/// too (QEMU teardown signals the VMM's process group): with CAP_KILL and
+/// pidfd_send_signal allowed it adds no power.
 fn pidfd(r: &mut Rules) {
     use libc::*;
-    r.allow(&[SYS_pidfd_open, SYS_pidfd_send_signal, SYS_waitid, SYS_wait4]);
+    r.allow(&[
+        SYS_pidfd_open,
+        SYS_pidfd_send_signal,
+        SYS_waitid,
+        SYS_wait4,
+        SYS_kill,
+    ]);
 }
 
 // ---- installing -----------------------------------------------------------

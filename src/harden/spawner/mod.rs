@@ -756,6 +756,9 @@ const BACKEND: &str = "spawner";
 
 impl jailer::Spawner for SpawnerClient {
     fn run(&self, argv: &[OsString], deadline: Instant) -> crate::vm::Result<Output> {
+        let budget_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
         let argv: Vec<String> = argv
             .iter()
             .map(|a| {
@@ -808,7 +811,7 @@ impl jailer::Spawner for SpawnerClient {
                 Err(VmError::Timeout {
                     backend: BACKEND,
                     what: format!("{prog} (pid {}) to exit", child.pid()),
-                    ms: 0,
+                    ms: budget_ms,
                 })
             }
             Err(e) => Err(VmError::Other(format!("{prog}: {e}"))),
