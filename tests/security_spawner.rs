@@ -233,7 +233,29 @@ fn main() {
         if out.code != Some(0) || out.stdout != b"hello\n" {
             return Err(format!("{out:?}"));
         }
-        Ok(())
+        let argv = [
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo out; echo err >&2; exit 3".into(),
+        ];
+        let out = client
+            .run(&argv, Instant::now() + Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        if out.code != Some(3) || out.stdout != b"out\n" || out.stderr != b"err\n" {
+            return Err(format!("{out:?}"));
+        }
+        let t0 = Instant::now();
+        let argv = ["/bin/sleep".into(), "30".into()];
+        match client.run(&argv, Instant::now() + Duration::from_millis(200)) {
+            Err(agent_sandbox::vm::VmError::Timeout { .. })
+                if t0.elapsed() < Duration::from_secs(2) => {}
+            other => return Err(format!("sleep 30 with a 200 ms deadline: {other:?}")),
+        }
+        let argv = ["/nonexistent/jailer".into()];
+        match client.run(&argv, Instant::now() + Duration::from_secs(1)) {
+            Err(e) if e.to_string().contains("/nonexistent/jailer") => Ok(()),
+            other => Err(format!("unknown program: {other:?}")),
+        }
     });
 
     t.check(
