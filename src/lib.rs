@@ -4,5 +4,6 @@
 pub use sandbox_agent::proto;
 
 pub mod agent;
+pub mod harden;
 pub mod net;
 pub mod vm;
