@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agent;
 pub mod api;
 pub mod config;
+pub mod harden;
 pub mod net;
 pub mod sandbox;
 pub mod session;

@@ -1,0 +1,742 @@
+//! seccomp-bpf allowlists per thread kind, compiled in-process with
+//! `seccompiler`.
+//!
+//! Filters belong to a thread and are inherited by every thread it creates;
+//! stacked filters only ever narrow (the kernel runs all of them and takes
+//! the strictest answer). Hence the layout:
+//!
+//! - [`ThreadKind::Baseline`] (the union of every kind) goes on the main
+//!   thread by `harden::apply`, so whatever the main thread or a library
+//!   started from it does stays inside the daemon's whole syscall surface.
+//! - Each other thread adds the allowlist of its kind before its loop:
+//!   [`install_current`] at the top of the thread body, or
+//!   `harden::thread::spawn`, which starts the thread from a broker thread
+//!   that holds only the baseline (a session thread started from an HTTP
+//!   worker would otherwise be limited to what HTTP workers may do).
+//!
+//! A forbidden syscall raises SIGSYS (`SECCOMP_RET_TRAP`); the handler
+//! writes one line naming the syscall, its number and the thread kind to
+//! stderr with write(2), then ends the whole process with exit status 159
+//! (128 + SIGSYS). The whole process, not the thread: a thread that vanished
+//! could hold locks or leave a session half torn down; a clean restart
+//! sweeps orphans instead. [`Mode::Log`] (`AGENT_SANDBOX_SECCOMP=log`)
+//! lets forbidden syscalls run and has the kernel log them
+//! (`SECCOMP_RET_LOG`; `dmesg | grep type=1326`), for development.
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Once};
+
+use super::HardenError;
+
+/// What to do with a syscall outside the allowlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// SIGSYS: log the syscall name, end the process.
+    Enforce,
+    /// Allow it, have the kernel log it (audit type 1326).
+    Log,
+    /// No filters at all.
+    Off,
+}
+
+impl Mode {
+    /// `AGENT_SANDBOX_SECCOMP` = `enforce` (default) | `log` | `off`.
+    pub fn from_env() -> Result<Mode, HardenError> {
+        match std::env::var("AGENT_SANDBOX_SECCOMP").as_deref() {
+            Err(_) | Ok("") | Ok("enforce") => Ok(Mode::Enforce),
+            Ok("log") => Ok(Mode::Log),
+            Ok("off") => Ok(Mode::Off),
+            Ok(other) => Err(HardenError::Config(format!(
+                "AGENT_SANDBOX_SECCOMP={other:?}: want enforce, log or off"
+            ))),
+        }
+    }
+
+    fn mismatch(self) -> SeccompAction {
+        match self {
+            Mode::Log => SeccompAction::Log,
+            _ => SeccompAction::Trap,
+        }
+    }
+}
+
+/// Kinds of daemon threads, each with its own allowlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum ThreadKind {
+    /// Union of all kinds; the main thread after `harden::apply`.
+    Baseline = 1,
+    /// tiny_http acceptor and workers, stream pumps: TCP and Unix sockets,
+    /// the key file.
+    Http,
+    /// Session and warm-pool threads: create and destroy sandboxes
+    /// (network namespaces, netlink, jail files, agent sockets, spawner
+    /// requests, pidfds).
+    Session,
+    /// Session reaper: looks at timers, sends stop commands.
+    Reaper,
+    /// Reads one agent connection (`src/agent`).
+    AgentReader,
+    /// Network teardown reaper (`src/net`): netlink, unmounting namespaces.
+    NetReaper,
+    /// Reads replies and exit notifications from the spawner process.
+    SpawnerClient,
+}
+
+impl ThreadKind {
+    pub const ALL: &'static [ThreadKind] = &[
+        ThreadKind::Baseline,
+        ThreadKind::Http,
+        ThreadKind::Session,
+        ThreadKind::Reaper,
+        ThreadKind::AgentReader,
+        ThreadKind::NetReaper,
+        ThreadKind::SpawnerClient,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Baseline => "baseline",
+            ThreadKind::Http => "http",
+            ThreadKind::Session => "session",
+            ThreadKind::Reaper => "reaper",
+            ThreadKind::AgentReader => "agent-reader",
+            ThreadKind::NetReaper => "net-reaper",
+            ThreadKind::SpawnerClient => "spawner-client",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<ThreadKind> {
+        ThreadKind::ALL.iter().copied().find(|k| *k as u8 == v)
+    }
+
+    /// The syscalls this kind may make.
+    pub fn rules(self) -> Result<Rules, HardenError> {
+        let mut r = Rules::default();
+        base(&mut r)?;
+        match self {
+            ThreadKind::Baseline => {
+                for k in ThreadKind::ALL
+                    .iter()
+                    .filter(|k| **k != ThreadKind::Baseline)
+                {
+                    r.merge(k.rules()?);
+                }
+                // The main thread waits for SIGTERM/SIGINT with sigwait.
+                r.allow(&[libc::SYS_rt_sigtimedwait, libc::SYS_rt_sigpending]);
+            }
+            ThreadKind::Http => {
+                threads(&mut r)?;
+                fs_read(&mut r)?;
+                fs_write(&mut r);
+                sockets(&mut r, &[libc::AF_UNIX, libc::AF_INET, libc::AF_INET6])?;
+            }
+            ThreadKind::Session => {
+                threads(&mut r)?;
+                fs_read(&mut r)?;
+                fs_write(&mut r);
+                chown(&mut r);
+                sockets(&mut r, &[libc::AF_UNIX, libc::AF_NETLINK])?;
+                netns(&mut r)?;
+                pidfd(&mut r);
+            }
+            ThreadKind::Reaper => {}
+            ThreadKind::AgentReader => socket_io(&mut r),
+            ThreadKind::NetReaper => {
+                fs_read(&mut r)?;
+                fs_write(&mut r);
+                sockets(&mut r, &[libc::AF_NETLINK])?;
+                netns(&mut r)?;
+            }
+            ThreadKind::SpawnerClient => {
+                socket_io(&mut r);
+                pidfd(&mut r);
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// One argument condition: `args[arg] <op> val`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cond {
+    arg: u8,
+    wide: bool,
+    op: CondOp,
+    val: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CondOp {
+    Eq,
+    /// `args[arg] & mask == val`
+    Masked(u64),
+}
+
+fn eq32(arg: u8, val: u64) -> Cond {
+    Cond {
+        arg,
+        wide: false,
+        op: CondOp::Eq,
+        val,
+    }
+}
+
+fn eq64(arg: u8, val: u64) -> Cond {
+    Cond {
+        arg,
+        wide: true,
+        op: CondOp::Eq,
+        val,
+    }
+}
+
+fn masked64(arg: u8, mask: u64, val: u64) -> Cond {
+    Cond {
+        arg,
+        wide: true,
+        op: CondOp::Masked(mask),
+        val,
+    }
+}
+
+/// Allowed syscalls: unconditionally, or when any of several condition
+/// lists (each ANDed) holds.
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    map: BTreeMap<i64, Option<Vec<Vec<Cond>>>>,
+}
+
+impl Rules {
+    fn allow(&mut self, nrs: &[libc::c_long]) {
+        for nr in nrs {
+            self.map.insert(*nr, None);
+        }
+    }
+
+    fn allow_when(&mut self, nr: libc::c_long, conds: Vec<Cond>) {
+        // `None` means already unconditional: nothing to add.
+        if let Some(v) = self.map.entry(nr).or_insert_with(|| Some(Vec::new())) {
+            if !v.contains(&conds) {
+                v.push(conds)
+            }
+        }
+    }
+
+    fn merge(&mut self, other: Rules) {
+        for (nr, rules) in other.map {
+            match rules {
+                None => self.allow(&[nr]),
+                Some(list) => {
+                    for c in list {
+                        self.allow_when(nr, c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Is `nr` allowed at all (with or without conditions)?
+    pub fn mentions(&self, nr: libc::c_long) -> bool {
+        self.map.contains_key(&nr)
+    }
+
+    fn compile(&self, mode: Mode) -> Result<BpfProgram, HardenError> {
+        let bpf = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+        for (nr, conds) in &self.map {
+            let mut list = Vec::new();
+            if let Some(alts) = conds {
+                for alt in alts {
+                    let mut cs = Vec::new();
+                    for c in alt {
+                        let len = if c.wide { Len::Qword } else { Len::Dword };
+                        let op = match c.op {
+                            CondOp::Eq => Op::Eq,
+                            CondOp::Masked(m) => Op::MaskedEq(m),
+                        };
+                        cs.push(SeccompCondition::new(c.arg, len, op, c.val).map_err(bpf)?);
+                    }
+                    list.push(SeccompRule::new(cs).map_err(bpf)?);
+                }
+            }
+            rules.insert(*nr, list);
+        }
+        let filter = SeccompFilter::new(rules, mode.mismatch(), SeccompAction::Allow, arch()?)
+            .map_err(bpf)?;
+        BpfProgram::try_from(filter).map_err(bpf)
+    }
+}
+
+fn arch() -> Result<TargetArch, HardenError> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+}
+
+// ---- syscall groups -------------------------------------------------------
+
+/// Every thread: memory, futexes, time, signals, I/O on fds it already has,
+/// naming itself, installing further (narrower) filters, exiting.
+fn base(r: &mut Rules) -> Result<(), HardenError> {
+    use libc::*;
+    r.allow(&[
+        SYS_read,
+        SYS_write,
+        SYS_readv,
+        SYS_writev,
+        SYS_pread64,
+        SYS_pwrite64,
+        SYS_close,
+        SYS_lseek,
+        SYS_fstat,
+        SYS_newfstatat,
+        SYS_statx,
+        SYS_mmap,
+        SYS_munmap,
+        SYS_mprotect,
+        SYS_madvise,
+        SYS_mremap,
+        SYS_brk,
+        SYS_futex,
+        SYS_sched_yield,
+        SYS_sched_getaffinity,
+        SYS_clock_gettime,
+        SYS_clock_getres,
+        SYS_gettimeofday,
+        SYS_clock_nanosleep,
+        SYS_nanosleep,
+        SYS_poll,
+        SYS_ppoll,
+        SYS_epoll_create1,
+        SYS_epoll_ctl,
+        SYS_epoll_wait,
+        SYS_epoll_pwait,
+        SYS_eventfd2,
+        SYS_pipe2,
+        SYS_dup,
+        SYS_dup3,
+        SYS_fcntl,
+        SYS_getrandom,
+        SYS_rt_sigprocmask,
+        SYS_rt_sigaction,
+        SYS_rt_sigreturn,
+        SYS_sigaltstack,
+        SYS_restart_syscall,
+        SYS_exit,
+        SYS_exit_group,
+        SYS_getpid,
+        SYS_gettid,
+        SYS_getuid,
+        SYS_geteuid,
+        SYS_getgid,
+        SYS_getegid,
+        SYS_set_robust_list,
+        SYS_rseq,
+        // abort() on a panic in a no-unwind path: tgkill(self, SIGABRT).
+        SYS_tgkill,
+    ]);
+    for req in [FIONBIO, FIOCLEX, FIONCLEX, FIONREAD, TCGETS] {
+        r.allow_when(SYS_ioctl, vec![eq32(1, req)]);
+    }
+    for op in [
+        PR_SET_NAME,
+        PR_GET_NAME,
+        PR_SET_NO_NEW_PRIVS,
+        PR_GET_NO_NEW_PRIVS,
+        PR_GET_DUMPABLE,
+    ] {
+        r.allow_when(SYS_prctl, vec![eq32(0, op as u64)]);
+    }
+    r.allow_when(SYS_seccomp, vec![eq32(0, SECCOMP_SET_MODE_FILTER as u64)]);
+    // Reading rlimits only (new_limit == NULL).
+    r.allow_when(SYS_prlimit64, vec![eq64(2, 0)]);
+    Ok(())
+}
+
+/// Starting threads (never processes: CLONE_THREAD must be set; clone3,
+/// whose flags sit in memory where BPF cannot see them, is answered with
+/// ENOSYS by the baseline's extra filter so glibc falls back to clone).
+fn threads(r: &mut Rules) -> Result<(), HardenError> {
+    let t = libc::CLONE_THREAD as u64;
+    r.allow_when(libc::SYS_clone, vec![masked64(0, t, t)]);
+    r.allow(&[libc::SYS_clone3]);
+    Ok(())
+}
+
+fn fs_read(r: &mut Rules) -> Result<(), HardenError> {
+    use libc::*;
+    // Read-only opens: no O_WRONLY/O_RDWR, no O_CREAT/O_TRUNC.
+    let wmask = (O_ACCMODE | O_CREAT | O_TRUNC) as u64;
+    r.allow_when(SYS_openat, vec![masked64(2, wmask, 0)]);
+    r.allow_when(SYS_open, vec![masked64(1, wmask, 0)]);
+    r.allow(&[
+        SYS_getdents64,
+        SYS_readlink,
+        SYS_readlinkat,
+        SYS_access,
+        SYS_faccessat,
+        SYS_faccessat2,
+        SYS_stat,
+        SYS_lstat,
+        SYS_statfs,
+        SYS_fstatfs,
+        SYS_getcwd,
+    ]);
+    Ok(())
+}
+
+fn fs_write(r: &mut Rules) {
+    use libc::*;
+    r.allow(&[
+        SYS_openat,
+        SYS_open,
+        SYS_mkdir,
+        SYS_mkdirat,
+        SYS_unlink,
+        SYS_unlinkat,
+        SYS_rmdir,
+        SYS_rename,
+        SYS_renameat,
+        SYS_renameat2,
+        SYS_link,
+        SYS_linkat,
+        SYS_symlink,
+        SYS_symlinkat,
+        SYS_chmod,
+        SYS_fchmod,
+        SYS_fchmodat,
+        SYS_ftruncate,
+        SYS_fsync,
+        SYS_fdatasync,
+        SYS_fallocate,
+        SYS_utimensat,
+        SYS_copy_file_range,
+        SYS_sendfile,
+        SYS_flock,
+    ]);
+}
+
+fn chown(r: &mut Rules) {
+    use libc::*;
+    r.allow(&[SYS_chown, SYS_fchown, SYS_fchownat, SYS_lchown]);
+}
+
+/// I/O on sockets the thread already holds.
+fn socket_io(r: &mut Rules) {
+    use libc::*;
+    r.allow(&[
+        SYS_sendmsg,
+        SYS_recvmsg,
+        SYS_sendto,
+        SYS_recvfrom,
+        SYS_shutdown,
+        SYS_getsockopt,
+        SYS_setsockopt,
+        SYS_getsockname,
+        SYS_getpeername,
+    ]);
+}
+
+/// Creating sockets of the given families, and using them.
+fn sockets(r: &mut Rules, families: &[libc::c_int]) -> Result<(), HardenError> {
+    use libc::*;
+    socket_io(r);
+    r.allow(&[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4]);
+    for f in families {
+        r.allow_when(SYS_socket, vec![eq32(0, *f as u64)]);
+        r.allow_when(SYS_socketpair, vec![eq32(0, *f as u64)]);
+    }
+    Ok(())
+}
+
+/// What `src/net` does on the calling thread: enter/leave session network
+/// namespaces, pin them with bind mounts under /run/netns, open TAPs.
+fn netns(r: &mut Rules) -> Result<(), HardenError> {
+    use libc::*;
+    r.allow_when(SYS_unshare, vec![eq64(0, CLONE_NEWNET as u64)]);
+    r.allow_when(SYS_setns, vec![eq32(1, CLONE_NEWNET as u64)]);
+    for flags in [MS_BIND, MS_BIND | MS_REC, MS_SHARED | MS_REC] {
+        r.allow_when(SYS_mount, vec![eq64(3, flags)]);
+    }
+    r.allow_when(SYS_umount2, vec![eq32(1, MNT_DETACH as u64)]);
+    // TUNSETIFF, TUNSETPERSIST, TUNSETOWNER, TUNSETGROUP, and
+    // KVM_GET_API_VERSION (the QEMU backend's KVM probe).
+    for req in [
+        0x4004_54ca_u64,
+        0x4004_54cb,
+        0x4004_54cc,
+        0x4004_54ce,
+        0xae00,
+    ] {
+        r.allow_when(SYS_ioctl, vec![eq32(1, req)]);
+    }
+    Ok(())
+}
+
+/// Watching, signalling and reaping VMM processes by pidfd. Plain `kill`
+/// too (QEMU teardown signals the VMM's process group): with CAP_KILL and
+/// pidfd_send_signal allowed it adds no power.
+fn pidfd(r: &mut Rules) {
+    use libc::*;
+    r.allow(&[
+        SYS_pidfd_open,
+        SYS_pidfd_send_signal,
+        SYS_waitid,
+        SYS_wait4,
+        SYS_kill,
+    ]);
+}
+
+// ---- installing -----------------------------------------------------------
+
+type Cache = Mutex<BTreeMap<(ThreadKind, Mode), Arc<BpfProgram>>>;
+
+fn cache() -> &'static Cache {
+    static C: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    C.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+/// The compiled filter of `kind` (cached).
+pub fn program(kind: ThreadKind, mode: Mode) -> Result<Arc<BpfProgram>, HardenError> {
+    let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = c.get(&(kind, mode)) {
+        return Ok(p.clone());
+    }
+    let p = Arc::new(kind.rules()?.compile(mode)?);
+    c.insert((kind, mode), p.clone());
+    Ok(p)
+}
+
+/// The mode `harden::apply` chose; threads installing their own filter use it.
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+pub(crate) fn set_mode(m: Mode) {
+    let v = match m {
+        Mode::Enforce => 1,
+        Mode::Log => 2,
+        Mode::Off => 3,
+    };
+    MODE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process-wide mode; `Off` until `harden::apply` (or [`set_mode`]) ran.
+pub fn mode() -> Mode {
+    match MODE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Mode::Enforce,
+        2 => Mode::Log,
+        _ => Mode::Off,
+    }
+}
+
+thread_local! {
+    /// The kind of the calling thread's newest filter, for the SIGSYS message.
+    static KIND: Cell<u8> = const { Cell::new(0) };
+}
+
+/// Install the allowlist of `kind` on the calling thread in the process-wide
+/// mode (nothing when hardening is off). Call it first thing in the thread
+/// body, before the thread's loop.
+pub fn install_current(kind: ThreadKind) -> Result<(), HardenError> {
+    install_current_with(kind, mode())
+}
+
+/// Like [`install_current`] with an explicit mode.
+pub fn install_current_with(kind: ThreadKind, mode: Mode) -> Result<(), HardenError> {
+    if mode == Mode::Off {
+        return Ok(());
+    }
+    install_sigsys_handler()?;
+    let prog = program(kind, mode)?;
+    if kind == ThreadKind::Baseline {
+        // clone3 -> ENOSYS so glibc uses clone, whose flags BPF can check.
+        let mut m = BTreeMap::new();
+        m.insert(libc::SYS_clone3, Vec::new());
+        let f = SeccompFilter::new(
+            m,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+            arch()?,
+        )
+        .map_err(|e| HardenError::Seccomp(e.to_string()))?;
+        let p = BpfProgram::try_from(f).map_err(|e| HardenError::Seccomp(e.to_string()))?;
+        seccompiler::apply_filter(&p)
+            .map_err(|e| HardenError::Seccomp(format!("install clone3 filter: {e}")))?;
+    }
+    seccompiler::apply_filter(&prog)
+        .map_err(|e| HardenError::Seccomp(format!("install {} filter: {e}", kind.name())))?;
+    KIND.with(|k| k.set(kind as u8));
+    Ok(())
+}
+
+// ---- SIGSYS ---------------------------------------------------------------
+
+/// Exit status of a process stopped for a forbidden syscall (128 + SIGSYS).
+pub const SIGSYS_EXIT: i32 = 128 + libc::SIGSYS;
+
+/// Name of syscall `nr` on this architecture ("?" when unknown).
+pub fn syscall_name(nr: i64) -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(n) = usize::try_from(nr)
+            .ok()
+            .and_then(|i| super::sysnames_x86_64::NAMES.get(i))
+        {
+            if !n.is_empty() {
+                return n;
+            }
+        }
+    }
+    let _ = nr;
+    "?"
+}
+
+fn install_sigsys_handler() -> Result<(), HardenError> {
+    static ONCE: Once = Once::new();
+    let mut res = Ok(());
+    ONCE.call_once(|| {
+        // SAFETY: installing a handler that only does async-signal-safe work.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigsys as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
+                res = Err(HardenError::Seccomp(format!(
+                    "sigaction(SIGSYS): {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+        }
+    });
+    res
+}
+
+/// Small fixed buffer for building the message without allocating.
+struct Line {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Line {
+    fn push(&mut self, s: &[u8]) {
+        for &b in s {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = b;
+                self.len += 1;
+            }
+        }
+    }
+
+    fn num(&mut self, mut v: u64) {
+        let mut d = [0u8; 20];
+        let mut i = d.len();
+        loop {
+            i -= 1;
+            d[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&d[i..]);
+    }
+}
+
+extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // siginfo for SIGSYS: signo, errno, code (12 bytes + 4 padding), then
+    // `void *_call_addr; int _syscall; unsigned _arch;`.
+    // SAFETY: the kernel passes a valid siginfo_t for SA_SIGINFO handlers.
+    let nr = unsafe { (info as *const u8).add(24).cast::<i32>().read_unaligned() };
+    let kind = KIND.with(|k| k.get());
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let mut l = Line {
+        buf: [0; 256],
+        len: 0,
+    };
+    l.push(b"agent-sandbox: seccomp: forbidden syscall ");
+    l.push(syscall_name(i64::from(nr)).as_bytes());
+    l.push(b" (");
+    l.num(nr.max(0) as u64);
+    l.push(b") on ");
+    l.push(
+        ThreadKind::from_u8(kind)
+            .map_or("unfiltered", |k| k.name())
+            .as_bytes(),
+    );
+    l.push(b" thread ");
+    l.num(tid.max(0) as u64);
+    l.push(b"; stopping the process\n");
+    // SAFETY: write(2) and exit_group(2) are async-signal-safe and allowed by
+    // every filter.
+    unsafe {
+        libc::write(2, l.buf.as_ptr().cast(), l.len);
+        libc::syscall(libc::SYS_exit_group, SIGSYS_EXIT);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(syscall_name(libc::SYS_read), "read");
+        assert_eq!(syscall_name(libc::SYS_mount), "mount");
+        assert_eq!(syscall_name(libc::SYS_ptrace), "ptrace");
+        assert_eq!(syscall_name(libc::SYS_clone3), "clone3");
+        assert_eq!(syscall_name(-1), "?");
+        assert_eq!(syscall_name(100_000), "?");
+    }
+
+    #[test]
+    fn every_kind_compiles_and_keeps_the_essentials() {
+        for k in ThreadKind::ALL {
+            let r = k.rules().expect("rules");
+            for nr in [
+                libc::SYS_write,
+                libc::SYS_exit_group,
+                libc::SYS_rt_sigreturn,
+                libc::SYS_futex,
+            ] {
+                assert!(r.mentions(nr), "{k:?} lacks {}", syscall_name(nr));
+            }
+            for mode in [Mode::Enforce, Mode::Log] {
+                assert!(!program(*k, mode).expect("compile").is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn nobody_execs_or_ptraces_and_baseline_covers_all() {
+        let base = ThreadKind::Baseline.rules().expect("rules");
+        for k in ThreadKind::ALL {
+            let r = k.rules().expect("rules");
+            for nr in [
+                libc::SYS_execve,
+                libc::SYS_execveat,
+                libc::SYS_ptrace,
+                libc::SYS_fork,
+                libc::SYS_vfork,
+                libc::SYS_init_module,
+                libc::SYS_kexec_load,
+                libc::SYS_bpf,
+            ] {
+                assert!(!r.mentions(nr), "{k:?} allows {}", syscall_name(nr));
+            }
+            for nr in r.map.keys() {
+                assert!(base.mentions(*nr), "baseline lacks {}", syscall_name(*nr));
+            }
+        }
+        let http = ThreadKind::Http.rules().expect("rules");
+        assert!(!http.mentions(libc::SYS_mount));
+        assert!(!http.mentions(libc::SYS_setns));
+        assert!(!http.mentions(libc::SYS_unshare));
+    }
+}

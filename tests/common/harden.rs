@@ -1,0 +1,133 @@
+//! Helpers for the `security_*` test programs (harness = false: each is a
+//! plain `main` so the process under test starts single-threaded, exactly
+//! like the daemon; cases that restrict a process run in a re-executed
+//! child of the test binary).
+#![allow(dead_code)]
+
+use std::os::unix::fs::MetadataExt;
+use std::process::{Command, Output};
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Run this test binary again as `--case NAME` and collect its output.
+pub fn run_case(name: &str) -> Output {
+    let exe = std::env::current_exe().expect("current exe");
+    Command::new(exe)
+        .args(["--case", name])
+        .env("RUST_LOG", "debug")
+        .output()
+        .expect("run test child")
+}
+
+/// The case named on the command line, if this is a child run.
+pub fn case_arg() -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--case")?;
+    args.get(i + 1).cloned()
+}
+
+/// Collects results of a harness-less test program.
+#[derive(Default)]
+pub struct Runner {
+    failed: Vec<String>,
+    passed: usize,
+    filter: Option<String>,
+}
+
+impl Runner {
+    pub fn new() -> Runner {
+        // `cargo test --test X -- NAME` filters by substring, like libtest.
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+        Runner {
+            filter,
+            ..Runner::default()
+        }
+    }
+
+    pub fn check(&mut self, name: &str, f: impl FnOnce() -> Result<(), String>) {
+        if self.filter.as_deref().is_some_and(|p| !name.contains(p)) {
+            return;
+        }
+        match f() {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                self.passed += 1;
+            }
+            Err(e) => {
+                println!("test {name} ... FAILED\n    {}", e.replace('\n', "\n    "));
+                self.failed.push(name.to_string());
+            }
+        }
+    }
+
+    pub fn finish(self) -> ! {
+        println!(
+            "\ntest result: {}. {} passed; {} failed",
+            if self.failed.is_empty() {
+                "ok"
+            } else {
+                "FAILED"
+            },
+            self.passed,
+            self.failed.len()
+        );
+        std::process::exit(if self.failed.is_empty() { 0 } else { 101 })
+    }
+}
+
+pub fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A network namespace under /run/netns made for one test, removed on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Netns {
+        let name = format!("asbx-test-{tag}-{}", std::process::id());
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("run ip netns add");
+        assert!(st.success(), "ip netns add {name} failed");
+        Netns { name }
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    /// Inode of the namespace, as `readlink /proc/<pid>/ns/net` shows it.
+    pub fn inode(&self) -> u64 {
+        std::fs::metadata(self.path()).expect("stat netns").ino()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// This process's permitted capability mask: a dropped-to set can only be
+/// the wanted set within it (a container may withhold some, e.g.
+/// CAP_SYS_RESOURCE).
+pub fn own_permitted() -> u64 {
+    let st = std::fs::read_to_string("/proc/self/status").expect("read status");
+    st.lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapPrm line")
+}
