@@ -138,6 +138,7 @@ impl ExecBody {
             }
         }
         let background = self.background.unwrap_or(false);
+        #[allow(clippy::needless_update)] // see `..Default::default()` below
         let req = ExecRequest {
             argv,
             shell,
@@ -155,6 +156,10 @@ impl ExecBody {
             },
             background,
             tag: self.tag,
+            // Fields added to the protocol later keep their defaults. (When
+            // merged with the `notify_start` field: set it for streamed and
+            // background execs, which report `started`/`procId`.)
+            ..Default::default()
         };
         Ok(Prepared {
             req,
