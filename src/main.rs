@@ -3,12 +3,11 @@
 use agent_sandbox::api::auth::{validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::{default_state_dir, parse_duration, Config};
-use agent_sandbox::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
+use agent_sandbox::sandbox;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -259,29 +258,8 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {
         return Err("--rate-limit must be > 0 and --rate-burst >= 1".into());
     }
-    let factory: Arc<dyn SandboxFactory> = match a.backend.as_str() {
-        "local-process" => {
-            log::warn!(
-                "backend local-process: commands run on this host WITHOUT isolation \
-                 (development and testing only)"
-            );
-            let bin = a
-                .agent_bin
-                .unwrap_or_else(LocalProcessFactory::default_agent_bin);
-            Arc::new(
-                LocalProcessFactory::new(bin, state_dir.join("run")).map_err(|e| e.to_string())?,
-            )
-        }
-        b if sandbox::BACKENDS.contains(&b) => {
-            sandbox::production_factory(b, &cfg).map_err(|e| e.to_string())?
-        }
-        b => {
-            return Err(format!(
-                "unknown backend {b:?} (one of {})",
-                sandbox::BACKENDS.join(", ")
-            ))
-        }
-    };
+    let factory =
+        sandbox::build_factory(&a.backend, a.agent_bin, &cfg).map_err(|e| e.to_string())?;
     let auth = cfg.auth;
     let server = Server::start(cfg, factory)?;
     let keys = &server.ctx.keys;

@@ -132,6 +132,19 @@ pub trait Sandbox: Send {
     fn pids(&self) -> Vec<i32> {
         Vec::new()
     }
+    /// Changes the egress policy of the running sandbox (networking layer).
+    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()> {
+        let _ = policy;
+        Err(SandboxError::Other(format!(
+            "sandbox {}: changing the egress policy is not supported by this backend",
+            self.id()
+        )))
+    }
+    /// How long the phases of creation took, e.g. `("network", 3 ms)`;
+    /// exported as metrics by the session layer.
+    fn timings(&self) -> Vec<(&'static str, std::time::Duration)> {
+        Vec::new()
+    }
 }
 
 pub trait SandboxFactory: Send + Sync {
@@ -152,6 +165,33 @@ pub trait SandboxFactory: Send + Sync {
 
 /// Backend names `serve --backend` accepts.
 pub const BACKENDS: &[&str] = &["local-process", "qemu", "firecracker"];
+
+/// The factory `serve` (and an in-process `mcp`) runs with.
+/// `agent_bin` is only used by `local-process`.
+pub fn build_factory(
+    backend: &str,
+    agent_bin: Option<std::path::PathBuf>,
+    cfg: &Config,
+) -> Result<Arc<dyn SandboxFactory>> {
+    match backend {
+        "local-process" => {
+            log::warn!(
+                "backend local-process: commands run on this host WITHOUT isolation \
+                 (development and testing only)"
+            );
+            let bin = agent_bin.unwrap_or_else(local::LocalProcessFactory::default_agent_bin);
+            Ok(Arc::new(local::LocalProcessFactory::new(
+                bin,
+                cfg.state_dir.join("run"),
+            )?))
+        }
+        b if BACKENDS.contains(&b) => production_factory(b, cfg),
+        b => Err(SandboxError::Other(format!(
+            "unknown backend {b:?} (one of {})",
+            BACKENDS.join(", ")
+        ))),
+    }
+}
 
 /// INTEGRATION POINT for the VM backends: build the production factory for
 /// `--backend qemu|firecracker`. When the QEMU/template and networking

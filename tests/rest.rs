@@ -616,36 +616,39 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
     // Two HTTP workers only: long commands and streams must not hold them.
     let d = Daemon::start(&["--http-workers", "2", "--max-streams", "6"]);
     let h = d.http();
+    let busy = |h: &common::daemon::Http| {
+        h.get("/exec").json()["sessions"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|s| s["busy"] == true).count())
+    };
     let mut slow = Vec::new();
+    // Started one after another: a burst of new connections can make
+    // tiny_http queue one behind another connection (its thread pool).
     for i in 0..4 {
-        let h = h.clone();
+        let h2 = h.clone();
         slow.push(std::thread::spawn(move || {
             if i % 2 == 0 {
-                h.post(
+                h2.post(
                     &format!("/exec/slow{i}/execute"),
-                    &json!({"command": "sleep 2"}),
+                    &json!({"command": "sleep 3"}),
                 )
                 .status
             } else {
-                h.post(
+                h2.post(
                     &format!("/exec/slow{i}/execute?format=ndjson"),
-                    &json!({"command": "sleep 2"}),
+                    &json!({"command": "sleep 3"}),
                 )
                 .status
             }
         }));
+        assert!(
+            wait_until(Duration::from_secs(2), || busy(&h) > i),
+            "{}",
+            d.log()
+        );
     }
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            h.get("/exec").json()["sessions"]
-                .as_array()
-                // More long requests than workers are running. (tiny_http may
-                // queue a burst's last connection until another one ends.)
-                .is_some_and(|a| a.iter().filter(|s| s["busy"] == true).count() >= 3)
-        }),
-        "{}",
-        d.log()
-    );
+    // Four long requests run on two HTTP workers...
+    assert_eq!(busy(&h), 4);
     let t0 = Instant::now();
     assert_eq!(h.get("/health").status, 200);
     let v = h.exec("fast", "echo quick");

@@ -76,3 +76,84 @@ fn orphan_sweep_after_kill_9() {
     // The key file survived; the printed key is not shown again.
     assert!(d2.key.is_empty());
 }
+
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(args)
+        .output()
+        .expect("run agent-sandbox");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn keys_cli_takes_effect_on_a_running_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start(&[]);
+    let file = d.state_dir().join("keys.json");
+    let f = file.to_str().unwrap();
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let (ok, token, err) = cli(&[
+        "keys",
+        "create",
+        "--name",
+        "ci",
+        "--scopes",
+        "exec",
+        "--key-file",
+        f,
+    ]);
+    assert!(ok, "{err}");
+    let token = token.trim().to_string();
+    let id = token.split('_').nth(1).unwrap().to_string();
+    let h = d.http().with_key(&token);
+    assert_eq!(h.get("/exec").status, 200);
+    let (ok, list, _) = cli(&["keys", "list", "--key-file", f]);
+    assert!(ok && list.contains(&id) && list.contains("ci") && !list.contains(&token));
+    let (ok, rotated, _) = cli(&["keys", "rotate", &id, "--key-file", f]);
+    assert!(ok);
+    let h2 = d.http().with_key(rotated.trim());
+    assert!(wait_until(Duration::from_secs(3), || h.get("/exec").status == 401));
+    assert_eq!(h2.get("/exec").status, 200);
+    let (ok, _, _) = cli(&["keys", "revoke", &id, "--key-file", f]);
+    assert!(ok);
+    assert!(wait_until(Duration::from_secs(3), || h2
+        .get("/exec")
+        .status
+        == 401));
+    let (ok, _, err) = cli(&["keys", "create", "--scopes", "root", "--key-file", f]);
+    assert!(!ok && err.contains("unknown scope"));
+    assert!(!std::fs::read_to_string(&file)
+        .unwrap()
+        .contains(rotated.trim()));
+}
+
+#[test]
+fn no_auth_only_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args([
+            "serve",
+            "--no-auth",
+            "--listen",
+            "0.0.0.0:0",
+            "--backend",
+            "local-process",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .arg("--agent-bin")
+        .arg(common::agent_bin())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+    let d = Daemon::start(&["--no-auth"]);
+    assert_eq!(d.http().anonymous().get("/exec").status, 200);
+}

@@ -203,9 +203,10 @@ impl KeyStore {
         Ok(())
     }
 
-    /// Reloads from disk if the file changed (checked at most every 500 ms).
-    fn refresh(&self, c: &mut Cached) {
-        if c.checked.elapsed().as_millis() < 500 {
+    /// Reloads from disk if the file changed (checked at most every 500 ms
+    /// unless `force`).
+    fn refresh(&self, c: &mut Cached, force: bool) {
+        if !force && c.checked.elapsed().as_millis() < 500 {
             return;
         }
         c.checked = Instant::now();
@@ -242,7 +243,7 @@ impl KeyStore {
 
     pub fn list(&self) -> Vec<KeyRecord> {
         let mut c = self.lock();
-        self.refresh(&mut c);
+        self.refresh(&mut c, false);
         c.keys.clone()
     }
 
@@ -331,11 +332,17 @@ impl KeyStore {
     /// The active key a token belongs to.
     pub fn verify(&self, token: &str) -> Option<KeyRecord> {
         let id = token.strip_prefix("asbx_")?.split('_').next()?;
-        let rec = self.get(id)?;
-        if rec.revoked {
-            return None;
+        let check = |rec: Option<KeyRecord>| {
+            rec.filter(|r| !r.revoked && ct_eq(hash_token(token).as_bytes(), r.hash.as_bytes()))
+        };
+        if let Some(r) = check(self.get(id)) {
+            return Some(r);
         }
-        ct_eq(hash_token(token).as_bytes(), rec.hash.as_bytes()).then_some(rec)
+        // A key created or rotated by the CLI a moment ago: look at the
+        // file now (one stat when it did not change).
+        let mut c = self.lock();
+        self.refresh(&mut c, true);
+        check(c.keys.iter().find(|k| k.id == id).cloned())
     }
 }
 

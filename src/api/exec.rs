@@ -138,6 +138,7 @@ impl ExecBody {
             }
         }
         let background = self.background.unwrap_or(false);
+        #[allow(clippy::needless_update)] // see `..Default::default()` below
         let req = ExecRequest {
             argv,
             shell,

@@ -428,10 +428,19 @@ pub fn delete_session(
     let id = params.get("session");
     validate::session_id(id)?;
     let owner = owner_for(p, params)?;
-    if !ctx.mgr.remove(&owner, id, "deleted by request", true) {
+    if ctx.mgr.get(&owner, id).is_none() {
         return Err(ApiError::session_not_found(id));
     }
-    ok_json(json!({"success": true, "sessionId": id}))
+    // Destroying a VM can take a moment: not on an API worker thread.
+    let mgr = ctx.mgr.clone();
+    let id = id.to_string();
+    Ok(Reply::Later(Box::new(move || {
+        if mgr.remove(&owner, &id, "deleted by request", true) {
+            Reply::Json(200, json!({"success": true, "sessionId": id}))
+        } else {
+            ApiError::session_not_found(&id).into()
+        }
+    })))
 }
 
 /// Whose sessions a request addresses: the caller's own, or, for an admin

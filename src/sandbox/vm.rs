@@ -45,6 +45,8 @@ pub trait NetProvider: Send + Sync {
 
 pub trait NetLease: Send {
     fn attachment(&self) -> NetAttachment;
+    /// Live policy change (`PUT /v1/sessions/:id/network`).
+    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()>;
     fn teardown(&mut self) -> Result<()>;
 }
 
@@ -78,10 +80,12 @@ impl SandboxFactory for VmSandboxFactory {
         let tpl = self
             .templates
             .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
+        let t_net = Instant::now();
         let mut net = match &self.net {
             Some(n) => Some(n.setup(&spec.id, &spec.egress)?),
             None => None,
         };
+        let net_took = net.as_ref().map(|_| t_net.elapsed());
         let cfg = VmConfig {
             id: spec.id.clone(),
             kernel: tpl.kernel,
@@ -127,6 +131,7 @@ impl SandboxFactory for VmSandboxFactory {
                 net,
                 agent,
                 destroyed: false,
+                net_took,
             })),
             Err(e) => {
                 let _ = vm.destroy();
@@ -176,6 +181,7 @@ pub struct VmSandbox {
     net: Option<Box<dyn NetLease>>,
     agent: AgentClient,
     destroyed: bool,
+    net_took: Option<Duration>,
 }
 
 impl Sandbox for VmSandbox {
@@ -207,6 +213,20 @@ impl Sandbox for VmSandbox {
 
     fn pids(&self) -> Vec<i32> {
         self.vm.pid().into_iter().collect()
+    }
+
+    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()> {
+        match self.net.as_mut() {
+            Some(n) => n.set_egress(policy),
+            None => Err(SandboxError::Other(format!(
+                "sandbox {} has no network to apply an egress policy to",
+                self.id
+            ))),
+        }
+    }
+
+    fn timings(&self) -> Vec<(&'static str, Duration)> {
+        self.net_took.map(|d| ("network", d)).into_iter().collect()
     }
 }
 

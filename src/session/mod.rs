@@ -66,6 +66,8 @@ impl State {
 pub(crate) enum Cmd {
     /// Start `Request` on the agent; reply with the call handle.
     Call(Box<Request>, Sender<Result<Call, ApiError>>),
+    /// Change the running sandbox's egress policy.
+    SetEgress(EgressPolicy, Sender<Result<(), ApiError>>),
     /// Destroy the sandbox and end the thread.
     Stop,
 }
@@ -137,6 +139,24 @@ impl Session {
                 504,
                 "session_start_timeout",
                 format!("session {:?} did not become ready within {wait:?}", self.id),
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
+        }
+    }
+
+    /// Applies a new egress policy to the running sandbox (for the
+    /// networking layer's `PUT /v1/sessions/:id/network`).
+    pub fn set_egress(&self, policy: EgressPolicy, wait: Duration) -> Result<(), ApiError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.tx.send(Cmd::SetEgress(policy, tx)).is_err() {
+            return Err(self.gone_error());
+        }
+        match rx.recv_timeout(wait) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(ApiError::new(
+                504,
+                "timeout",
+                format!("session {:?}: egress change timed out", self.id),
             )),
             Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
         }

@@ -46,7 +46,13 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
             // Answer everything queued so far; later senders find the
             // channel closed and report the failure from the state.
             for cmd in rx.try_iter() {
-                if let Cmd::Call(_, reply) = cmd {
+                if let Cmd::SetEgress(_, reply) = cmd {
+                    let _ = reply.send(Err(ApiError::new(
+                        503,
+                        "session_failed",
+                        format!("session {:?} failed to start: {msg}", session.id),
+                    )));
+                } else if let Cmd::Call(_, reply) = cmd {
                     let _ = reply.send(Err(ApiError::new(
                         503,
                         "session_failed",
@@ -58,6 +64,14 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
         }
     };
     *lock(&session.pids) = sandbox.pids();
+    for (phase, took) in sandbox.timings() {
+        if phase == "network" {
+            mgr.metrics
+                .net_setup
+                .get_or_create(&vec![("template", spec.template.clone())])
+                .observe(took.as_secs_f64());
+        }
+    }
     {
         let mut st = lock(&session.state);
         if *st == State::Starting {
@@ -78,6 +92,12 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
                     .agent()
                     .call(&req)
                     .map_err(|e| ApiError::from_agent(e, "start request"));
+                let _ = reply.send(r);
+            }
+            Cmd::SetEgress(policy, reply) => {
+                let r = sandbox
+                    .set_egress(&policy)
+                    .map_err(|e| ApiError::new(409, "egress_not_applied", e.to_string()));
                 let _ = reply.send(r);
             }
             Cmd::Stop => break,
