@@ -95,14 +95,41 @@ pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), S
     for t in templates {
         cmd.args(["--template", t]);
     }
-    let st = cmd
-        .status()
+    // Progress goes to the terminal; the machine-readable result lines
+    // (`kernel=...`, `rootfs.T=...`) are read from stdout.
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("{} failed ({st})", script.display()))
+    let text = String::from_utf8_lossy(&out.stdout);
+    print!("{text}");
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
     }
+    record_current(&text)
+}
+
+/// Remembers which artifacts the last build produced (`<cache>/current.json`),
+/// so the daemon restores images with the agent that was just built rather
+/// than whatever is newest in a shared cache.
+fn record_current(build_output: &str) -> Result<(), String> {
+    let path = wiring::cache_dir().join("current.json");
+    let mut cur: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({"rootfs": {}}));
+    for line in build_output.lines() {
+        if let Some(k) = line.strip_prefix("kernel=") {
+            cur["kernel"] = k.trim().into();
+        } else if let Some((t, p)) = line
+            .strip_prefix("rootfs.")
+            .and_then(|r| r.split_once('='))
+        {
+            cur["rootfs"][t] = p.trim().into();
+        }
+    }
+    let body = serde_json::to_vec_pretty(&cur).map_err(|e| e.to_string())?;
+    std::fs::write(&path, body).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// `agent-sandbox snapshot create [--template T]... [--force]`.

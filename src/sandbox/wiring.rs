@@ -45,8 +45,34 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/agent-sandbox"))
 }
 
+/// Where snapshots live. Normally the daemon's state dir; tests point
+/// `AGENT_SANDBOX_SNAPSHOT_STATE` at one shared place so that each test
+/// daemon, with its own fresh state dir, reuses the same snapshot.
+fn snapshot_state(cfg: &Config) -> PathBuf {
+    std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cfg.state_dir.clone())
+}
+
 pub fn registry_config(cfg: &Config) -> RegistryConfig {
-    let mut rc = RegistryConfig::new(templates_dir(), cache_dir(), cfg.state_dir.clone());
+    let mut rc = RegistryConfig::new(templates_dir(), cache_dir(), snapshot_state(cfg));
+    // The artifacts `agent-sandbox image build` made last, if it recorded
+    // them; otherwise the registry takes the newest in the cache.
+    if let Some(cur) = std::fs::read(cache_dir().join("current.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    {
+        if let Some(k) = cur["kernel"].as_str() {
+            rc.pinned_kernel = Some(PathBuf::from(k));
+        }
+        if let Some(m) = cur["rootfs"].as_object() {
+            for (t, p) in m {
+                if let Some(p) = p.as_str() {
+                    rc.pinned_rootfs.insert(t.clone(), PathBuf::from(p));
+                }
+            }
+        }
+    }
     rc.uid = VM_UID;
     rc.gid = VM_GID;
     rc.default_vcpus = cfg.default_vcpus;
@@ -57,8 +83,10 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
     match name {
         "qemu" => {
+            // The KVM probe costs seconds: remember its answer beside the
+            // snapshots (which are only valid for that answer anyway).
             let qc = QemuConfig {
-                accel_cache: Some(cfg.state_dir.join("qemu-accel")),
+                accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
                 ..Default::default()
             };
             Ok(Arc::new(QemuBackend::new(qc)))
@@ -145,14 +173,30 @@ impl TemplateSource for Templates {
     }
 }
 
+/// VMMs run as an unprivileged uid and must reach their run dir: make the
+/// path to it traversable (not listable). Secrets in the state dir (the
+/// key file) are 0600 files, unaffected.
+fn prepare_run_root(cfg: &Config) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let run_root = cfg.state_dir.join("run");
+    std::fs::create_dir_all(&run_root)
+        .map_err(|e| SandboxError::Other(format!("create {}: {e}", run_root.display())))?;
+    for d in [&cfg.state_dir, &run_root] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| SandboxError::Other(format!("chmod {}: {e}", d.display())))?;
+    }
+    Ok(run_root)
+}
+
 pub fn factory(name: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
+    let run_root = prepare_run_root(cfg)?;
     let be = backend(name, cfg)?;
     let reg = Registry::new(registry_config(cfg), be.clone());
     Ok(Arc::new(VmSandboxFactory {
         backend: be,
         templates: Arc::new(Templates { reg }),
         net: None,
-        run_root: cfg.state_dir.join("run"),
+        run_root,
         uid: VM_UID,
         gid: VM_GID,
         agent_timeout: Duration::from_secs(60),

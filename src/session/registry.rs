@@ -95,6 +95,17 @@ impl Manager {
             .template
             .clone()
             .unwrap_or_else(|| self.cfg.default_template.clone());
+        // "default" names the factory's default template (`base` for VMs).
+        let template = if template == "default" {
+            self.factory
+                .templates()
+                .into_iter()
+                .find(|t| t.is_default)
+                .map(|t| t.name)
+                .unwrap_or(template)
+        } else {
+            template
+        };
         let key = (owner.to_string(), id.to_string());
         let mut map = lock(&self.sessions);
         if let Some(s) = map.get(&key) {
