@@ -144,13 +144,61 @@ impl SandboxFactory for VmSandboxFactory {
     }
 
     fn sweep_orphans(&self) -> Result<usize> {
-        // The backends' own sweeps (jails, VMM processes, cgroups) are
-        // added here when they exist; the network sweep already has a hook.
-        match &self.net {
-            Some(n) => n.sweep_orphans(),
-            None => Ok(0),
+        let vmms = sweep_vmm_processes(&self.run_root);
+        let dirs = sweep_run_dirs(&self.run_root);
+        let net = match &self.net {
+            Some(n) => n.sweep_orphans()?,
+            None => 0,
+        };
+        Ok(vmms + dirs + net)
+    }
+}
+
+/// Kills VMM processes a crashed daemon left running: they are found by
+/// their run directory (`<run_root>/asbx-...`) on their command line.
+/// One daemon owns a state dir, so anything there is ours and orphaned.
+fn sweep_vmm_processes(run_root: &std::path::Path) -> usize {
+    let needle = format!("{}/{}", run_root.display(), super::ID_PREFIX);
+    let me = std::process::id() as i32;
+    let mut killed = 0;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).contains(&needle) {
+            log::warn!("sweep: killing orphaned VMM pid {pid}");
+            // SAFETY: kill with a pid read from /proc; ESRCH is harmless.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed += 1;
         }
     }
+    if killed > 0 {
+        // Give the kernel a moment to tear them down before their dirs go.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    killed
+}
+
+fn sweep_run_dirs(run_root: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(run_root) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with(super::ID_PREFIX)
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// After a snapshot restore: fresh wall clock and entropy for the guest.

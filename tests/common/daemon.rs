@@ -319,3 +319,8 @@ pub fn stdout_of(v: &serde_json::Value) -> String {
         })
         .unwrap_or_default()
 }
+
+/// Whether the tests run against a VM backend (`AGENT_SANDBOX_TEST_BACKEND`).
+pub fn vm_backend() -> bool {
+    std::env::var("AGENT_SANDBOX_TEST_BACKEND").is_ok_and(|b| b != "local-process")
+}
