@@ -6,6 +6,7 @@ pub use sandbox_agent::proto;
 pub mod agent;
 pub mod api;
 pub mod config;
+pub mod mcp;
 pub mod sandbox;
 pub mod session;
 pub mod vm;

@@ -27,6 +27,8 @@ enum Cmd {
     /// Run the daemon (REST API, metrics).
     Serve(ServeArgs),
     /// Manage API keys in the key file.
+    /// MCP server on stdin/stdout (in-process host, or --url to a daemon).
+    Mcp(agent_sandbox::mcp::stdio::McpArgs),
     Keys {
         #[command(subcommand)]
         cmd: KeysCmd,
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(a, sigs),
         Cmd::Keys { cmd, key_file } => keys(cmd, key_file),
+        Cmd::Mcp(a) => agent_sandbox::mcp::stdio::main(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,1 @@
+//! Streamable HTTP transport at `/mcp` (filled in below).
