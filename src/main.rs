@@ -92,6 +92,9 @@ struct ServeArgs {
     rate_burst: f64,
     #[arg(long, value_parser = dur, default_value = "5s")]
     reap_interval: Duration,
+    /// Browser origin allowed to use /mcp (repeatable; default: none).
+    #[arg(long)]
+    mcp_allowed_origin: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -173,6 +176,7 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
         rate_per_sec: a.rate_limit,
         rate_burst: a.rate_burst,
         reap_interval: a.reap_interval,
+        mcp_allowed_origins: a.mcp_allowed_origin,
         ..Config::default()
     };
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {
