@@ -63,7 +63,8 @@ impl McpHttp {
             let mut m = lock(&self.sessions);
             let dead: Vec<String> = m
                 .iter()
-                .filter(|(_, s)| lock(&s.last).elapsed() > self.idle)
+                // A session with a call still running is not idle.
+                .filter(|(_, s)| lock(&s.last).elapsed() > self.idle && !self.engine.busy(&s.conn))
                 .map(|(k, _)| k.clone())
                 .collect();
             dead.iter().filter_map(|k| m.remove(k)).collect()
@@ -267,16 +268,12 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         .map(str::to_string);
     let modern = meta_version.is_some() || mname == "server/discover";
     if let Some(mv) = &meta_version {
-        if is_modern(mv) || hdr_version.is_some() {
-            if hdr_version.as_deref() != Some(mv.as_str()) {
-                return mismatch(
-                    req,
-                    id.as_ref(),
-                    format!(
-                        "MCP-Protocol-Version header {hdr_version:?} does not match _meta {mv:?}"
-                    ),
-                );
-            }
+        if (is_modern(mv) || hdr_version.is_some()) && hdr_version.as_deref() != Some(mv.as_str()) {
+            return mismatch(
+                req,
+                id.as_ref(),
+                format!("MCP-Protocol-Version header {hdr_version:?} does not match _meta {mv:?}"),
+            );
         }
         if let Some(m) = header(&req, "mcp-method").map(str::to_string) {
             if m != mname {
@@ -358,6 +355,16 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         return reply(req, 202, None, &[]);
     };
     if mname == "tools/call" {
+        // Refuse before starting a thread when the engine is full.
+        if st.engine.running() >= super::MAX_INFLIGHT {
+            return fail(
+                req,
+                503,
+                Some(&id),
+                Engine::busy_error(),
+                &[("Retry-After", "1".into())],
+            );
+        }
         let engine = st.engine.clone();
         let spawned = std::thread::Builder::new()
             .name("mcp-http-call".into())

@@ -83,6 +83,19 @@ impl Engine {
         self.running.load(Ordering::Acquire)
     }
 
+    /// Whether any call of `conn` is still running.
+    pub fn busy(&self, conn: &Conn) -> bool {
+        lock(&self.inflight).keys().any(|k| k.0 == conn.key)
+    }
+
+    /// The error for a call refused because too many run.
+    pub fn busy_error() -> RpcError {
+        RpcError::new(
+            jsonrpc::SERVER_BUSY,
+            format!("too many tool calls in flight (at most {MAX_INFLIGHT}); retry shortly"),
+        )
+    }
+
     /// The protocol version a request is made under: the one in its
     /// `_meta` (stateless 2026-07-28 envelope), else the one the
     /// connection negotiated, else the newest handshake version.
@@ -243,10 +256,7 @@ impl Engine {
             .cloned();
         if self.running.fetch_add(1, Ordering::AcqRel) >= MAX_INFLIGHT {
             self.running.fetch_sub(1, Ordering::AcqRel);
-            return Err(RpcError::new(
-                jsonrpc::SERVER_BUSY,
-                format!("too many tool calls in flight (at most {MAX_INFLIGHT}); retry shortly"),
-            ));
+            return Err(Self::busy_error());
         }
         let _running = Running(&self.running);
         let flag = Arc::new(AtomicBool::new(false));

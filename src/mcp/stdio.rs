@@ -273,6 +273,11 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
         match msg {
             // Tool calls can take long: each on its own thread, so that
             // other requests and cancellations keep flowing.
+            Incoming::Request { id, method, .. }
+                if method == "tools/call" && engine.running() >= super::MAX_INFLIGHT =>
+            {
+                sink.send(&jsonrpc::error(Some(&id), &Engine::busy_error()));
+            }
             Incoming::Request { id, method, params } if method == "tools/call" => {
                 let (e, c, s) = (engine.clone(), conn.clone(), sink.clone());
                 let h = std::thread::Builder::new()
