@@ -314,3 +314,20 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
     let _ = wt.join();
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_lines() {
+        let data = b"short\r\n0123456789abc\nok\nlast".to_vec();
+        let mut r = BufReader::with_capacity(4, &data[..]);
+        assert_eq!(read_line(&mut r, 8).unwrap(), Some(Ok(b"short".to_vec())));
+        // Too long: skipped whole, reported with its size.
+        assert_eq!(read_line(&mut r, 8).unwrap(), Some(Err(14)));
+        assert_eq!(read_line(&mut r, 8).unwrap(), Some(Ok(b"ok".to_vec())));
+        assert_eq!(read_line(&mut r, 8).unwrap(), Some(Ok(b"last".to_vec())));
+        assert_eq!(read_line(&mut r, 8).unwrap(), None);
+    }
+}

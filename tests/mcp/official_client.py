@@ -144,6 +144,16 @@ async def scenario(client, local_procs):
         while sleepers(marker) and time.time() < deadline:
             await anyio.sleep(0.05)
         check(sleepers(marker) == 0, "cancelled command is gone")
+    # Seen from inside the sandbox too (this is the check that counts
+    # with a VM backend, where the host cannot see guest processes).
+    count = ("n=0; for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); "
+             f"[ \"$c\" = \"sleep {marker} \" ] && n=$((n+1)); done; echo $n")
+    for _ in range(100):
+        r = await client.call_tool("execute", {"sessionId": sid, "command": count})
+        if r.structured_content["stdout"].strip() == "0":
+            break
+        await anyio.sleep(0.1)
+    check(r.structured_content["stdout"].strip() == "0", f"no sleep left in the sandbox: {r.structured_content}")
     r = await client.call_tool("execute", {"sessionId": sid, "command": "echo still-here"})
     check(r.structured_content["stdout"] == "still-here\n", "session usable after a cancel")
 
