@@ -26,9 +26,9 @@ struct Cli {
 enum Cmd {
     /// Run the daemon (REST API, metrics).
     Serve(ServeArgs),
-    /// Manage API keys in the key file.
     /// MCP server on stdin/stdout (in-process host, or --url to a daemon).
     Mcp(agent_sandbox::mcp::stdio::McpArgs),
+    /// Manage API keys in the key file.
     Keys {
         #[command(subcommand)]
         cmd: KeysCmd,

@@ -384,6 +384,25 @@ def http_main(base, key):
             r, msgs = h.post(req(13, "tools/list", {}))
             check(r.status == 404, f"unknown session gets 404, not {r.status}")
             h.sid = sid_saved
+        # Ownership: another key sees neither this MCP session nor its sandbox.
+        c = http.client.HTTPConnection(h.host, h.port, timeout=30)
+        c.request("POST", "/admin/keys", body=json.dumps({"name": "other", "scopes": ["exec"]}),
+                  headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        r = c.getresponse()
+        other_key = json.loads(r.read())["key"]
+        other = Http(base, other_key)
+        other.sid = h.sid
+        if h.sid:
+            r, _ = other.post(req(30, "tools/list", {}), {"MCP-Protocol-Version": version})
+            check(r.status == 404, f"another key cannot use this MCP session ({r.status})")
+        other.sid = None
+        _, m, _ = other.call(MODERN, 31, "tools/call", {"name": "list_sessions", "arguments": {}})
+        check(sid not in [x["sessionId"] for x in m["result"]["structuredContent"]["sessions"]],
+              "another key does not see the sandbox")
+        _, m, _ = other.call(MODERN, 32, "tools/call", {"name": "read_file", "arguments": {
+            "sessionId": sid, "path": "x"}})
+        check(m["result"]["isError"] and "no session" in m["result"]["content"][0]["text"],
+              f"another key cannot touch the sandbox: {m}")
         # Auth, Origin, methods.
         r, _ = Http(base, None).post(req(14, "tools/list", {}, version), {"MCP-Protocol-Version": version})
         check(r.status == 401 and r.getheader("WWW-Authenticate"), f"no key gets 401, not {r.status}")
