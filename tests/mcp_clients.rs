@@ -65,6 +65,13 @@ fn python_sdk_stdio_forwarding_to_daemon() {
             .args(["mcp", "--url", &d.base])
             .env("AGENT_SANDBOX_API_KEY", &d.key);
         run_script(cmd, &format!("python mcp stdio --url {mode}"), LIMIT);
+        // The forwarding process ended with its client; so did every
+        // sandbox it created, in either protocol era.
+        assert!(
+            common::wait_until(Duration::from_secs(15), || d.sandbox_procs().is_empty()),
+            "{mode}: sandboxes left on the daemon: {:?}",
+            d.sandbox_procs()
+        );
     }
     // The key can also come from a file.
     let kf = d.dir.path().join("key");

@@ -60,6 +60,9 @@ struct State {
     agent: ureq::Agent,
     session: Mutex<Option<String>>,
     version: Mutex<Option<String>>,
+    /// Sandboxes created under the stateless protocol (no MCP session to
+    /// delete): destroyed when stdin closes.
+    created: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl State {
@@ -208,6 +211,7 @@ pub fn run<R: Read, W: Write + Send + 'static>(
         agent,
         session: Mutex::new(None),
         version: Mutex::new(None),
+        created: Mutex::new(Default::default()),
     });
     let out: Out = Arc::new(Mutex::new(Box::new(output)));
     log::info!("mcp: forwarding stdio to {url}");
@@ -288,7 +292,19 @@ pub fn run<R: Read, W: Write + Send + 'static>(
             .name("mcp-forward".into())
             .spawn(move || match st2.post(&line, &msg) {
                 Ok(resp) => {
-                    relay(resp, id.as_ref(), &out2);
+                    let v = relay(resp, id.as_ref(), &out2);
+                    let tool = msg["params"]["name"].as_str().unwrap_or("");
+                    let sid = v
+                        .as_ref()
+                        .and_then(|v| v["result"]["structuredContent"]["sessionId"].as_str());
+                    if let (Some(sid), Some(pv)) =
+                        (sid, msg["params"]["_meta"][META_VERSION].as_str())
+                    {
+                        if matches!(tool, "create_session" | "execute" | "reset_session") {
+                            crate::session::lock(&st2.created).insert(sid.to_string());
+                        }
+                        let _ = pv;
+                    }
                 }
                 Err(e) => {
                     log::error!("mcp: {e}");
@@ -304,8 +320,23 @@ pub fn run<R: Read, W: Write + Send + 'static>(
             log::error!("mcp: cannot start a forwarding thread: {e}");
         }
     }
-    // stdin closed: end the MCP session (cancels its calls, destroys its
-    // sandboxes) and go.
+    // stdin closed: destroy what stateless calls created, end the MCP
+    // session (cancels its calls, destroys its sandboxes) and go.
+    let created: Vec<String> = std::mem::take(&mut *crate::session::lock(&st.created))
+        .into_iter()
+        .collect();
+    for (i, sid) in created.iter().enumerate() {
+        let msg = serde_json::json!({"jsonrpc": "2.0", "id": format!("forward-cleanup-{i}"),
+            "method": "tools/call", "params": {"name": "destroy_session", "arguments": {"sessionId": sid},
+            "_meta": {META_VERSION: super::V2026_07_28, "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let body = serde_json::to_vec(&msg).unwrap_or_default();
+        match st.post(&body, &msg) {
+            Ok(r) => {
+                let _ = r.into_body().into_reader().read_to_end(&mut Vec::new());
+            }
+            Err(e) => log::warn!("mcp: destroy {sid}: {e}"),
+        }
+    }
     let sid = crate::session::lock(&st.session).clone();
     if let Some(sid) = sid {
         let mut r = st.agent.delete(&st.url).header("Mcp-Session-Id", &sid);

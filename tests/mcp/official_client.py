@@ -165,6 +165,10 @@ async def scenario(client, local_procs):
     check(sid not in [x["sessionId"] for x in r.structured_content["sessions"]], "gone after destroy")
     r = await client.call_tool("execute", {"sessionId": "bad id!", "command": "true"})
     check(r.is_error, "invalid session id is a tool error")
+    # Left running on purpose: the server must clean it up when this
+    # client goes (the Rust test checks).
+    r = await client.call_tool("create_session", {})
+    check(not r.is_error, "leftover session")
 
 
 async def main():
