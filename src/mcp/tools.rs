@@ -817,7 +817,8 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let t0 = Instant::now();
     let mut call = s.call(Request::Exec(req), wait(ctx)).map_err(msg)?;
     let deadline = Instant::now() + timeout + Duration::from_secs(30);
-    let max = ctx.host.cfg.max_output;
+    // Kept well inside one message (clients bound what they buffer).
+    let max = ctx.host.cfg.max_output.min(super::MAX_MESSAGE / 2);
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let mut truncated = false;
     let mut seen = 0u64;

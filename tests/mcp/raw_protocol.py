@@ -227,6 +227,9 @@ def stdio_main(cmd):
                            ("list_sessions", {}), ("reset_session", {"sessionId": sid})]:
             r = s.tool(version, 5, name, args)
             check(not r["isError"], f"{name}: {r}")
+        big = s.tool(version, 60, "execute", {"sessionId": sid, "command": "head -c 3000000 /dev/zero"})
+        check(big["structuredContent"]["truncated"] and len(big["structuredContent"]["stdout"]) == 2 << 20,
+              "output capped at 2 MiB")
         r = s.tool(version, 6, "read_file", {"sessionId": sid, "path": "nope"})
         check(r["isError"], "tool error")
         # Protocol errors.
@@ -237,6 +240,13 @@ def stdio_main(cmd):
         s.send_raw(b'[{"jsonrpc":"2.0","id":8,"method":"ping"}]\n')
         m = s.recv(lambda m: "error" in m and "id" not in m)
         check(m["error"]["code"] == -32600, f"batch {m}")
+        # Negotiation: a version we do not speak gets our newest handshake one.
+        m = s.call("2025-11-25", 90, "initialize", {"protocolVersion": "2024-01-01", "capabilities": {},
+                                                   "clientInfo": {"name": "raw", "version": "1"}})
+        check(m["result"]["protocolVersion"] == "2025-11-25", f"counter-offer {m}")
+        if version != MODERN:
+            m = s.call(version, 91, "initialize", {"protocolVersion": version, "capabilities": {},
+                                                    "clientInfo": {"name": "raw", "version": "1"}})
         m = s.call(version, 9, "no/such/method", {})
         check(m["error"]["code"] == -32601, f"unknown method {m}")
         m = s.call(version, 10, "tools/call", {"arguments": {}})
