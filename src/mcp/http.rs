@@ -108,13 +108,17 @@ fn fail(req: Request, status: u16, id: Option<&Value>, e: RpcError, extra: &[(&s
     reply(req, status, Some(&jsonrpc::error(id, &e)), extra);
 }
 
-/// HTTP status for an error answer: the transport-level ones are 400.
-fn status_for(resp: &Value) -> u16 {
+/// HTTP status for an answer: transport-level errors are 400; the
+/// stateless protocol also maps invalid params to 400 and an unknown
+/// method to 404 (as the reference SDK does).
+fn status_for(resp: &Value, modern: bool) -> u16 {
     match resp["error"]["code"].as_i64() {
         Some(jsonrpc::PARSE_ERROR)
         | Some(jsonrpc::INVALID_REQUEST)
         | Some(jsonrpc::HEADER_MISMATCH)
         | Some(jsonrpc::UNSUPPORTED_PROTOCOL_VERSION) => 400,
+        Some(jsonrpc::INVALID_PARAMS) if modern => 400,
+        Some(jsonrpc::METHOD_NOT_FOUND) if modern => 404,
         _ => 200,
     }
 }
@@ -354,7 +358,18 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         st.engine.handle(&conn, msg, &NullSink);
         return reply(req, 202, None, &[]);
     };
-    if mname == "tools/call" {
+    // A call that will fail its params check is answered at once below, as
+    // JSON with its HTTP status, instead of on a stream.
+    let runnable = params
+        .get("name")
+        .and_then(Value::as_str)
+        .and_then(super::tools::find)
+        .is_some()
+        && matches!(
+            params.get("arguments"),
+            None | Some(Value::Null) | Some(Value::Object(_))
+        );
+    if mname == "tools/call" && runnable {
         // Refuse before starting a thread when the engine is full.
         if st.engine.running() >= super::MAX_INFLIGHT {
             return fail(
@@ -386,7 +401,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
                     }
                 } else {
                     match engine.request(&conn, &id, &method, &params, &NullSink) {
-                        Some(r) => reply(req, status_for(&r), Some(&r), &[]),
+                        Some(r) => reply(req, status_for(&r, modern), Some(&r), &[]),
                         None => reply(req, 202, None, &[]),
                     }
                 }
@@ -412,7 +427,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         }
     }
     match r {
-        Some(r) => reply(req, status_for(&r), Some(&r), &extra),
+        Some(r) => reply(req, status_for(&r, modern), Some(&r), &extra),
         None => reply(req, 202, None, &extra),
     }
 }

@@ -369,8 +369,10 @@ def http_main(base, key):
         validate_message(version, msgs[0])
         r, m, _ = h.call(version, 6, "no/such", {})
         check(m["error"]["code"] == -32601, f"unknown method {m}")
+        check(r.status == (404 if version == MODERN else 200), f"unknown method status {r.status}")
         r, m, _ = h.call(version, 7, "tools/call", {"name": 5})
         check(m["error"]["code"] == -32602, f"bad name {m}")
+        check(r.status == (400 if version == MODERN else 200), f"invalid params status {r.status}")
         r, msgs = h.post(b'{"jsonrpc":"2.0","id":8,"method":"ping","pad":"' + b"x" * (5 << 20) + b'"}',
                          raw=True)
         check(r.status == 413, f"oversized gets 413, not {r.status}")
