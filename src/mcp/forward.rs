@@ -63,6 +63,7 @@ struct State {
     /// Sandboxes created under the stateless protocol (no MCP session to
     /// delete): destroyed when stdin closes.
     created: Mutex<std::collections::BTreeSet<String>>,
+    cleaned: std::sync::atomic::AtomicBool,
 }
 
 impl State {
@@ -103,7 +104,12 @@ impl State {
 
 /// Relays one answer: SSE events or a JSON body. Returns the last JSON
 /// message seen (for `initialize`).
-fn relay(resp: ureq::http::Response<ureq::Body>, id: Option<&Value>, out: &Out) -> Option<Value> {
+fn relay(
+    resp: ureq::http::Response<ureq::Body>,
+    id: Option<&Value>,
+    out: &Out,
+    seen: &dyn Fn(&Value),
+) -> Option<Value> {
     let status = resp.status().as_u16();
     let ctype = resp
         .headers()
@@ -125,6 +131,7 @@ fn relay(resp: ureq::http::Response<ureq::Body>, id: Option<&Value>, out: &Out) 
             if line.is_empty() {
                 if !data.is_empty() {
                     if let Ok(v) = serde_json::from_str::<Value>(&data) {
+                        seen(&v);
                         emit(out, &v);
                         last = Some(v);
                     }
@@ -168,6 +175,7 @@ fn relay(resp: ureq::http::Response<ureq::Body>, id: Option<&Value>, out: &Out) 
                     v["id"] = id.clone();
                 }
             }
+            seen(&v);
             emit(out, &v);
             Some(v)
         }
@@ -212,7 +220,19 @@ pub fn run<R: Read, W: Write + Send + 'static>(
         session: Mutex::new(None),
         version: Mutex::new(None),
         created: Mutex::new(Default::default()),
+        cleaned: Default::default(),
     });
+    // SIGTERM/SIGINT (clients escalate to them when we are slow to exit)
+    // clean up like EOF does.
+    let st_sig = st.clone();
+    let _ = std::thread::Builder::new()
+        .name("mcp-signals".into())
+        .spawn(move || {
+            let sig = super::stdio::wait_signal();
+            log::info!("mcp: signal {sig}: cleaning up");
+            cleanup(&st_sig);
+            std::process::exit(0);
+        });
     let out: Out = Arc::new(Mutex::new(Box::new(output)));
     log::info!("mcp: forwarding stdio to {url}");
     let mut input = BufReader::new(input);
@@ -269,7 +289,7 @@ pub fn run<R: Read, W: Write + Send + 'static>(
                     {
                         *crate::session::lock(&st.session) = Some(s.to_string());
                     }
-                    if let Some(v) = relay(resp, id.as_ref(), &out) {
+                    if let Some(v) = relay(resp, id.as_ref(), &out, &|_| {}) {
                         if let Some(pv) = v["result"]["protocolVersion"].as_str() {
                             *crate::session::lock(&st.version) = Some(pv.to_string());
                         }
@@ -292,19 +312,19 @@ pub fn run<R: Read, W: Write + Send + 'static>(
             .name("mcp-forward".into())
             .spawn(move || match st2.post(&line, &msg) {
                 Ok(resp) => {
-                    let v = relay(resp, id.as_ref(), &out2);
                     let tool = msg["params"]["name"].as_str().unwrap_or("");
-                    let sid = v
-                        .as_ref()
-                        .and_then(|v| v["result"]["structuredContent"]["sessionId"].as_str());
-                    if let (Some(sid), Some(pv)) =
-                        (sid, msg["params"]["_meta"][META_VERSION].as_str())
-                    {
-                        if matches!(tool, "create_session" | "execute" | "reset_session") {
-                            crate::session::lock(&st2.created).insert(sid.to_string());
+                    let stateless = msg["params"]["_meta"][META_VERSION].is_string()
+                        && matches!(tool, "create_session" | "execute" | "reset_session");
+                    // Recorded before the answer reaches the client, which
+                    // may close stdin as soon as it has it.
+                    let seen = |v: &Value| {
+                        if let Some(sid) = v["result"]["structuredContent"]["sessionId"].as_str() {
+                            if stateless {
+                                crate::session::lock(&st2.created).insert(sid.to_string());
+                            }
                         }
-                        let _ = pv;
-                    }
+                    };
+                    relay(resp, id.as_ref(), &out2, &seen);
                 }
                 Err(e) => {
                     log::error!("mcp: {e}");
@@ -320,8 +340,16 @@ pub fn run<R: Read, W: Write + Send + 'static>(
             log::error!("mcp: cannot start a forwarding thread: {e}");
         }
     }
-    // stdin closed: destroy what stateless calls created, end the MCP
-    // session (cancels its calls, destroys its sandboxes) and go.
+    cleanup(&st);
+    Ok(())
+}
+
+/// Destroys what stateless calls created and ends the MCP session (which
+/// cancels its calls and destroys its sandboxes). Runs once.
+fn cleanup(st: &State) {
+    if st.cleaned.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
     let created: Vec<String> = std::mem::take(&mut *crate::session::lock(&st.created))
         .into_iter()
         .collect();
@@ -347,7 +375,6 @@ pub fn run<R: Read, W: Write + Send + 'static>(
             log::warn!("mcp: DELETE session: {e}");
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

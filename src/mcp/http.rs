@@ -70,7 +70,7 @@ impl McpHttp {
             dead.iter().filter_map(|k| m.remove(k)).collect()
         };
         for s in old {
-            self.engine.close(&s.conn, true);
+            self.engine.close(&s.conn, true, false);
         }
     }
 }
@@ -219,7 +219,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         };
         return match s {
             Some(s) => {
-                st.engine.close(&s.conn, true);
+                st.engine.close(&s.conn, true, false);
                 reply(req, 200, None, &[])
             }
             None => fail(

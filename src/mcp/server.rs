@@ -307,8 +307,9 @@ impl Engine {
     }
 
     /// The connection is gone: stop its calls; with `destroy`, also end the
-    /// sandbox sessions it created.
-    pub fn close(&self, conn: &Conn, destroy: bool) {
+    /// sandbox sessions it created (with `wait`, returning once they are
+    /// gone: a process about to exit must not leave them half-destroyed).
+    pub fn close(&self, conn: &Conn, destroy: bool, wait: bool) {
         for (k, flag) in lock(&self.inflight).iter() {
             if k.0 == conn.key {
                 flag.store(true, Ordering::Release);
@@ -321,7 +322,7 @@ impl Engine {
             for id in ids {
                 self.host
                     .mgr
-                    .remove(&conn.caller.owner, &id, "MCP client went away", false);
+                    .remove(&conn.caller.owner, &id, "MCP client went away", wait);
             }
         }
     }

@@ -132,7 +132,8 @@ pub fn main(a: McpArgs) -> Result<(), String> {
     r.map_err(|e| format!("stdio: {e}"))
 }
 
-fn wait_signal() -> i32 {
+/// Waits for SIGTERM or SIGINT (blocked in every thread by `main`).
+pub fn wait_signal() -> i32 {
     // SAFETY: plain libc signal-set manipulation on a local set; sigwait
     // with a valid set and out pointer.
     unsafe {
@@ -300,7 +301,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
         }
     };
     // The client is gone: nothing it started may outlive it.
-    engine.close(&conn, true);
+    engine.close(&conn, true, true);
     let end = Instant::now() + Duration::from_secs(10);
     for h in calls {
         while !h.is_finished() && Instant::now() < end {

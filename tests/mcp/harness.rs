@@ -349,15 +349,19 @@ pub fn run_script(mut cmd: Command, what: &str, timeout: Duration) -> String {
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: spawn: {e}"));
     let mut so = child.stdout.take().expect("stdout");
     let mut se = child.stderr.take().expect("stderr");
-    let t1 = std::thread::spawn(move || {
+    // Readers report through a channel: a leaked grandchild (a sandbox
+    // left running) keeps the pipes open, and must fail the test, not hang it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
         let mut s = String::new();
         let _ = std::io::Read::read_to_string(&mut so, &mut s);
-        s
+        let _ = tx.send((1, s));
     });
-    let t2 = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let mut s = String::new();
         let _ = std::io::Read::read_to_string(&mut se, &mut s);
-        s
+        let _ = tx2.send((2, s));
     });
     let end = Instant::now() + timeout;
     let status = loop {
@@ -371,8 +375,17 @@ pub fn run_script(mut cmd: Command, what: &str, timeout: Duration) -> String {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let out = t1.join().unwrap_or_default();
-    let err = t2.join().unwrap_or_default();
+    let (mut out, mut err) = (String::new(), String::new());
+    for _ in 0..2 {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((1, s)) => out = s,
+            Ok((_, s)) => err = s,
+            Err(_) => panic!(
+                "{what}: a process it started still holds its output after it exited \
+                 (a sandbox left running?)\n--- stdout so far\n{out}"
+            ),
+        }
+    }
     let ok = status.is_some_and(|s| s.success()) && out.lines().any(|l| l.starts_with("OK "));
     assert!(
         ok,
