@@ -121,10 +121,7 @@ fn record_current(build_output: &str) -> Result<(), String> {
     for line in build_output.lines() {
         if let Some(k) = line.strip_prefix("kernel=") {
             cur["kernel"] = k.trim().into();
-        } else if let Some((t, p)) = line
-            .strip_prefix("rootfs.")
-            .and_then(|r| r.split_once('='))
-        {
+        } else if let Some((t, p)) = line.strip_prefix("rootfs.").and_then(|r| r.split_once('=')) {
             cur["rootfs"][t] = p.trim().into();
         }
     }

@@ -44,6 +44,8 @@ pub struct Config {
     pub default_vcpus: u32,
     pub default_mem_mib: u32,
     pub default_disk_mib: u32,
+    /// `Origin` values the MCP endpoint accepts (browsers); empty = none.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 impl Default for Config {
@@ -74,6 +76,7 @@ impl Default for Config {
             default_vcpus: 1,
             default_mem_mib: 256,
             default_disk_mib: 1024,
+            mcp_allowed_origins: Vec::new(),
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod api;
 pub mod config;
 pub mod harden;
+pub mod mcp;
 pub mod net;
 pub mod sandbox;
 pub mod session;

@@ -25,6 +25,8 @@ struct Cli {
 enum Cmd {
     /// Run the daemon (REST API, metrics).
     Serve(Box<ServeArgs>),
+    /// MCP server on stdin/stdout (in-process host, or --url to a daemon).
+    Mcp(agent_sandbox::mcp::stdio::McpArgs),
     /// Manage API keys in the key file.
     Keys {
         #[command(subcommand)]
@@ -150,6 +152,9 @@ struct ServeArgs {
     /// Socket write timeout (clients that stop reading a stream).
     #[arg(long, value_parser = dur, default_value = "60s")]
     write_timeout: Duration,
+    /// Browser origin allowed to use /mcp (repeatable; default: none).
+    #[arg(long)]
+    mcp_allowed_origin: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -208,6 +213,7 @@ fn main() -> ExitCode {
             &template,
             force,
         ),
+        Cmd::Mcp(a) => agent_sandbox::mcp::stdio::main(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -253,6 +259,7 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
         rate_burst: a.rate_burst,
         reap_interval: a.reap_interval,
         write_timeout: a.write_timeout,
+        mcp_allowed_origins: a.mcp_allowed_origin,
         ..Config::default()
     };
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {

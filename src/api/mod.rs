@@ -41,6 +41,8 @@ pub struct Ctx {
     closing: AtomicBool,
     /// Deferred/streaming requests running now.
     long_running: AtomicUsize,
+    /// The MCP endpoint (`/mcp`).
+    pub mcp: crate::mcp::http::McpHttp,
 }
 
 impl Ctx {
@@ -99,6 +101,7 @@ impl Server {
             started: Instant::now(),
             closing: AtomicBool::new(false),
             long_running: AtomicUsize::new(0),
+            mcp: crate::mcp::http::McpHttp::new(mgr.clone(), cfg.clone()),
         });
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let reaper = reaper::spawn(mgr, stop_rx).map_err(|e| format!("start reaper: {e}"))?;
@@ -291,6 +294,9 @@ fn handle(ctx: &Arc<Ctx>, mut req: tiny_http::Request) {
         let e = ApiError::unavailable("the server is shutting down");
         let ra = e.retry_after;
         return respond(req, e.into(), ra);
+    }
+    if crate::mcp::http::is_mcp_path(req.url()) {
+        return crate::mcp::http::handle(ctx, req);
     }
     let (reply, retry_after) = match route(ctx, &mut req) {
         Ok(r) => (r, None),

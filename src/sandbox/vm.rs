@@ -192,7 +192,9 @@ fn sweep_run_dirs(run_root: &std::path::Path) -> usize {
     };
     let mut n = 0;
     for e in rd.flatten() {
-        if e.file_name().to_string_lossy().starts_with(super::ID_PREFIX)
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(super::ID_PREFIX)
             && std::fs::remove_dir_all(e.path()).is_ok()
         {
             n += 1;

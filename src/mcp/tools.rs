@@ -1,0 +1,1218 @@
+//! The MCP tools: definitions (JSON Schema in and out, fixed order) and
+//! handlers that drive the session layer like the REST API does.
+//!
+//! Tool names and argument names follow the seed (`sessionId`, `command`,
+//! `args`, `cwd`, `timeout`, `template`, `path`, `content`) so existing agent
+//! configs keep working.
+
+use super::{Caller, Host};
+use crate::agent::{ClientError, Inbound};
+use crate::api::errors::ApiError;
+use crate::api::{rest, validate};
+use crate::proto::{channel, Event, ExecRequest, Request, Response};
+use crate::sandbox::{EgressMode, EgressPolicy};
+use crate::session::{Session, SessionOptions};
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything a handler may use besides its arguments.
+pub struct ToolCtx<'a> {
+    pub host: &'a Host,
+    pub caller: &'a Caller,
+    /// True once the call should stop (cancelled, or the client is gone).
+    pub stop: &'a dyn Fn() -> bool,
+    /// Progress notification (`progress` must grow); `None` without a
+    /// progress token.
+    pub progress: Option<&'a dyn Fn(f64, String)>,
+    /// Told about every session the call created.
+    pub created: &'a dyn Fn(&str),
+}
+
+/// A successful tool answer.
+pub struct ToolOut {
+    pub structured: Value,
+    /// Extra content blocks (binary files); the JSON text block is always added.
+    pub extra: Vec<Value>,
+}
+
+impl From<Value> for ToolOut {
+    fn from(structured: Value) -> Self {
+        ToolOut {
+            structured,
+            extra: Vec::new(),
+        }
+    }
+}
+
+pub type ToolResult = Result<ToolOut, String>;
+type Handler = fn(&ToolCtx, &Map<String, Value>) -> ToolResult;
+
+pub struct Tool {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub description: &'static str,
+    pub input: fn() -> Value,
+    pub output: fn() -> Value,
+    pub read_only: bool,
+    pub destructive: bool,
+    pub run: Handler,
+}
+
+impl Tool {
+    pub fn definition(&self) -> Value {
+        json!({
+            "name": self.name,
+            "title": self.title,
+            "description": self.description,
+            "inputSchema": (self.input)(),
+            "outputSchema": (self.output)(),
+            "annotations": {
+                "title": self.title,
+                "readOnlyHint": self.read_only,
+                "destructiveHint": self.destructive,
+                "openWorldHint": false,
+            },
+        })
+    }
+}
+
+/// Every tool, in the order `tools/list` shows them.
+pub static TOOLS: &[Tool] = &[
+    Tool {
+        name: "create_session",
+        title: "Create sandbox session",
+        description: "Create a new sandbox session (its own microVM) and return its sessionId. \
+            Other tools take that sessionId. Sessions are removed when idle for long, or with destroy_session.",
+        input: create_session_in,
+        output: session_out,
+        read_only: false,
+        destructive: false,
+        run: create_session,
+    },
+    Tool {
+        name: "execute",
+        title: "Run a command",
+        description: "Run a command in a sandbox session and return its exit code and output. \
+            With args, command is the program and args its arguments; without args, command is a \
+            shell command line (/bin/sh -c). An unknown sessionId creates that session; without \
+            sessionId a new session is made. Output streams as progress notifications when requested.",
+        input: execute_in,
+        output: execute_out,
+        read_only: false,
+        destructive: false,
+        run: execute,
+    },
+    Tool {
+        name: "list_templates",
+        title: "List templates",
+        description: "List the sandbox templates (images) a session can be created from.",
+        input: empty_in,
+        output: templates_out,
+        read_only: true,
+        destructive: false,
+        run: list_templates,
+    },
+    Tool {
+        name: "write_file",
+        title: "Write a file",
+        description: "Write a file in a sandbox session (parent directories are created; relative \
+            paths are under the workspace). content is text, or base64 with encoding=base64.",
+        input: write_file_in,
+        output: write_file_out,
+        read_only: false,
+        destructive: true,
+        run: write_file,
+    },
+    Tool {
+        name: "read_file",
+        title: "Read a file",
+        description: "Read a file from a sandbox session. Text comes back as text; binary content \
+            comes back base64-encoded (and as an embedded resource blob).",
+        input: path_in,
+        output: read_file_out,
+        read_only: true,
+        destructive: false,
+        run: read_file,
+    },
+    Tool {
+        name: "list_files",
+        title: "List files",
+        description: "List a directory in a sandbox session (default: the workspace), optionally recursively.",
+        input: list_files_in,
+        output: list_files_out,
+        read_only: true,
+        destructive: false,
+        run: list_files,
+    },
+    Tool {
+        name: "ping",
+        title: "Ping",
+        description: "Check that the server (and, with sessionId, that session's sandbox) answers.",
+        input: ping_in,
+        output: ping_out,
+        read_only: true,
+        destructive: false,
+        run: ping,
+    },
+    Tool {
+        name: "reset_session",
+        title: "Reset session",
+        description: "Destroy a session's sandbox and start a fresh one with the same id and settings.",
+        input: session_id_in,
+        output: session_out,
+        read_only: false,
+        destructive: true,
+        run: reset_session,
+    },
+    Tool {
+        name: "list_sessions",
+        title: "List sessions",
+        description: "List the sandbox sessions this caller owns.",
+        input: empty_in,
+        output: list_sessions_out,
+        read_only: true,
+        destructive: false,
+        run: list_sessions,
+    },
+    Tool {
+        name: "destroy_session",
+        title: "Destroy session",
+        description: "Destroy a sandbox session and everything in it.",
+        input: session_id_in,
+        output: destroy_out,
+        read_only: false,
+        destructive: true,
+        run: destroy_session,
+    },
+    Tool {
+        name: "start_process",
+        title: "Start background process",
+        description: "Start a command in the background (a server, a watcher) and return its procId \
+            at once. Read its output with read_process, feed stdin with write_process, stop it with kill_process.",
+        input: start_process_in,
+        output: start_process_out,
+        read_only: false,
+        destructive: false,
+        run: start_process,
+    },
+    Tool {
+        name: "read_process",
+        title: "Read process output",
+        description: "Read a background process's output from offset (0 = its start; pass the \
+            returned nextOffset next time), waiting up to waitMs for more, and whether it still runs.",
+        input: read_process_in,
+        output: read_process_out,
+        read_only: true,
+        destructive: false,
+        run: read_process,
+    },
+    Tool {
+        name: "write_process",
+        title: "Write process input",
+        description: "Write text to a background process's stdin; eof=true closes it afterwards.",
+        input: write_process_in,
+        output: write_process_out,
+        read_only: false,
+        destructive: false,
+        run: write_process,
+    },
+    Tool {
+        name: "kill_process",
+        title: "Signal process",
+        description: "Send a signal (default SIGTERM) to a background process and its process group.",
+        input: kill_process_in,
+        output: kill_process_out,
+        read_only: false,
+        destructive: true,
+        run: kill_process,
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static Tool> {
+    TOOLS.iter().find(|t| t.name == name)
+}
+
+// ---- schemas ----------------------------------------------------------------
+
+fn obj(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+fn out(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required})
+}
+
+fn sid() -> Value {
+    json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "Session id"})
+}
+
+fn empty_in() -> Value {
+    obj(json!({}), &[])
+}
+
+fn session_id_in() -> Value {
+    obj(json!({"sessionId": sid()}), &["sessionId"])
+}
+
+fn create_session_in() -> Value {
+    obj(
+        json!({
+            "sessionId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
+                          "description": "Id to give the session (default: generated)"},
+            "template": {"type": "string", "description": "Template name (see list_templates)"},
+            "limits": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "vcpus": {"type": "integer", "minimum": 1, "maximum": 64},
+                    "memoryMib": {"type": "integer", "minimum": 64, "maximum": 65536},
+                    "diskMib": {"type": "integer", "minimum": 16, "maximum": 1048576},
+                    "ttl": {"type": "number", "exclusiveMinimum": 0, "description": "Maximum lifetime in seconds"},
+                    "idleTimeout": {"type": "number", "exclusiveMinimum": 0, "description": "Idle timeout in seconds"}
+                }
+            },
+            "egress": {
+                "description": "Network egress: a mode (internet, none, allowlist, denylist) or a policy object",
+                "anyOf": [
+                    {"type": "string", "enum": ["internet", "none", "allowlist", "denylist"]},
+                    {"type": "object", "properties": {
+                        "mode": {"type": "string", "enum": ["internet", "none", "allowlist", "denylist"]},
+                        "rules": {"type": "array", "items": {"type": "string"}},
+                        "domains": {"type": "array", "items": {"type": "string"}},
+                        "bandwidthKbps": {"type": "integer", "minimum": 1}
+                    }, "additionalProperties": false}
+                ]
+            },
+            "env": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "Environment for every command in the session"}
+        }),
+        &[],
+    )
+}
+
+fn session_out() -> Value {
+    out(
+        json!({
+            "sessionId": {"type": "string"},
+            "template": {"type": "string"},
+            "state": {"type": "string"},
+            "vcpus": {"type": "integer"},
+            "memoryMib": {"type": "integer"},
+            "diskMib": {"type": "integer"},
+            "createdAt": {"type": "integer"},
+            "expiresAt": {"type": "integer"}
+        }),
+        &["sessionId", "template", "state"],
+    )
+}
+
+fn exec_props() -> Map<String, Value> {
+    let v = json!({
+        "sessionId": sid(),
+        "command": {"type": "string", "minLength": 1,
+                    "description": "Program (with args) or shell command line (without args)"},
+        "args": {"type": "array", "items": {"type": "string"}, "description": "Arguments of command"},
+        "cwd": {"type": "string", "description": "Working directory (relative: under the workspace)"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "timeout": {"type": "integer", "minimum": 1, "description": "Timeout in milliseconds"},
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+fn execute_in() -> Value {
+    let mut p = exec_props();
+    p.insert(
+        "template".into(),
+        json!({"type": "string", "description": "Template for a session this call creates"}),
+    );
+    obj(Value::Object(p), &["command"])
+}
+
+fn execute_out() -> Value {
+    out(
+        json!({
+            "sessionId": {"type": "string"},
+            "exitCode": {"type": "integer"},
+            "signal": {"type": ["string", "null"]},
+            "timedOut": {"type": "boolean"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "truncated": {"type": "boolean"},
+            "duration": {"type": "integer", "description": "Milliseconds"}
+        }),
+        &[
+            "sessionId",
+            "exitCode",
+            "stdout",
+            "stderr",
+            "timedOut",
+            "duration",
+        ],
+    )
+}
+
+fn templates_out() -> Value {
+    out(
+        json!({"templates": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "description": {"type": "string"},
+            "vcpus": {"type": "integer"}, "memoryMib": {"type": "integer"}, "default": {"type": "boolean"}
+        }, "required": ["name"]}}}),
+        &["templates"],
+    )
+}
+
+fn write_file_in() -> Value {
+    obj(
+        json!({
+            "sessionId": sid(),
+            "path": {"type": "string", "minLength": 1},
+            "content": {"type": "string"},
+            "encoding": {"type": "string", "enum": ["utf8", "base64"]}
+        }),
+        &["sessionId", "path", "content"],
+    )
+}
+
+fn write_file_out() -> Value {
+    out(
+        json!({"sessionId": {"type": "string"}, "path": {"type": "string"}, "bytes": {"type": "integer"}}),
+        &["path", "bytes"],
+    )
+}
+
+fn path_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "path": {"type": "string", "minLength": 1}}),
+        &["sessionId", "path"],
+    )
+}
+
+fn read_file_out() -> Value {
+    out(
+        json!({
+            "path": {"type": "string"},
+            "size": {"type": "integer"},
+            "encoding": {"type": "string", "enum": ["utf8", "base64"]},
+            "content": {"type": "string"}
+        }),
+        &["path", "size", "encoding", "content"],
+    )
+}
+
+fn list_files_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "path": {"type": "string", "minLength": 1},
+               "recursive": {"type": "boolean"}}),
+        &["sessionId"],
+    )
+}
+
+fn list_files_out() -> Value {
+    out(
+        json!({
+            "path": {"type": "string"},
+            "files": {"type": "array", "items": {"type": "object", "properties": {
+                "path": {"type": "string"}, "name": {"type": "string"}, "type": {"type": "string"},
+                "size": {"type": "integer"}, "mode": {"type": "integer"}, "mtime": {"type": "integer"}
+            }, "required": ["path", "type"]}},
+            "truncated": {"type": "boolean"}
+        }),
+        &["path", "files"],
+    )
+}
+
+fn ping_in() -> Value {
+    obj(json!({"sessionId": sid()}), &[])
+}
+
+fn ping_out() -> Value {
+    out(
+        json!({"ok": {"type": "boolean"}, "sessionId": {"type": "string"},
+               "latencyMs": {"type": "number"}, "version": {"type": "string"}}),
+        &["ok"],
+    )
+}
+
+fn list_sessions_out() -> Value {
+    out(
+        json!({"sessions": {"type": "array", "items": {"type": "object", "properties": {
+            "sessionId": {"type": "string"}, "template": {"type": "string"}, "state": {"type": "string"}
+        }, "required": ["sessionId"]}}}),
+        &["sessions"],
+    )
+}
+
+fn destroy_out() -> Value {
+    out(
+        json!({"sessionId": {"type": "string"}, "destroyed": {"type": "boolean"}}),
+        &["sessionId", "destroyed"],
+    )
+}
+
+fn start_process_in() -> Value {
+    let mut p = exec_props();
+    p.insert(
+        "tag".into(),
+        json!({"type": "string", "maxLength": 256, "description": "Label for listings"}),
+    );
+    obj(Value::Object(p), &["sessionId", "command"])
+}
+
+fn start_process_out() -> Value {
+    out(
+        json!({"sessionId": {"type": "string"}, "procId": {"type": "integer"}, "pid": {"type": "integer"}}),
+        &["sessionId", "procId", "pid"],
+    )
+}
+
+fn proc_id() -> Value {
+    json!({"type": "integer", "minimum": 1, "description": "procId from start_process"})
+}
+
+fn read_process_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "procId": proc_id(),
+               "offset": {"type": "integer", "minimum": 0, "description": "Output offset to read from (default 0)"},
+               "waitMs": {"type": "integer", "minimum": 0, "maximum": 60000,
+                          "description": "How long to wait for output (default 200)"}}),
+        &["sessionId", "procId"],
+    )
+}
+
+fn read_process_out() -> Value {
+    out(
+        json!({
+            "procId": {"type": "integer"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "nextOffset": {"type": "integer"},
+            "dropped": {"type": "integer", "description": "Bytes lost before offset was read (buffer overflow)"},
+            "running": {"type": "boolean"},
+            "exitCode": {"type": ["integer", "null"]},
+            "signal": {"type": ["string", "null"]}
+        }),
+        &["procId", "stdout", "stderr", "nextOffset", "running"],
+    )
+}
+
+fn write_process_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "procId": proc_id(), "input": {"type": "string"},
+               "eof": {"type": "boolean", "description": "Close stdin after writing"}}),
+        &["sessionId", "procId"],
+    )
+}
+
+fn write_process_out() -> Value {
+    out(
+        json!({"procId": {"type": "integer"}, "bytes": {"type": "integer"}, "eof": {"type": "boolean"}}),
+        &["procId", "bytes", "eof"],
+    )
+}
+
+fn kill_process_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "procId": proc_id(),
+               "signal": {"description": "Signal name (TERM, KILL, INT, HUP, ...) or number",
+                          "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1, "maximum": 64}]}}),
+        &["sessionId", "procId"],
+    )
+}
+
+fn kill_process_out() -> Value {
+    out(
+        json!({"procId": {"type": "integer"}, "signal": {"type": "integer"}, "success": {"type": "boolean"}}),
+        &["procId", "signal", "success"],
+    )
+}
+
+// ---- argument helpers ---------------------------------------------------------
+
+fn opt_str(a: &Map<String, Value>, k: &str) -> Result<Option<String>, String> {
+    match a.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(format!(
+            "argument {k} must be a string, not {}",
+            super::jsonrpc::type_name(v)
+        )),
+    }
+}
+
+fn req_str(a: &Map<String, Value>, k: &str) -> Result<String, String> {
+    opt_str(a, k)?.ok_or_else(|| format!("argument {k} is required"))
+}
+
+fn opt_u64(a: &Map<String, Value>, k: &str) -> Result<Option<u64>, String> {
+    match a.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("argument {k} must be a non-negative integer")),
+    }
+}
+
+fn opt_f64(a: &Map<String, Value>, k: &str) -> Result<Option<f64>, String> {
+    match a.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|f| f.is_finite() && *f > 0.0 && *f < 1e9)
+            .map(Some)
+            .ok_or_else(|| format!("argument {k} must be a positive number")),
+    }
+}
+
+fn opt_bool(a: &Map<String, Value>, k: &str) -> Result<Option<bool>, String> {
+    match a.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(format!("argument {k} must be a boolean")),
+    }
+}
+
+fn opt_env(a: &Map<String, Value>) -> Result<BTreeMap<String, String>, String> {
+    let env: BTreeMap<String, String> = match a.get("env") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|_| "argument env must be an object of strings".to_string())?,
+    };
+    validate::env(env).map_err(msg)
+}
+
+/// Rejects arguments the schema does not name (a typo should not be ignored).
+fn known_only(a: &Map<String, Value>, schema: &Value) -> Result<(), String> {
+    let props = &schema["properties"];
+    for k in a.keys() {
+        if props.get(k).is_none() {
+            let names: Vec<&String> = props
+                .as_object()
+                .map(|m| m.keys().collect())
+                .unwrap_or_default();
+            return Err(format!(
+                "unknown argument {k:?} (expected one of {names:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn msg(e: ApiError) -> String {
+    e.message
+}
+
+fn session_id(a: &Map<String, Value>) -> Result<String, String> {
+    let id = req_str(a, "sessionId")?;
+    validate::session_id(&id).map_err(msg)?;
+    Ok(id)
+}
+
+fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
+    ctx.host.mgr.get(&ctx.caller.owner, id).ok_or_else(|| {
+        format!(
+            "no session {id:?} (create one with create_session, or list them with list_sessions)"
+        )
+    })
+}
+
+fn wait(ctx: &ToolCtx) -> Duration {
+    ctx.host.cfg.create_timeout
+}
+
+fn agent_err(e: ClientError, what: &str) -> String {
+    ApiError::from_agent(e, what).message
+}
+
+/// Waits for a new session's sandbox, removing the session if it fails.
+fn ready(ctx: &ToolCtx, s: &Arc<Session>) -> Result<(), String> {
+    let r = s
+        .call(Request::Ping, wait(ctx))
+        .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")));
+    if let Err(e) = r {
+        ctx.host
+            .mgr
+            .remove(&s.owner, &s.id, "failed to start", false);
+        return Err(e.message);
+    }
+    Ok(())
+}
+
+fn session_json(s: &Session) -> Value {
+    let i = s.info();
+    json!({
+        "sessionId": s.id,
+        "template": s.spec.template,
+        "state": i["state"],
+        "vcpus": s.spec.vcpus,
+        "memoryMib": s.spec.mem_mib,
+        "diskMib": s.spec.disk_mib,
+        "createdAt": i["createdAt"],
+        "expiresAt": i["expiresAt"],
+    })
+}
+
+fn new_id() -> String {
+    format!("s-{:012x}", crate::agent::random_u64() & 0xffff_ffff_ffff)
+}
+
+// ---- handlers ---------------------------------------------------------------
+
+fn egress(v: Option<&Value>) -> Result<Option<EgressPolicy>, String> {
+    let p = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(m)) => {
+            let mode: EgressMode = serde_json::from_value(Value::String(m.clone()))
+                .map_err(|_| format!("egress {m:?}: want internet, none, allowlist or denylist"))?;
+            EgressPolicy {
+                mode,
+                ..Default::default()
+            }
+        }
+        Some(o) => serde_json::from_value(o.clone()).map_err(|e| format!("egress: {e}"))?,
+    };
+    p.validate()?;
+    Ok(Some(p))
+}
+
+fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &create_session_in())?;
+    let id = match opt_str(a, "sessionId")? {
+        Some(id) => {
+            validate::session_id(&id).map_err(msg)?;
+            id
+        }
+        None => new_id(),
+    };
+    let template = opt_str(a, "template")?;
+    let empty = Map::new();
+    let limits = match a.get("limits") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err("argument limits must be an object".into()),
+    };
+    known_only(limits, &create_session_in()["properties"]["limits"])?;
+    let range = |k: &str, lo: u64, hi: u64| -> Result<Option<u32>, String> {
+        match opt_u64(limits, k)? {
+            Some(v) if !(lo..=hi).contains(&v) => Err(format!("limits.{k} must be {lo}..={hi}")),
+            v => Ok(v.map(|v| v as u32)),
+        }
+    };
+    let opts = SessionOptions {
+        template,
+        vcpus: range("vcpus", 1, 64)?,
+        mem_mib: range("memoryMib", 64, 65536)?,
+        disk_mib: range("diskMib", 16, 1_048_576)?,
+        ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
+        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
+        env: opt_env(a)?,
+        egress: egress(a.get("egress"))?,
+    };
+    let (s, _) = ctx
+        .host
+        .mgr
+        .get_or_create(&ctx.caller.owner, &id, opts, true)
+        .map_err(msg)?;
+    (ctx.created)(&id);
+    ready(ctx, &s)?;
+    Ok(session_json(&s).into())
+}
+
+/// Builds the agent's exec request from seed-style arguments.
+fn exec_request(
+    ctx: &ToolCtx,
+    a: &Map<String, Value>,
+    s: &Session,
+    background: bool,
+) -> Result<(ExecRequest, Duration), String> {
+    let command = req_str(a, "command")?;
+    if command.is_empty() {
+        return Err("command must not be empty".into());
+    }
+    let args: Option<Vec<String>> = match a.get("args") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value(v.clone())
+                .map_err(|_| "argument args must be an array of strings".to_string())?,
+        ),
+    };
+    let (argv, shell) = match args {
+        Some(args) => {
+            let mut argv = vec![command];
+            argv.extend(args);
+            (argv, None)
+        }
+        None => (Vec::new(), Some(command)),
+    };
+    if argv.len() > crate::proto::limits::MAX_ARGS {
+        return Err("too many arguments".into());
+    }
+    if argv.iter().chain(shell.iter()).any(|s| s.contains('\0')) {
+        return Err("arguments must not contain NUL bytes".into());
+    }
+    let cwd = opt_str(a, "cwd")?;
+    if let Some(c) = &cwd {
+        validate::path(c, "cwd").map_err(msg)?;
+    }
+    let cfg = &ctx.host.cfg;
+    let timeout_ms = match opt_u64(a, "timeout")? {
+        Some(0) => return Err("timeout must be at least 1 ms".into()),
+        Some(t) => Some(t),
+        None if background => None,
+        None => Some(cfg.default_exec_timeout.as_millis() as u64),
+    };
+    let max = cfg.max_exec_timeout.as_millis() as u64;
+    if timeout_ms.is_some_and(|t| t > max) {
+        return Err(format!("timeout exceeds the maximum of {max} ms"));
+    }
+    let tag = opt_str(a, "tag")?;
+    let req = ExecRequest {
+        argv,
+        shell,
+        env: s.env_for(&opt_env(a)?),
+        cwd,
+        stdin: background,
+        timeout_ms,
+        background,
+        tag,
+        ..Default::default()
+    };
+    Ok((req, Duration::from_millis(timeout_ms.unwrap_or(max))))
+}
+
+fn exit_fields(st: &crate::proto::ExitStatus) -> (i64, Value) {
+    let code = st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1) as i64;
+    (code, json!(st.signal.map(crate::api::exec::signal_name)))
+}
+
+fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &execute_in())?;
+    let id = match opt_str(a, "sessionId")? {
+        Some(id) => {
+            validate::session_id(&id).map_err(msg)?;
+            id
+        }
+        None => new_id(),
+    };
+    let opts = SessionOptions {
+        template: opt_str(a, "template")?,
+        ..Default::default()
+    };
+    let (s, created) = ctx
+        .host
+        .mgr
+        .get_or_create(&ctx.caller.owner, &id, opts, false)
+        .map_err(msg)?;
+    if created {
+        (ctx.created)(&id);
+    }
+    let (req, timeout) = exec_request(ctx, a, &s, false)?;
+    let _activity = s.activity();
+    let t0 = Instant::now();
+    let mut call = s.call(Request::Exec(req), wait(ctx)).map_err(msg)?;
+    let deadline = Instant::now() + timeout + Duration::from_secs(30);
+    // Kept well inside one message (clients bound what they buffer).
+    let max = ctx.host.cfg.max_output.min(super::MAX_MESSAGE / 2);
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut truncated = false;
+    let mut seen = 0u64;
+    let status = loop {
+        if (ctx.stop)() {
+            // Cancel in the guest and wait (briefly) for the process to be
+            // gone, so a cancelled command never outlives its call.
+            let _ = call.cancel();
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end {
+                match call.recv_timeout(Duration::from_millis(50)) {
+                    Ok(Some(Inbound::Response(_) | Inbound::Error(_))) | Err(_) => break,
+                    _ => {}
+                }
+            }
+            ctx.host.mgr.metrics.exec_done("cancelled", t0.elapsed());
+            return Err("cancelled".into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no answer from the sandbox within {timeout:?}"));
+        }
+        match call.recv_timeout(Duration::from_millis(100)) {
+            Ok(None) => {}
+            Ok(Some(Inbound::Data { channel: ch, bytes })) => {
+                seen += bytes.len() as u64;
+                if let Some(p) = ctx.progress {
+                    let text: String = String::from_utf8_lossy(&bytes).chars().take(2000).collect();
+                    p(seen as f64, text);
+                }
+                // The cap covers both streams together.
+                let room = max.saturating_sub(stdout.len() + stderr.len());
+                let buf = if ch == channel::STDERR {
+                    &mut stderr
+                } else {
+                    &mut stdout
+                };
+                if bytes.len() > room {
+                    truncated = true;
+                }
+                buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            Ok(Some(Inbound::Response(Response::Exited(st)))) => break st,
+            Ok(Some(Inbound::Response(r))) => return Err(format!("unexpected agent answer {r:?}")),
+            Ok(Some(Inbound::Error(e))) => return Err(agent_err(ClientError::Agent(e), "execute")),
+            Ok(Some(_)) => {}
+            Err(e) => return Err(agent_err(e, "execute")),
+        }
+    };
+    let took = t0.elapsed();
+    ctx.host
+        .mgr
+        .metrics
+        .exec_done(crate::api::exec::outcome(&status), took);
+    let (code, signal) = exit_fields(&status);
+    Ok(json!({
+        "sessionId": id,
+        "exitCode": code,
+        "signal": signal,
+        "timedOut": status.timed_out,
+        "stdout": String::from_utf8_lossy(&stdout),
+        "stderr": String::from_utf8_lossy(&stderr),
+        "truncated": truncated,
+        "duration": took.as_millis() as u64,
+    })
+    .into())
+}
+
+fn list_templates(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &empty_in())?;
+    Ok(json!({"templates": ctx.host.mgr.factory.templates()}).into())
+}
+
+fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &write_file_in())?;
+    let id = session_id(a)?;
+    let path = req_str(a, "path")?;
+    validate::path(&path, "path").map_err(msg)?;
+    let content = req_str(a, "content")?;
+    let data = match opt_str(a, "encoding")?.as_deref() {
+        None | Some("utf8") => content.into_bytes(),
+        Some("base64") => base64::engine::general_purpose::STANDARD
+            .decode(content.as_bytes())
+            .map_err(|e| format!("content is not valid base64: {e}"))?,
+        Some(o) => return Err(format!("encoding {o:?}: want utf8 or base64")),
+    };
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    let n = rest::write_file(&s, &path, &data, None, wait(ctx)).map_err(msg)?;
+    Ok(json!({"sessionId": id, "path": path, "bytes": n}).into())
+}
+
+fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &path_in())?;
+    let id = session_id(a)?;
+    let path = req_str(a, "path")?;
+    validate::path(&path, "path").map_err(msg)?;
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    // Base64 grows 4/3 and must fit in one message.
+    let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
+    let data = rest::read_file(&s, &path, max, wait(ctx)).map_err(msg)?;
+    let size = data.len();
+    match String::from_utf8(data) {
+        Ok(text) => {
+            Ok(json!({"path": path, "size": size, "encoding": "utf8", "content": text}).into())
+        }
+        Err(e) => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(e.as_bytes());
+            let uri = format!("sandbox://{id}/{}", path.trim_start_matches('/'));
+            Ok(ToolOut {
+                structured: json!({"path": path, "size": size, "encoding": "base64", "content": b64}),
+                extra: vec![json!({"type": "resource", "resource": {
+                    "uri": uri, "mimeType": "application/octet-stream", "blob": b64}})],
+            })
+        }
+    }
+}
+
+fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &list_files_in())?;
+    let id = session_id(a)?;
+    let path = opt_str(a, "path")?.unwrap_or_else(|| ".".into());
+    validate::path(&path, "path").map_err(msg)?;
+    let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    Ok(rest::list(&s, &path, recursive, wait(ctx))
+        .map_err(msg)?
+        .into())
+}
+
+fn ping(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &ping_in())?;
+    let version = env!("CARGO_PKG_VERSION");
+    match opt_str(a, "sessionId")? {
+        None => Ok(json!({"ok": true, "version": version}).into()),
+        Some(id) => {
+            validate::session_id(&id).map_err(msg)?;
+            let s = own_session(ctx, &id)?;
+            let t = Instant::now();
+            s.call(Request::Ping, wait(ctx))
+                .map_err(msg)?
+                .finish()
+                .map_err(|e| agent_err(e, "ping"))?;
+            Ok(json!({"ok": true, "sessionId": id, "version": version,
+                      "latencyMs": t.elapsed().as_secs_f64() * 1000.0})
+            .into())
+        }
+    }
+}
+
+fn reset_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &session_id_in())?;
+    let id = session_id(a)?;
+    let old = own_session(ctx, &id)?;
+    let opts = SessionOptions {
+        template: Some(old.spec.template.clone()),
+        vcpus: Some(old.spec.vcpus),
+        mem_mib: Some(old.spec.mem_mib),
+        disk_mib: Some(old.spec.disk_mib),
+        ttl: Some(
+            old.expires
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(1)),
+        ),
+        idle_timeout: Some(old.idle_timeout),
+        env: old.spec.env.clone(),
+        egress: Some(old.spec.egress.clone()),
+    };
+    drop(old);
+    ctx.host
+        .mgr
+        .remove(&ctx.caller.owner, &id, "reset by MCP", true);
+    let (s, _) = ctx
+        .host
+        .mgr
+        .get_or_create(&ctx.caller.owner, &id, opts, true)
+        .map_err(msg)?;
+    (ctx.created)(&id);
+    ready(ctx, &s)?;
+    Ok(session_json(&s).into())
+}
+
+fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &empty_in())?;
+    let v: Vec<Value> = ctx
+        .host
+        .mgr
+        .list(Some(&ctx.caller.owner))
+        .iter()
+        .map(|s| session_json(s))
+        .collect();
+    Ok(json!({"sessions": v}).into())
+}
+
+fn destroy_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &session_id_in())?;
+    let id = session_id(a)?;
+    if !ctx
+        .host
+        .mgr
+        .remove(&ctx.caller.owner, &id, "destroyed by MCP", true)
+    {
+        return Err(format!("no session {id:?}"));
+    }
+    Ok(json!({"sessionId": id, "destroyed": true}).into())
+}
+
+fn start_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &start_process_in())?;
+    let id = session_id(a)?;
+    let s = own_session(ctx, &id)?;
+    let (req, _) = exec_request(ctx, a, &s, true)?;
+    let _a = s.activity();
+    let r = s
+        .call(Request::Exec(req), wait(ctx))
+        .map_err(msg)?
+        .finish()
+        .map_err(|e| agent_err(e, "start process"))?;
+    match r {
+        Response::Started { proc, pid } => {
+            Ok(json!({"sessionId": id, "procId": proc, "pid": pid}).into())
+        }
+        other => Err(format!("unexpected agent answer {other:?}")),
+    }
+}
+
+fn req_proc(a: &Map<String, Value>) -> Result<u64, String> {
+    opt_u64(a, "procId")?
+        .filter(|&p| p > 0)
+        .ok_or_else(|| "argument procId is required (a positive integer)".to_string())
+}
+
+fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &read_process_in())?;
+    let id = session_id(a)?;
+    let proc = req_proc(a)?;
+    let offset = opt_u64(a, "offset")?.unwrap_or(0);
+    let wait_ms = opt_u64(a, "waitMs")?.unwrap_or(200).min(60_000);
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    // The agent replays a background process's buffer from its absolute
+    // start; we skip what the caller already has.
+    let mut call = s
+        .call(
+            Request::Attach {
+                proc,
+                stdin: false,
+                replay: true,
+            },
+            wait(ctx),
+        )
+        .map_err(msg)?;
+    let end = Instant::now() + Duration::from_millis(wait_ms);
+    let mut pos = 0u64;
+    let mut dropped = 0u64;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let cap = (super::MAX_MESSAGE / 4) as u64;
+    let mut exit = None;
+    loop {
+        if (ctx.stop)() {
+            return Err("cancelled".into());
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match call.recv_timeout(left.min(Duration::from_millis(100))) {
+            Ok(None) => {}
+            Ok(Some(Inbound::Event(Event::Dropped { bytes }))) => {
+                let lost_end = pos + bytes;
+                if lost_end > offset {
+                    dropped += lost_end - offset.max(pos);
+                }
+                pos = lost_end;
+            }
+            Ok(Some(Inbound::Data { channel: ch, bytes })) => {
+                let n = bytes.len() as u64;
+                if pos + n > offset {
+                    let start = pos.max(offset);
+                    let piece = &bytes[(start - pos) as usize..];
+                    let total = (out.len() + err.len()) as u64;
+                    let take = (piece.len() as u64).min(cap.saturating_sub(total)) as usize;
+                    let buf = if ch == channel::STDERR {
+                        &mut err
+                    } else {
+                        &mut out
+                    };
+                    buf.extend_from_slice(&piece[..take]);
+                    if take < piece.len() {
+                        // The rest is left for the next read.
+                        pos = start + take as u64;
+                        break;
+                    }
+                }
+                pos += n;
+            }
+            Ok(Some(Inbound::Response(Response::Exited(st)))) => {
+                exit = Some(st);
+                break;
+            }
+            Ok(Some(Inbound::Response(_))) => break,
+            Ok(Some(Inbound::Error(e))) => {
+                return Err(agent_err(ClientError::Agent(e), &format!("process {proc}")))
+            }
+            Ok(Some(_)) => {}
+            Err(e) => return Err(agent_err(e, &format!("process {proc}"))),
+        }
+    }
+    drop(call);
+    let (code, signal) = match &exit {
+        Some(st) => {
+            let (c, s) = exit_fields(st);
+            (json!(c), s)
+        }
+        None => (Value::Null, Value::Null),
+    };
+    Ok(json!({
+        "procId": proc,
+        "stdout": String::from_utf8_lossy(&out),
+        "stderr": String::from_utf8_lossy(&err),
+        "nextOffset": pos.max(offset),
+        "dropped": dropped,
+        "running": exit.is_none(),
+        "exitCode": code,
+        "signal": signal,
+    })
+    .into())
+}
+
+fn write_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &write_process_in())?;
+    let id = session_id(a)?;
+    let proc = req_proc(a)?;
+    let input = opt_str(a, "input")?.unwrap_or_default();
+    let eof = opt_bool(a, "eof")?.unwrap_or(false);
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    let mut call = s
+        .call(
+            Request::Attach {
+                proc,
+                stdin: true,
+                replay: false,
+            },
+            wait(ctx),
+        )
+        .map_err(msg)?;
+    call.send_all(input.as_bytes())
+        .and_then(|_| if eof { call.send_eof() } else { Ok(()) })
+        .map_err(|e| agent_err(e, "write stdin"))?;
+    // An unknown process fails at once.
+    if let Ok(Some(Inbound::Error(e))) = call.recv_timeout(Duration::from_millis(20)) {
+        return Err(agent_err(ClientError::Agent(e), &format!("process {proc}")));
+    }
+    Ok(json!({"procId": proc, "bytes": input.len(), "eof": eof}).into())
+}
+
+fn signal_number(v: Option<&Value>) -> Result<i32, String> {
+    let n = match v {
+        None | Some(Value::Null) => 15,
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0) as i32,
+        Some(Value::String(name)) => {
+            match name.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
+                "HUP" => 1,
+                "INT" => 2,
+                "QUIT" => 3,
+                "KILL" => 9,
+                "USR1" => 10,
+                "USR2" => 12,
+                "TERM" => 15,
+                "CONT" => 18,
+                "STOP" => 19,
+                n => n.parse().map_err(|_| format!("unknown signal {name:?}"))?,
+            }
+        }
+        Some(_) => return Err("signal must be a name or a number".into()),
+    };
+    if !(1..=64).contains(&n) {
+        return Err(format!("signal {n} out of range"));
+    }
+    Ok(n)
+}
+
+fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &kill_process_in())?;
+    let id = session_id(a)?;
+    let proc = req_proc(a)?;
+    let sig = signal_number(a.get("signal"))?;
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    s.call(Request::Signal { proc, signal: sig }, wait(ctx))
+        .map_err(msg)?
+        .finish()
+        .map_err(|e| agent_err(e, &format!("signal process {proc}")))?;
+    Ok(json!({"procId": proc, "signal": sig, "success": true}).into())
+}
