@@ -86,6 +86,19 @@ pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), S
     if !script.exists() {
         return Err(format!("{} not found", script.display()));
     }
+    // Host packages (QEMU, mmdebstrap, kernel source, ...): the script only
+    // installs what is missing.
+    let deps = images.join("install-deps.sh");
+    // SAFETY: geteuid has no preconditions.
+    if deps.exists() && unsafe { libc::geteuid() } == 0 {
+        let st = Command::new("bash")
+            .arg(&deps)
+            .status()
+            .map_err(|e| format!("{}: {e}", deps.display()))?;
+        if !st.success() {
+            return Err(format!("{} failed ({st})", deps.display()));
+        }
+    }
     let agent = match agent {
         Some(a) => a,
         None => build_agent(&images)?,

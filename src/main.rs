@@ -25,6 +25,9 @@ struct Cli {
 enum Cmd {
     /// Run the daemon (REST API, metrics).
     Serve(Box<ServeArgs>),
+    /// Bring a host up in one go: install what is missing, build the guest
+    /// images, make the snapshots, then serve (same flags as `serve`).
+    Up(Box<ServeArgs>),
     /// MCP server on stdin/stdout (in-process host, or --url to a daemon).
     Mcp(agent_sandbox::mcp::stdio::McpArgs),
     /// Manage API keys in the key file.
@@ -190,6 +193,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Serve(a) => serve(*a, sigs),
+        Cmd::Up(a) => up(*a, sigs),
         Cmd::Keys { cmd, key_file } => keys(cmd, key_file),
         Cmd::Doctor {
             backend,
@@ -359,4 +363,14 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `up`: everything `serve` needs on a fresh host, then `serve`.
+fn up(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
+    if a.backend != "local-process" {
+        agent_sandbox::admin::image_build(&[], None)?;
+        let cfg = admin_config(a.state_dir.clone());
+        agent_sandbox::admin::snapshot_create(&cfg, &a.backend, &[], false)?;
+    }
+    serve(a, sigs)
 }

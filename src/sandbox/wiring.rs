@@ -45,13 +45,14 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/agent-sandbox"))
 }
 
-/// Where snapshots live. Normally the daemon's state dir; tests point
-/// `AGENT_SANDBOX_SNAPSHOT_STATE` at one shared place so that each test
-/// daemon, with its own fresh state dir, reuses the same snapshot.
-fn snapshot_state(cfg: &Config) -> PathBuf {
+/// Where snapshots live: beside the images they are made from, in the
+/// host-wide cache (`<cache>/snapshots/<backend>/<template>`), shared by
+/// every daemon on the host (the registry locks and checks freshness).
+/// `AGENT_SANDBOX_SNAPSHOT_STATE` puts them elsewhere.
+fn snapshot_state(_cfg: &Config) -> PathBuf {
     std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| cfg.state_dir.clone())
+        .unwrap_or_else(cache_dir)
 }
 
 pub fn registry_config(cfg: &Config) -> RegistryConfig {

@@ -30,8 +30,7 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        let backend =
-            std::env::var("AGENT_SANDBOX_TEST_BACKEND").unwrap_or_else(|_| "local-process".into());
+        let backend = super::test_backend();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"));
         cmd.arg("serve")
             .arg("--listen")
@@ -322,5 +321,5 @@ pub fn stdout_of(v: &serde_json::Value) -> String {
 
 /// Whether the tests run against a VM backend (`AGENT_SANDBOX_TEST_BACKEND`).
 pub fn vm_backend() -> bool {
-    std::env::var("AGENT_SANDBOX_TEST_BACKEND").is_ok_and(|b| b != "local-process")
+    super::test_backend() != "local-process"
 }

@@ -158,3 +158,26 @@ pub fn sleepers(marker: &str) -> usize {
         .count()
 }
 pub mod daemon;
+
+/// Backend the daemon and MCP tests run on: `AGENT_SANDBOX_TEST_BACKEND`,
+/// else `qemu` once `agent-sandbox image build` (the quick start's first
+/// command) has recorded guest images, else `local-process` with a notice.
+pub fn test_backend() -> String {
+    if let Ok(b) = std::env::var("AGENT_SANDBOX_TEST_BACKEND") {
+        return b;
+    }
+    let cache = std::env::var_os("AGENT_SANDBOX_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/agent-sandbox"));
+    if cache.join("current.json").exists() {
+        return "qemu".into();
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        eprintln!(
+            "NOTE: no guest images recorded; daemon tests run sandboxes as local \
+             processes (run `agent-sandbox image build` to test through VMs)"
+        )
+    });
+    "local-process".into()
+}

@@ -204,7 +204,7 @@ pub fn node_dir() -> Option<PathBuf> {
 }
 
 pub fn backend() -> String {
-    std::env::var("AGENT_SANDBOX_TEST_BACKEND").unwrap_or_else(|_| "local-process".into())
+    super::common::test_backend()
 }
 
 /// Sandboxes run as host processes, so tests can look for them in /proc.
