@@ -34,8 +34,9 @@ pub fn doctor(cfg: &Config, backend: &str, json: bool) -> Result<(), String> {
 
 /// The directory holding `build.sh` and `templates/`.
 fn images_dir() -> PathBuf {
-    wiring::templates_dir()
-        .parent()
+    let t = wiring::templates_dir();
+    let t = t.canonicalize().unwrap_or(t);
+    t.parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("images"))
 }
