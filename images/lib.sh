@@ -42,6 +42,11 @@ ensure_packages() {
 	fi
 }
 
+# The last progress message of a log: tools redraw lines with \r or ESC[K.
+last_line() {
+	tail -n1 "$1" | tr '\r' '\n' | tail -n1 | sed -E 's/(\x1b\[K)+$//; s/.*\x1b\[K//' | tr -cd '[:print:]' | cut -c1-100
+}
+
 # Run "$@" with its output in LOGFILE; print a heartbeat every 30 s so a long
 # step shows it is alive; on failure show the log's tail.
 run_logged() {
@@ -55,7 +60,7 @@ run_logged() {
 			kill -0 "$pid" 2>/dev/null || break
 		done
 		if kill -0 "$pid" 2>/dev/null; then
-			log "... still running ($((SECONDS - start)) s): $(tail -n1 "$logfile" | cut -c1-100)"
+			log "... still running ($((SECONDS - start)) s): $(last_line "$logfile")"
 		fi
 	done
 	rc=0

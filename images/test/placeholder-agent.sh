@@ -34,8 +34,13 @@ if [ -z "$port" ]; then
 	echo "placeholder-agent: no virtio-serial port named agent" >&2
 	exec sleep infinity
 fi
-# Echo loop: the host sees "hello" and then its own lines back.
+# One open file description for both directions: the port allows a single
+# opener. Say hello once (bytes written while no host is connected reach the
+# next client), then echo. read() gives EOF while no host is connected, so
+# back off instead of spinning.
+exec 3<>"$port"
+echo "hello placeholder-agent" >&3
 while :; do
-	{ echo "hello placeholder-agent"; cat; } <"$port" >"$port" 2>/dev/null
+	cat <&3 >&3
 	sleep 0.2
 done
