@@ -49,7 +49,10 @@ pub const MEM_FILE: &str = "memory";
 pub const READY_MARKER: &[u8] = b"SANDBOX-AGENT READY";
 
 /// Kernel command line before `cmdline_extra`.
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 root=/dev/vda ro \
+// reboot=t: microvm has no i8042, so the keyboard-controller reboot
+// Firecracker uses (reboot=k) would hang; a triple fault makes QEMU
+// (-no-reboot) exit at once.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=t panic=1 root=/dev/vda ro \
      rootfstype=erofs init=/sbin/sandbox-agent quiet";
 
 /// Bytes of console output kept in memory for error messages.
