@@ -66,7 +66,15 @@ fn build_agent(images: &Path) -> Result<PathBuf, String> {
             target,
         ])
         // Static: the agent is PID 1 of a root filesystem with its own libc.
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        // The checkout path is remapped so that the binary, and with it the
+        // image cache key, does not change from one clone to the next.
+        .env(
+            "RUSTFLAGS",
+            format!(
+                "-C target-feature=+crt-static --remap-path-prefix={}=/agent-sandbox",
+                root.display()
+            ),
+        )
         .status()
         .map_err(|e| format!("cargo: {e}"))?;
     if !st.success() {
