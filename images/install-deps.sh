@@ -16,10 +16,16 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # A package this distribution lacks (Ubuntu has no linux-source-6.1) is
+  # reported, not fatal: the step that needs it says what to do instead.
+  avail=()
+  for p in "${missing[@]}"; do
+    if apt-cache show "$p" >/dev/null 2>&1; then avail+=("$p"); else echo "not available here: $p"; fi
+  done
+  echo "installing: ${avail[*]}"
+  ((${#avail[@]})) && apt-get install -y -q --no-install-recommends "${avail[@]}"
 else
   echo "all packages present"
 fi
