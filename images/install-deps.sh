@@ -25,7 +25,7 @@ if ((${#missing[@]})); then
     if apt-cache show "$p" >/dev/null 2>&1; then avail+=("$p"); else echo "not available here: $p"; fi
   done
   echo "installing: ${avail[*]}"
-  ((${#avail[@]})) && apt-get install -y -q --no-install-recommends "${avail[@]}"
+  if ((${#avail[@]})); then apt-get install -y -q --no-install-recommends "${avail[@]}"; fi
 else
   echo "all packages present"
 fi
