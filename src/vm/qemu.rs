@@ -669,32 +669,57 @@ pub fn kvm_device_usable() -> bool {
 /// as panicking over the missing root has run its whole early boot (CPU,
 /// timers, interrupts) under this KVM. Anything else within `timeout` means
 /// KVM does not work here.
+/// In the child before exec: SIGKILL this QEMU if the thread that started
+/// it dies. Every QEMU is started by the thread that owns it for its whole
+/// life (a session's worker, the warm pool, a snapshot build, the KVM
+/// probe), so a killed daemon cannot leave VMs behind, including the probe
+/// and snapshot-build VMs the start-up sweep does not know about. Must run
+/// after any uid change, which clears the setting.
+fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
+    // SAFETY: prctl/getppid are async-signal-safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The parent may already be gone.
+        if libc::getppid() != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
+}
+
 pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::Result<(), String> {
-    let mut child = Command::new(qemu)
-        .args([
-            "-M",
-            "microvm,acpi=off",
-            "-accel",
-            "kvm",
-            "-cpu",
-            "host",
-            "-m",
-            "128M",
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-no-reboot",
-            "-serial",
-            "stdio",
-            "-append",
-            "console=ttyS0 panic=-1 loglevel=4",
-            "-kernel",
-        ])
-        .arg(kernel)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
+    let mut cmd = Command::new(qemu);
+    cmd.args([
+        "-M",
+        "microvm,acpi=off",
+        "-accel",
+        "kvm",
+        "-cpu",
+        "host",
+        "-m",
+        "128M",
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+        "-append",
+        "console=ttyS0 panic=-1 loglevel=4",
+        "-kernel",
+    ])
+    .arg(kernel)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .process_group(0);
+    // SAFETY: getpid has no preconditions; the closure only makes
+    // async-signal-safe syscalls.
+    let parent = unsafe { libc::getpid() };
+    unsafe { cmd.pre_exec(move || die_with_parent(parent)) };
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     let pid = child.id() as i32;
@@ -1038,6 +1063,8 @@ impl QemuVm {
             .env_clear();
         let (uid, gid) = (self.cfg.uid, self.cfg.gid);
         let fds = inherit.to_vec();
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
         // SAFETY: the closure only makes async-signal-safe syscalls.
         unsafe {
             cmd.pre_exec(move || {
@@ -1061,7 +1088,7 @@ impl QemuVm {
                 } else if libc::geteuid() != uid {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
-                Ok(())
+                die_with_parent(parent)
             });
         }
         let child = cmd
