@@ -46,6 +46,9 @@ pub struct Config {
     pub default_disk_mib: u32,
     /// `Origin` values the MCP endpoint accepts (browsers); empty = none.
     pub mcp_allowed_origins: Vec<String>,
+    /// Per-session networking (namespace, veth, TAP, NAT, egress policy);
+    /// `None`: VMs boot without a network device.
+    pub network: Option<crate::net::NetConfig>,
 }
 
 impl Default for Config {
@@ -77,6 +80,7 @@ impl Default for Config {
             default_mem_mib: 256,
             default_disk_mib: 1024,
             mcp_allowed_origins: Vec::new(),
+            network: None,
         }
     }
 }
