@@ -4,6 +4,7 @@ use agent_sandbox::api::auth::{validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::{default_state_dir, parse_duration, Config};
 use agent_sandbox::sandbox;
+use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -269,8 +270,18 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {
         return Err("--rate-limit must be > 0 and --rate-burst >= 1".into());
     }
-    let factory =
-        sandbox::build_factory(&a.backend, a.agent_bin, &cfg).map_err(|e| e.to_string())?;
+    let agent_bin = (a.backend == "local-process").then(|| {
+        let b = a
+            .agent_bin
+            .clone()
+            .unwrap_or_else(sandbox::local::LocalProcessFactory::default_agent_bin);
+        // The spawner's allowlist compares exact paths.
+        std::fs::canonicalize(&b).unwrap_or(b)
+    });
+    // Still single-threaded here: nothing above starts a thread.
+    let host = harden_daemon(&a.backend, agent_bin.as_deref(), &cfg)?;
+    let factory = sandbox::build_factory_on(&a.backend, agent_bin, &cfg, &host)
+        .map_err(|e| e.to_string())?;
     let auth = cfg.auth;
     let server = Server::start(cfg, factory)?;
     let keys = &server.ctx.keys;
@@ -298,6 +309,128 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     server.shutdown();
     log::info!("shutdown complete");
     Ok(())
+}
+
+/// Start-up hardening, in the order `docs/security.md` gives: fork the
+/// spawner (the only process that may start processes, with a policy
+/// fixed now), then drop the daemon's capabilities, set no_new_privs and
+/// install the baseline seccomp filter, then start the spawner client.
+/// Must run while the process is single-threaded.
+/// `AGENT_SANDBOX_SECCOMP=enforce|log|off` chooses the filter mode
+/// (default enforce); capabilities and no_new_privs apply in every mode.
+fn harden_daemon(
+    backend: &str,
+    agent_bin: Option<&std::path::Path>,
+    cfg: &Config,
+) -> Result<wiring::Host, String> {
+    use agent_sandbox::harden::{self, spawner};
+    let t0 = std::time::Instant::now();
+    let mode = harden::Mode::from_env().map_err(|e| e.to_string())?;
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let root = euid == 0;
+    let mut programs = Vec::new();
+    let mut cgroup_parent = None;
+    match backend {
+        "local-process" => {
+            // No isolation in this backend: the agent runs as the daemon's
+            // own uid, as it would without the spawner.
+            if let Some(b) = agent_bin {
+                programs.push(spawner::Program {
+                    path: b.to_path_buf(),
+                    may_run_as_root: true,
+                });
+            }
+        }
+        _ => {
+            let q = agent_sandbox::vm::qemu::QemuConfig::default().binary;
+            let q = agent_sandbox::vm::qemu::find_in_path(&q).unwrap_or(q);
+            programs.push(spawner::Program {
+                path: q,
+                may_run_as_root: false,
+            });
+            let jc = wiring::jailer_config(cfg);
+            programs.push(spawner::Program {
+                path: jc.jailer_bin.clone(),
+                may_run_as_root: true,
+            });
+            programs.push(spawner::Program {
+                path: jc.firecracker_bin.clone(),
+                may_run_as_root: false,
+            });
+            if root {
+                if let Some(p) = agent_sandbox::vm::cgroup::default_parent() {
+                    let missing = agent_sandbox::vm::cgroup::prepare_parent(&p)
+                        .map_err(|e| format!("cgroup parent: {e}"))?;
+                    if !missing.is_empty() {
+                        log::warn!(
+                            "cgroup v2 at {} does not offer {}: VMs get their own cgroup but those limits are NOT enforced (controllers bound to cgroup v1?)",
+                            p.display(),
+                            missing.join(", ")
+                        );
+                    }
+                    cgroup_parent = Some(p);
+                }
+            }
+        }
+    }
+    // Unprivileged (development): the spawner can only start programs as
+    // the daemon's own uid.
+    let (uids, gids) = if root {
+        (wiring::VM_UID..=wiring::VM_UID, wiring::VM_GID..=wiring::VM_GID)
+    } else {
+        (euid..=euid, egid..=egid)
+    };
+    let policy = spawner::Policy {
+        programs,
+        tool_uid: *uids.start(),
+        tool_gid: *gids.start(),
+        uids,
+        gids,
+        netns_dirs: vec!["/run/netns".into()],
+        cgroup_dirs: cgroup_parent.iter().cloned().collect(),
+    };
+    let forked = spawner::fork_spawner(policy, mode).map_err(|e| format!("spawner: {e}"))?;
+    let spawner_pid = forked.pid();
+    let opts = harden::Options {
+        seccomp: mode,
+        ..harden::Options::daemon().map_err(|e| e.to_string())?
+    };
+    let report = harden::apply(&opts).map_err(|e| format!("hardening: {e}"))?;
+    let client = forked
+        .start_client()
+        .map_err(|e| format!("spawner client: {e}"))?;
+    client.on_death(|why| {
+        // It cannot be restarted (we no longer hold the privileges to fork
+        // a privileged process): report not ready, exit for the supervisor
+        // to restart us; the start-up sweep removes what is left.
+        let msg = format!("spawner died ({why}): no sandbox can be started; exiting");
+        let _ = agent_sandbox::api::rest::NOT_READY.set(msg.clone());
+        log::error!("{msg}");
+        std::process::exit(75);
+    });
+    let names = |v: &[caps::Capability]| {
+        v.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    log::info!(
+        "hardening: spawner pid {spawner_pid}; capabilities kept [{}]{}; no_new_privs; seccomp {:?}; RLIMIT_NOFILE {}; RLIMIT_CORE 0; took {:.1} ms",
+        names(&report.caps.kept),
+        if report.caps.missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (not held: [{}])", names(&report.caps.missing))
+        },
+        report.seccomp,
+        report.nofile,
+        t0.elapsed().as_secs_f64() * 1000.0
+    );
+    Ok(wiring::Host {
+        spawner: Some(client),
+        cgroup_parent,
+    })
 }
 
 fn wait_for_signal(set: &libc::sigset_t) -> i32 {
@@ -366,11 +499,34 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>) -> Result<(), String> {
 }
 
 /// `up`: everything `serve` needs on a fresh host, then `serve`.
+/// The builds run as child processes: `serve` must start single-threaded
+/// and unhardened, and the builds start threads and processes of their own.
 fn up(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     if a.backend != "local-process" {
-        agent_sandbox::admin::image_build(&[], None)?;
-        let cfg = admin_config(a.state_dir.clone());
-        agent_sandbox::admin::snapshot_create(&cfg, &a.backend, &[], false)?;
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let run = |args: &[std::ffi::OsString]| -> Result<(), String> {
+            let st = std::process::Command::new(&exe)
+                .args(args)
+                .status()
+                .map_err(|e| format!("run {} {args:?}: {e}", exe.display()))?;
+            if st.success() {
+                Ok(())
+            } else {
+                Err(format!("{} {args:?}: {st}", exe.display()))
+            }
+        };
+        run(&["image".into(), "build".into()])?;
+        let mut snap: Vec<std::ffi::OsString> = vec![
+            "snapshot".into(),
+            "create".into(),
+            "--backend".into(),
+            a.backend.clone().into(),
+        ];
+        if let Some(d) = &a.state_dir {
+            snap.push("--state-dir".into());
+            snap.push(d.clone().into_os_string());
+        }
+        run(&snap)?;
     }
     serve(a, sigs)
 }

@@ -173,6 +173,17 @@ pub fn build_factory(
     agent_bin: Option<std::path::PathBuf>,
     cfg: &Config,
 ) -> Result<Arc<dyn SandboxFactory>> {
+    build_factory_on(backend, agent_bin, cfg, &wiring::Host::default())
+}
+
+/// [`build_factory`] for the hardened daemon: processes start through
+/// `host.spawner`, VMs get cgroups under `host.cgroup_parent`.
+pub fn build_factory_on(
+    backend: &str,
+    agent_bin: Option<std::path::PathBuf>,
+    cfg: &Config,
+    host: &wiring::Host,
+) -> Result<Arc<dyn SandboxFactory>> {
     match backend {
         "local-process" => {
             log::warn!(
@@ -180,12 +191,13 @@ pub fn build_factory(
                  (development and testing only)"
             );
             let bin = agent_bin.unwrap_or_else(local::LocalProcessFactory::default_agent_bin);
-            Ok(Arc::new(local::LocalProcessFactory::new(
-                bin,
-                cfg.state_dir.join("run"),
-            )?))
+            let f = local::LocalProcessFactory::new(bin, cfg.state_dir.join("run"))?;
+            Ok(Arc::new(match &host.spawner {
+                Some(s) => f.with_spawner(s.clone()),
+                None => f,
+            }))
         }
-        b if BACKENDS.contains(&b) => production_factory(b, cfg),
+        b if BACKENDS.contains(&b) => wiring::factory_on(b, cfg, host),
         b => Err(SandboxError::Other(format!(
             "unknown backend {b:?} (one of {})",
             BACKENDS.join(", ")

@@ -159,7 +159,15 @@ impl AgentClient {
         let s2 = shared.clone();
         std::thread::Builder::new()
             .name("agent-reader".into())
-            .spawn(move || reader_loop(s2, r))?;
+            .spawn(move || {
+                // Narrower than the session thread that connects.
+                if let Err(e) = crate::harden::install_current(crate::harden::ThreadKind::AgentReader)
+                {
+                    log::error!("agent-reader: {e}; stopping the process");
+                    std::process::abort();
+                }
+                reader_loop(s2, r)
+            })?;
         Ok(AgentClient {
             shared,
             hello: Arc::new(reply),

@@ -82,7 +82,19 @@ impl Server {
             .start()
             .map_err(|e| format!("start pool thread: {e}"))?;
         raise_fd_limit();
-        let first = listen(cfg.listen, cfg.write_timeout)?;
+        // On an Http thread: tiny_http's accept and connection threads
+        // inherit the filter of the thread that creates the server.
+        let first = {
+            let (addr, wt) = (cfg.listen, cfg.write_timeout);
+            crate::harden::thread::spawn(
+                crate::harden::ThreadKind::Http,
+                std::thread::Builder::new().name("http-listen".into()),
+                move || listen(addr, wt),
+            )
+            .map_err(|e| format!("start http listener thread: {e}"))?
+            .join()
+            .map_err(|_| "http listener thread panicked".to_string())??
+        };
         let addr = first
             .server_addr()
             .to_ip()
@@ -109,19 +121,23 @@ impl Server {
         for i in 0..cfg.http_workers.max(1) {
             let ctx = ctx.clone();
             let http = http.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("http-{i}"))
-                .spawn(move || worker_loop(ctx, http))
-                .map_err(|e| format!("start http worker: {e}"))?;
+            let h = crate::harden::thread::spawn(
+                crate::harden::ThreadKind::Http,
+                std::thread::Builder::new().name(format!("http-{i}")),
+                move || worker_loop(ctx, http),
+            )
+            .map_err(|e| format!("start http worker: {e}"))?;
             workers.push(h);
         }
         {
             let ctx = ctx.clone();
             let http = http.clone();
-            std::thread::Builder::new()
-                .name("http-watchdog".into())
-                .spawn(move || watchdog(ctx, http))
-                .map_err(|e| format!("start http watchdog: {e}"))?;
+            crate::harden::thread::spawn(
+                crate::harden::ThreadKind::Http,
+                std::thread::Builder::new().name("http-watchdog".into()),
+                move || watchdog(ctx, http),
+            )
+            .map_err(|e| format!("start http watchdog: {e}"))?;
         }
         Ok(Server {
             ctx,

@@ -29,12 +29,19 @@ pub fn health(
     }))
 }
 
+/// Set once the daemon can no longer start sandboxes (its spawner died);
+/// `/ready` reports it until the daemon exits.
+pub static NOT_READY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 pub fn ready(
     ctx: &Arc<Ctx>,
     _: &mut tiny_http::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
+    if let Some(why) = NOT_READY.get() {
+        return Ok(Reply::Json(503, json!({"ready": false, "reason": why})));
+    }
     if ctx.is_closing() || ctx.mgr.is_closing() {
         return Ok(Reply::Json(
             503,

@@ -86,6 +86,10 @@ pub enum ThreadKind {
     NetReaper,
     /// Reads replies and exit notifications from the spawner process.
     SpawnerClient,
+    /// A session's DNS forwarder (`src/net/dnsfwd`): moves to the host
+    /// namespace, forwards queries upstream over UDP/TCP, adds answers to
+    /// the session's nf_tables set.
+    Dns,
 }
 
 impl ThreadKind {
@@ -97,6 +101,7 @@ impl ThreadKind {
         ThreadKind::AgentReader,
         ThreadKind::NetReaper,
         ThreadKind::SpawnerClient,
+        ThreadKind::Dns,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,6 +113,7 @@ impl ThreadKind {
             ThreadKind::AgentReader => "agent-reader",
             ThreadKind::NetReaper => "net-reaper",
             ThreadKind::SpawnerClient => "spawner-client",
+            ThreadKind::Dns => "dns",
         }
     }
 
@@ -141,7 +147,12 @@ impl ThreadKind {
                 fs_read(&mut r)?;
                 fs_write(&mut r);
                 chown(&mut r);
-                sockets(&mut r, &[libc::AF_UNIX, libc::AF_NETLINK])?;
+                // INET: the session's DNS forwarder binds port 53 inside
+                // the session namespace on the session thread.
+                sockets(
+                    &mut r,
+                    &[libc::AF_UNIX, libc::AF_NETLINK, libc::AF_INET, libc::AF_INET6],
+                )?;
                 netns(&mut r)?;
                 pidfd(&mut r);
             }
@@ -156,6 +167,14 @@ impl ThreadKind {
             ThreadKind::SpawnerClient => {
                 socket_io(&mut r);
                 pidfd(&mut r);
+            }
+            ThreadKind::Dns => {
+                fs_read(&mut r)?;
+                sockets(
+                    &mut r,
+                    &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK],
+                )?;
+                r.allow_when(libc::SYS_setns, vec![eq32(1, libc::CLONE_NEWNET as u64)]);
             }
         }
         Ok(r)

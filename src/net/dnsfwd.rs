@@ -122,6 +122,12 @@ impl Forwarder {
         let thread = std::thread::Builder::new()
             .name(format!("dns-{id}"))
             .spawn(move || {
+                // Its own allowlist, narrower than the session thread's
+                // that starts it (no-op when the daemon is not hardened).
+                if let Err(e) = crate::harden::install_current(crate::harden::ThreadKind::Dns) {
+                    log::error!("{}: {e}; not serving", w.id);
+                    return;
+                }
                 if let Some(h) = host_ns {
                     if let Err(e) = netns::enter(&h, "host netns") {
                         log::error!("{}: {e}; not serving", w.id);

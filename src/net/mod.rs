@@ -194,7 +194,15 @@ impl Net {
         let b2 = blocks.clone();
         std::thread::Builder::new()
             .name("net-reaper".into())
-            .spawn(move || reaper(b2, reaper_rtnl, rx))
+            .spawn(move || {
+                if let Err(e) = crate::harden::install_current(crate::harden::ThreadKind::NetReaper)
+                {
+                    // A reaper that cannot confine itself must not run.
+                    log::error!("net-reaper: {e}; stopping the process");
+                    std::process::abort();
+                }
+                reaper(b2, reaper_rtnl, rx)
+            })
             .map_err(|e| NetError::io("spawn net-reaper thread".into(), e))?;
         Ok(Net {
             inner: Arc::new(Inner {

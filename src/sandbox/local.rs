@@ -6,6 +6,8 @@
 use super::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo, ID_PREFIX};
 use crate::agent::AgentClient;
 use std::io::{BufRead, BufReader};
+use crate::harden::spawner::{Child as SpawnedChild, SpawnRequest, SpawnerClient};
+use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -13,6 +15,8 @@ use std::time::{Duration, Instant};
 
 pub struct LocalProcessFactory {
     agent_bin: PathBuf,
+    /// The hardened daemon cannot fork or exec: it asks its spawner.
+    spawner: Option<SpawnerClient>,
     /// Parent of every sandbox's directory (socket + workspace).
     run_root: PathBuf,
     templates: Vec<TemplateInfo>,
@@ -32,6 +36,7 @@ impl LocalProcessFactory {
         })?;
         Ok(LocalProcessFactory {
             agent_bin,
+            spawner: None,
             run_root,
             templates: vec![TemplateInfo {
                 name: "default".into(),
@@ -42,6 +47,14 @@ impl LocalProcessFactory {
                 is_default: true,
             }],
         })
+    }
+
+    /// Start agents through the daemon's spawner (which must allow
+    /// `agent_bin` to run as the daemon's own uid: there is no isolation
+    /// in this backend anyway).
+    pub fn with_spawner(mut self, s: SpawnerClient) -> Self {
+        self.spawner = Some(s);
+        self
     }
 
     /// `sandbox-agent` next to the running executable (cargo puts both in
@@ -76,28 +89,68 @@ impl SandboxFactory for LocalProcessFactory {
         std::fs::create_dir_all(&dir)
             .map_err(|e| fail("create dir", format!("{}: {e}", dir.display())))?;
         let sock = dir.join("agent.sock");
-        let mut cmd = Command::new(&self.agent_bin);
-        cmd.arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--workspace")
-            .arg(dir.join("workspace"));
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            format!("unix:{}", sock.display()),
+            "--workspace".into(),
+            dir.join("workspace").display().to_string(),
+        ];
         for (k, v) in &spec.env {
-            cmd.arg("--env").arg(format!("{k}={v}"));
+            args.push("--env".into());
+            args.push(format!("{k}={v}"));
         }
-        cmd.env("SANDBOX_AGENT_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let child = cmd
-            .spawn()
-            .map_err(|e| fail("spawn agent", format!("{}: {e}", self.agent_bin.display())))?;
+        let (child, out) = match &self.spawner {
+            None => {
+                let mut cmd = Command::new(&self.agent_bin);
+                cmd.args(&args)
+                    .env("SANDBOX_AGENT_LOG", "warn")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit());
+                let mut child = cmd.spawn().map_err(|e| {
+                    fail("spawn agent", format!("{}: {e}", self.agent_bin.display()))
+                })?;
+                let out = child
+                    .stdout
+                    .take()
+                    .map(|o| std::fs::File::from(std::os::fd::OwnedFd::from(o)));
+                (LocalChild::Direct(child), out)
+            }
+            Some(sp) => {
+                let (rd, wr) = cloexec_pipe().map_err(|e| fail("pipe", e.to_string()))?;
+                let mut argv = vec![self.agent_bin.display().to_string()];
+                argv.extend(args);
+                // The same environment a direct start would inherit.
+                let mut env: Vec<(String, String)> = std::env::vars()
+                    .filter(|(k, _)| k != "SANDBOX_AGENT_LOG")
+                    .collect();
+                env.push(("SANDBOX_AGENT_LOG".into(), "warn".into()));
+                // SAFETY: geteuid/getegid have no preconditions.
+                let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+                let req = SpawnRequest {
+                    argv,
+                    env,
+                    cwd: Some(dir.display().to_string()),
+                    uid,
+                    gid,
+                    fds: vec![1, 2],
+                    new_process_group: false,
+                    ..SpawnRequest::default()
+                };
+                let stderr = std::io::stderr();
+                let child = sp
+                    .spawn(&req, &[wr.as_fd(), stderr.as_fd()])
+                    .map_err(|e| fail("spawn agent", format!("{}: {e}", self.agent_bin.display())))?;
+                drop(wr);
+                (LocalChild::Spawned(child), Some(rd))
+            }
+        };
         let mut sb = LocalSandbox {
             id: spec.id.clone(),
             dir,
             child: Some(child),
             agent: None,
         };
-        let out = sb.child.as_mut().and_then(|c| c.stdout.take());
         let mut line = String::new();
         if let Some(out) = out {
             let _ = BufReader::new(out).read_line(&mut line);
@@ -147,10 +200,71 @@ impl SandboxFactory for LocalProcessFactory {
     }
 }
 
+enum LocalChild {
+    Direct(Child),
+    Spawned(SpawnedChild),
+}
+
+impl LocalChild {
+    fn pid(&self) -> i32 {
+        match self {
+            LocalChild::Direct(c) => c.id() as i32,
+            LocalChild::Spawned(c) => c.pid(),
+        }
+    }
+
+    /// SIGTERM (lets the agent kill its children's process groups), then
+    /// SIGKILL after a grace period; reaps a direct child.
+    fn stop(self) {
+        let end = Instant::now() + Duration::from_secs(2);
+        match self {
+            LocalChild::Direct(mut child) => {
+                // SAFETY: our own child, not yet reaped, so the pid is ours.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) => break,
+                        Ok(None) if Instant::now() < end => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                    }
+                }
+            }
+            LocalChild::Spawned(child) => {
+                let _ = child.kill(libc::SIGTERM);
+                if !matches!(child.wait_until(end), Ok(Some(_))) {
+                    let _ = child.kill(libc::SIGKILL);
+                    let _ = child.wait_until(Instant::now() + Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+fn cloexec_pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
+    let mut p = [0; 2];
+    // SAFETY: pipe2 writes two fds into our array.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and owned here.
+    Ok(unsafe {
+        (
+            std::fs::File::from_raw_fd(p[0]),
+            std::fs::File::from_raw_fd(p[1]),
+        )
+    })
+}
+
 pub struct LocalSandbox {
     id: String,
     dir: PathBuf,
-    child: Option<Child>,
+    child: Option<LocalChild>,
     agent: Option<AgentClient>,
 }
 
@@ -171,25 +285,8 @@ impl Sandbox for LocalSandbox {
         if let Some(a) = &self.agent {
             a.close();
         }
-        if let Some(mut child) = self.child.take() {
-            let pid = child.id() as i32;
-            // SIGTERM lets the agent kill its children's process groups.
-            // SAFETY: our own child, not yet reaped, so the pid is ours.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            let end = Instant::now() + Duration::from_secs(2);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < end => {
-                        std::thread::sleep(Duration::from_millis(5))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
+        if let Some(child) = self.child.take() {
+            child.stop();
         }
         if self.dir.exists() {
             std::fs::remove_dir_all(&self.dir).map_err(|e| SandboxError::Failed {
@@ -202,7 +299,7 @@ impl Sandbox for LocalSandbox {
     }
 
     fn pids(&self) -> Vec<i32> {
-        self.child.iter().map(|c| c.id() as i32).collect()
+        self.child.iter().map(LocalChild::pid).collect()
     }
 }
 

@@ -56,6 +56,8 @@ pub struct VmSandboxFactory {
     pub net: Option<Arc<dyn NetProvider>>,
     /// Parent of every VM's runtime directory.
     pub run_root: PathBuf,
+    /// Where per-VM cgroups live (swept at start).
+    pub cgroup_parent: Option<PathBuf>,
     /// Unprivileged ids the VMM runs as.
     pub uid: u32,
     pub gid: u32,
@@ -146,11 +148,15 @@ impl SandboxFactory for VmSandboxFactory {
     fn sweep_orphans(&self) -> Result<usize> {
         let vmms = sweep_vmm_processes(&self.run_root);
         let dirs = sweep_run_dirs(&self.run_root);
+        let cgroups = match &self.cgroup_parent {
+            Some(p) => crate::vm::cgroup::sweep(p, super::ID_PREFIX),
+            None => 0,
+        };
         let net = match &self.net {
             Some(n) => n.sweep_orphans()?,
             None => 0,
         };
-        Ok(vmms + dirs + net)
+        Ok(vmms + dirs + cgroups + net)
     }
 }
 

@@ -8,14 +8,34 @@ use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
 use crate::vm::templates::{Registry, RegistryConfig};
+use crate::harden::spawner::SpawnerClient;
+use crate::vm::launch::{self, Launcher};
 use crate::vm::Backend;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Uid/gid VMMs run as (nobody), unless configured otherwise.
-const VM_UID: u32 = 65534;
-const VM_GID: u32 = 65534;
+pub const VM_UID: u32 = 65534;
+pub const VM_GID: u32 = 65534;
+
+/// What the hardened daemon hands the backends: its spawner (the only way
+/// it can start processes) and the cgroup parent per-VM cgroups go under.
+/// The default (no spawner, no cgroups) is for tools and tests.
+#[derive(Clone, Default)]
+pub struct Host {
+    pub spawner: Option<SpawnerClient>,
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+impl Host {
+    fn launcher(&self) -> Arc<dyn Launcher> {
+        match &self.spawner {
+            Some(s) => Arc::new(s.clone()),
+            None => launch::direct(),
+        }
+    }
+}
 
 /// Where templates are looked up: `AGENT_SANDBOX_TEMPLATES`, then a source
 /// checkout's `images/templates`, then an installed share directory.
@@ -82,34 +102,47 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
 }
 
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
+    backend_on(name, cfg, &Host::default())
+}
+
+/// The jailer and Firecracker binaries the Firecracker backend runs.
+pub fn jailer_config(cfg: &Config) -> JailerConfig {
+    // Binaries from PATH-like env overrides; the jail lives under the
+    // state dir so snapshot files can be hard-linked into it.
+    let mut jc = JailerConfig::default();
+    if let Some(p) = std::env::var_os("AGENT_SANDBOX_JAILER") {
+        jc.jailer_bin = p.into();
+    }
+    if let Some(p) = std::env::var_os("AGENT_SANDBOX_FIRECRACKER") {
+        jc.firecracker_bin = p.into();
+    }
+    jc.chroot_base = cfg.state_dir.join("jail");
+    if let Some(root) = crate::vm::jailer::cgroup2_mount() {
+        jc.cgroup_root = root;
+    }
+    jc
+}
+
+/// A VM backend that starts its processes the way `host` says.
+pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backend>> {
     match name {
         "qemu" => {
             // The KVM probe costs seconds: remember its answer beside the
             // snapshots (which are only valid for that answer anyway).
             let qc = QemuConfig {
                 accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
+                launcher: host.launcher(),
+                cgroup_parent: host.cgroup_parent.clone(),
                 ..Default::default()
             };
             Ok(Arc::new(QemuBackend::new(qc)))
         }
         "firecracker" => {
-            // Binaries from PATH-like env overrides; the jail lives under the
-            // state dir so snapshot files can be hard-linked into it.
-            let mut jc = JailerConfig::default();
-            if let Some(p) = std::env::var_os("AGENT_SANDBOX_JAILER") {
-                jc.jailer_bin = p.into();
-            }
-            if let Some(p) = std::env::var_os("AGENT_SANDBOX_FIRECRACKER") {
-                jc.firecracker_bin = p.into();
-            }
-            jc.chroot_base = cfg.state_dir.join("jail");
-            if let Some(root) = crate::vm::jailer::cgroup2_mount() {
-                jc.cgroup_root = root;
-            }
-            Ok(Arc::new(FirecrackerBackend::new(
-                jc,
-                Arc::new(DirectSpawner),
-            )))
+            let spawner: Arc<dyn crate::vm::jailer::Spawner> = match &host.spawner {
+                Some(s) => Arc::new(s.clone()),
+                None => Arc::new(DirectSpawner),
+            };
+            Ok(Arc::new(FirecrackerBackend::new(jailer_config(cfg), spawner)))
         }
         other => Err(SandboxError::Other(format!("unknown VM backend {other:?}"))),
     }
@@ -190,14 +223,19 @@ fn prepare_run_root(cfg: &Config) -> Result<PathBuf> {
 }
 
 pub fn factory(name: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
+    factory_on(name, cfg, &Host::default())
+}
+
+pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn SandboxFactory>> {
     let run_root = prepare_run_root(cfg)?;
-    let be = backend(name, cfg)?;
+    let be = backend_on(name, cfg, host)?;
     let reg = Registry::new(registry_config(cfg), be.clone());
     Ok(Arc::new(VmSandboxFactory {
         backend: be,
         templates: Arc::new(Templates { reg }),
         net: None,
         run_root,
+        cgroup_parent: host.cgroup_parent.clone(),
         uid: VM_UID,
         gid: VM_GID,
         agent_timeout: Duration::from_secs(60),

@@ -45,9 +45,11 @@ impl Pool {
             return Ok(());
         }
         let me = self.clone();
-        let h = std::thread::Builder::new()
-            .name("pool-filler".into())
-            .spawn(move || me.fill_loop())?;
+        let h = crate::harden::thread::spawn(
+            crate::harden::ThreadKind::Session,
+            std::thread::Builder::new().name("pool-filler".into()),
+            move || me.fill_loop(),
+        )?;
         *lock(&self.filler) = Some(h);
         Ok(())
     }

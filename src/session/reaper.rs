@@ -9,9 +9,10 @@ use std::thread::JoinHandle;
 /// Runs until `stop` receives a message or disconnects.
 pub fn spawn(mgr: Arc<Manager>, stop: Receiver<()>) -> std::io::Result<JoinHandle<()>> {
     let every = mgr.cfg.reap_interval;
-    std::thread::Builder::new()
-        .name("reaper".into())
-        .spawn(move || loop {
+    crate::harden::thread::spawn(
+        crate::harden::ThreadKind::Reaper,
+        std::thread::Builder::new().name("reaper".into()),
+        move || loop {
             match stop.recv_timeout(every) {
                 Err(RecvTimeoutError::Timeout) => {
                     let n = mgr.reap();
@@ -21,5 +22,6 @@ pub fn spawn(mgr: Arc<Manager>, stop: Receiver<()>) -> std::io::Result<JoinHandl
                 }
                 _ => return,
             }
-        })
+        },
+    )
 }

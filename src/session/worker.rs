@@ -19,10 +19,15 @@ pub(crate) fn spawn(
     session: Arc<Session>,
     rx: Receiver<Cmd>,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("session-{}", session.id))
-        .stack_size(STACK)
-        .spawn(move || run(mgr, session, rx))
+    // Started by an HTTP worker, but must not be limited to what HTTP
+    // workers may do: the broker starts it with the Session allowlist.
+    crate::harden::thread::spawn(
+        crate::harden::ThreadKind::Session,
+        std::thread::Builder::new()
+            .name(format!("session-{}", session.id))
+            .stack_size(STACK),
+        move || run(mgr, session, rx),
+    )
 }
 
 fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {

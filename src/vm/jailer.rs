@@ -396,6 +396,12 @@ pub struct Pidfd {
     pid: i32,
 }
 
+impl std::os::fd::AsFd for Pidfd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Pidfd {
     pub fn open(pid: i32) -> io::Result<Self> {
         if pid <= 0 {
@@ -409,6 +415,11 @@ impl Pidfd {
         // SAFETY: the kernel just handed us this fd and nobody else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         Ok(Pidfd { fd, pid })
+    }
+
+    /// A pidfd obtained elsewhere (e.g. passed by the spawner).
+    pub fn from_owned(pid: i32, fd: OwnedFd) -> Self {
+        Pidfd { fd, pid }
     }
 
     pub fn pid(&self) -> i32 {

@@ -7,6 +7,8 @@ pub mod doctor;
 pub mod firecracker;
 pub mod http;
 pub mod jailer;
+pub mod launch;
+pub mod cgroup;
 pub mod qemu;
 pub mod qmp;
 pub mod snapshot;

@@ -16,19 +16,21 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::cgroup;
 use super::jailer::{validate_id, Pidfd};
+use super::launch::{self, Launch, Launcher, VmmProcess};
 use super::qmp::Qmp;
 use super::snapshot::{self, Manifest};
 use super::{Backend, Result, Vm, VmConfig, VmError};
@@ -123,6 +125,17 @@ pub struct QemuConfig {
     pub timeouts: Timeouts,
     /// Where the `auto` probe result is remembered across restarts.
     pub accel_cache: Option<PathBuf>,
+    /// How QEMU is started: the daemon's spawner, or directly (tools, tests).
+    pub launcher: Arc<dyn Launcher>,
+    /// cgroup v2 directory under which each VM gets `<id>/` with its limits
+    /// (`None`: no per-VM cgroup).
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for dyn Launcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.kind())
+    }
 }
 
 impl Default for QemuConfig {
@@ -132,6 +145,8 @@ impl Default for QemuConfig {
             accel: Accel::Auto,
             timeouts: Timeouts::default(),
             accel_cache: None,
+            launcher: launch::direct(),
+            cgroup_parent: None,
         }
     }
 }
@@ -218,7 +233,7 @@ impl QemuBackend {
             *slot = Some(a);
             return Ok(a);
         }
-        let works = match probe_kvm(&self.binary(), &kernel, self.cfg.timeouts.kvm_probe) {
+        let works = match self.probe_kvm(&kernel) {
             Ok(()) => true,
             Err(why) => {
                 log::info!("qemu: KVM is not usable, using TCG: {why}");
@@ -256,6 +271,23 @@ impl QemuBackend {
         }
     }
 
+    /// [`probe_kvm`] through the configured launcher. Through the spawner
+    /// the probe runs as the VMs' uid, which is the right question anyway
+    /// (can a VM use /dev/kvm?).
+    fn probe_kvm(&self, kernel: &Path) -> std::result::Result<(), String> {
+        let timeout = self.cfg.timeouts.kvm_probe;
+        if self.cfg.launcher.kind() == "direct" {
+            return probe_kvm(&self.binary(), kernel, timeout);
+        }
+        let mut argv: Vec<OsString> = vec![self.binary().into_os_string()];
+        argv.extend(PROBE_ARGS.iter().map(OsString::from));
+        argv.push(kernel.as_os_str().to_owned());
+        match self.cfg.launcher.run(&argv, Instant::now() + timeout) {
+            Ok(out) => probe_verdict(&out.stdout, &out.stderr, out.code.map(|c| c.to_string())),
+            Err(e) => Err(format!("a KVM guest did not reach its root mount: {e}")),
+        }
+    }
+
     fn binary(&self) -> PathBuf {
         find_in_path(&self.cfg.binary).unwrap_or_else(|| self.cfg.binary.clone())
     }
@@ -267,23 +299,22 @@ impl QemuBackend {
             return Ok(v.clone());
         }
         let bin = self.binary();
-        let out = Command::new(&bin)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| io_err(format!("run {} --version", bin.display()), e))?;
+        let out = self.cfg.launcher.run(
+            &[bin.clone().into_os_string(), "--version".into()],
+            Instant::now() + self.cfg.timeouts.qmp,
+        )?;
         let text = String::from_utf8_lossy(&out.stdout);
         let v = text
             .lines()
             .map(str::trim)
             .find(|l| !l.is_empty())
-            .filter(|_| out.status.success())
+            .filter(|_| out.code == Some(0))
             .ok_or_else(|| VmError::Api {
                 backend: NAME,
                 msg: format!(
-                    "{} --version gave no version ({}): {}",
+                    "{} --version gave no version (exit code {:?}): {}",
                     bin.display(),
-                    out.status,
+                    out.code,
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
             })?
@@ -345,6 +376,7 @@ impl QemuBackend {
             cfg: cfg.clone(),
             child: None,
             pidfd: None,
+            cgroup: None,
             console: Arc::new(Console::default()),
             qmp: None,
             timeouts: self.cfg.timeouts.clone(),
@@ -380,18 +412,23 @@ impl QemuBackend {
         let spec = ArgvSpec {
             accel,
             mem: &mem,
-            tap_fd: tap.as_ref().map(AsRawFd::as_raw_fd),
+            tap_fd: tap.as_ref().map(|_| TAP_FD),
             incoming: state.is_some(),
         };
         let argv = build_argv(cfg, &spec);
-        let mut inherit: Vec<RawFd> = Vec::new();
+        let mut pass: Vec<(BorrowedFd<'_>, RawFd)> = Vec::new();
         if let Some(t) = &tap {
-            inherit.push(t.as_raw_fd());
+            pass.push((t.as_fd(), TAP_FD));
         }
         if let Some(s) = &state {
-            inherit.push(s.as_raw_fd());
+            pass.push((s.as_fd(), STATE_FD));
         }
-        vm.spawn(&self.binary(), &argv, &inherit)?;
+        if let Some(parent) = &self.cfg.cgroup_parent {
+            let limits = cgroup::Limits::for_vm(cfg.vcpus, cfg.mem_mib);
+            vm.cgroup = Some(cgroup::create(parent, &cfg.id, &limits)?);
+        }
+        vm.spawn(self.cfg.launcher.as_ref(), &self.binary(), &argv, &pass)?;
+        drop(pass);
         drop(tap);
         let deadline = Instant::now() + self.cfg.timeouts.qmp;
         let qmp = {
@@ -413,8 +450,8 @@ impl QemuBackend {
                 return Err(e);
             }
         }
-        if let (Some(s), Some((state_path, _))) = (&state, incoming) {
-            if let Err(e) = vm.load_state(s.as_raw_fd()) {
+        if let (Some(_), Some((state_path, _))) = (&state, incoming) {
+            if let Err(e) = vm.load_state(STATE_FD) {
                 let why = vm.explain(e, "loading the snapshot");
                 return Err(VmError::BadFile {
                     path: state_path.to_path_buf(),
@@ -639,7 +676,8 @@ fn check_input(path: &Path, what: &str, cfg: &VmConfig) -> Result<()> {
     Ok(())
 }
 
-fn find_in_path(bin: &Path) -> Option<PathBuf> {
+/// `bin` itself when it has a directory part, else its first PATH match.
+pub fn find_in_path(bin: &Path) -> Option<PathBuf> {
     if bin.components().count() > 1 {
         return Some(bin.to_path_buf());
     }
@@ -669,47 +707,53 @@ pub fn kvm_device_usable() -> bool {
 /// as panicking over the missing root has run its whole early boot (CPU,
 /// timers, interrupts) under this KVM. Anything else within `timeout` means
 /// KVM does not work here.
-/// In the child before exec: SIGKILL this QEMU if the thread that started
-/// it dies. Every QEMU is started by the thread that owns it for its whole
-/// life (a session's worker, the warm pool, a snapshot build, the KVM
-/// probe), so a killed daemon cannot leave VMs behind, including the probe
-/// and snapshot-build VMs the start-up sweep does not know about. Must run
-/// after any uid change, which clears the setting.
-fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
-    // SAFETY: prctl/getppid are async-signal-safe.
-    unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The parent may already be gone.
-        if libc::getppid() != parent {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
+// Every QEMU dies with whoever started it (`launch::die_with_parent`): on
+// the direct path the thread that owns it for its whole life (a session's
+// worker, the warm pool, a snapshot build, the KVM probe); through the
+// spawner the spawner, which dies with the daemon. So a killed daemon
+// cannot leave VMs behind, including the probe and snapshot-build VMs the
+// start-up sweep does not know about.
+const PROBE_ARGS: &[&str] = &[
+    "-M",
+    "microvm,acpi=off",
+    "-accel",
+    "kvm",
+    "-cpu",
+    "host",
+    "-m",
+    "128M",
+    "-nodefaults",
+    "-no-user-config",
+    "-nographic",
+    "-no-reboot",
+    "-serial",
+    "stdio",
+    "-append",
+    "console=ttyS0 panic=-1 loglevel=4",
+    "-kernel",
+];
+
+fn probe_verdict(
+    console: &[u8],
+    stderr: &[u8],
+    status: Option<String>,
+) -> std::result::Result<(), String> {
+    let text = String::from_utf8_lossy(console);
+    if text.contains("Kernel panic") || text.contains("VFS: Unable to mount root") {
+        return Ok(());
     }
-    Ok(())
+    Err(match status {
+        None => "a KVM guest did not reach its root mount in time".to_string(),
+        Some(st) => format!(
+            "qemu -accel kvm exited ({st}): {}",
+            String::from_utf8_lossy(stderr).trim()
+        ),
+    })
 }
 
 pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::Result<(), String> {
     let mut cmd = Command::new(qemu);
-    cmd.args([
-        "-M",
-        "microvm,acpi=off",
-        "-accel",
-        "kvm",
-        "-cpu",
-        "host",
-        "-m",
-        "128M",
-        "-nodefaults",
-        "-no-user-config",
-        "-nographic",
-        "-no-reboot",
-        "-serial",
-        "stdio",
-        "-append",
-        "console=ttyS0 panic=-1 loglevel=4",
-        "-kernel",
-    ])
+    cmd.args(PROBE_ARGS)
     .arg(kernel)
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
@@ -718,7 +762,7 @@ pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::
     // SAFETY: getpid has no preconditions; the closure only makes
     // async-signal-safe syscalls.
     let parent = unsafe { libc::getpid() };
-    unsafe { cmd.pre_exec(move || die_with_parent(parent)) };
+    unsafe { cmd.pre_exec(move || launch::die_with_parent(parent)) };
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
@@ -1027,11 +1071,18 @@ impl Console {
     }
 }
 
+/// Where QEMU finds the fds it is handed: the TAP (`-netdev tap,fd=`) and
+/// the snapshot state (`migrate-incoming fd:`).
+const TAP_FD: RawFd = 3;
+const STATE_FD: RawFd = 4;
+
 pub struct QemuVm {
     id: String,
     cfg: VmConfig,
-    child: Option<Child>,
+    child: Option<Box<dyn VmmProcess>>,
     pidfd: Option<Pidfd>,
+    /// Its cgroup (`<cgroup parent>/<id>`), removed at teardown.
+    cgroup: Option<PathBuf>,
     console: Arc<Console>,
     qmp: Option<Qmp>,
     timeouts: Timeouts,
@@ -1042,11 +1093,14 @@ pub struct QemuVm {
 }
 
 impl QemuVm {
-    fn spawn(&mut self, bin: &Path, argv: &[OsString], inherit: &[RawFd]) -> Result<()> {
+    fn spawn(
+        &mut self,
+        launcher: &dyn Launcher,
+        bin: &Path,
+        argv: &[OsString],
+        pass: &[(BorrowedFd<'_>, RawFd)],
+    ) -> Result<()> {
         let (rd, wr) = pipe().map_err(|e| io_err("create console pipe".into(), e))?;
-        let wr2 = wr
-            .try_clone()
-            .map_err(|e| io_err("dup console pipe".into(), e))?;
         let log_path = self.cfg.run_dir.join(CONSOLE_LOG);
         let log = fs::OpenOptions::new()
             .create(true)
@@ -1054,52 +1108,29 @@ impl QemuVm {
             .mode(0o600)
             .open(&log_path)
             .map_err(|e| io_err(format!("create {}", log_path.display()), e))?;
-        let mut cmd = Command::new(bin);
-        cmd.args(argv)
-            .current_dir(&self.cfg.run_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(wr))
-            .stderr(Stdio::from(wr2))
-            .env_clear();
-        let (uid, gid) = (self.cfg.uid, self.cfg.gid);
-        let fds = inherit.to_vec();
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: the closure only makes async-signal-safe syscalls.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Own session and process group: a kill takes everything.
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                for &fd in &fds {
-                    let fl = libc::fcntl(fd, libc::F_GETFD);
-                    if fl < 0 || libc::fcntl(fd, libc::F_SETFD, fl & !libc::FD_CLOEXEC) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                if libc::geteuid() == 0 {
-                    if libc::setgroups(0, std::ptr::null()) != 0
-                        || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0
-                    {
-                        return Err(io::Error::last_os_error());
-                    }
-                } else if libc::geteuid() != uid {
-                    return Err(io::Error::from_raw_os_error(libc::EPERM));
-                }
-                die_with_parent(parent)
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| io_err(format!("start {} as uid {uid}", bin.display()), e))?;
-        self.pidfd = Some(
-            Pidfd::open(child.id() as i32)
-                .map_err(|e| io_err(format!("pidfd_open {}", child.id()), e))?,
-        );
+        let mut full = vec![bin.as_os_str().to_owned()];
+        full.extend(argv.iter().cloned());
+        let l = Launch {
+            argv: full,
+            cwd: self.cfg.run_dir.clone(),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            cgroup: self.cgroup.clone(),
+        };
+        let mut fds: Vec<(BorrowedFd<'_>, RawFd)> = vec![(wr.as_fd(), 1), (wr.as_fd(), 2)];
+        fds.extend_from_slice(pass);
+        let child = launcher.start(&l, &fds)?;
+        let pidfd = child.pidfd();
+        self.pidfd = Some(Pidfd::from_owned(
+            pidfd.pid(),
+            pidfd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| io_err(format!("dup pidfd of QEMU pid {}", pidfd.pid()), e))?,
+        ));
         self.child = Some(child);
-        drop(cmd); // closes our copies of the pipe's write end
+        drop(fds);
+        drop(wr); // only QEMU holds the console's write end now
         let console = self.console.clone();
         std::thread::Builder::new()
             .name(format!("console-{}", self.id))
@@ -1125,10 +1156,7 @@ impl QemuVm {
                 .wait_eof(Instant::now() + Duration::from_millis(500));
         }
         let status = if died {
-            self.child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-                .map(|s| s.to_string())
+            self.child.as_mut().and_then(|c| c.exit_status())
         } else {
             None
         };
@@ -1462,9 +1490,7 @@ impl Vm for QemuVm {
         let mut first_err = None;
         if let (Some(p), Some(child)) = (&self.pidfd, self.child.as_mut()) {
             // Its own process group (setsid): take anything it started.
-            // SAFETY: plain kill on our unreaped child's group.
-            unsafe { libc::kill(-p.pid(), libc::SIGKILL) };
-            if let Err(e) = p.kill() {
+            if let Err(e) = child.kill_group() {
                 first_err.get_or_insert(io_err(format!("kill QEMU pid {}", p.pid()), e));
             }
             if !p.wait_exit(Instant::now() + self.timeouts.teardown) {
@@ -1474,7 +1500,15 @@ impl Vm for QemuVm {
                     ms: self.timeouts.teardown.as_millis() as u64,
                 });
             } else {
-                let _ = child.wait();
+                let _ = child.exit_status(); // reaps a direct child
+            }
+        }
+        if let Some(cg) = &self.cgroup {
+            match cgroup::remove(cg, Instant::now() + self.timeouts.teardown) {
+                Ok(()) => self.cgroup = None,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
         match fs::remove_dir_all(&self.cfg.run_dir) {

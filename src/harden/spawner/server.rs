@@ -285,6 +285,7 @@ const STEPS: &[&str] = &[
     "setgid",
     "setuid",
     "execve",
+    "prctl(PR_SET_PDEATHSIG)",
 ];
 
 /// Everything the child needs, allocated before fork.
@@ -465,6 +466,14 @@ impl Prepared {
                 if libc::setuid(self.uid) != 0 {
                     fail(9);
                 }
+            }
+            // Dies with the spawner, which dies with the daemon: no VMM
+            // outlives them even if the spawner is killed outright (its
+            // kill-all on exit covers only the ways it can notice). Set
+            // after setuid, which clears it; the spawner is alive here (it
+            // waits on our error pipe), so there is no missed-death race.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                fail(11);
             }
             let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
             argv.push(std::ptr::null());

@@ -1,0 +1,298 @@
+//! How VMM processes (QEMU) are started: through the daemon's spawner
+//! process (the hardened daemon cannot fork or exec at all), or directly
+//! for tools and tests that run unhardened. Both behind one small
+//! interface, so the backend code is the same either way.
+//!
+//! Either way the VMM gets: its own session and process group, exactly the
+//! fds listed (at the given numbers; 0-2 default to /dev/null), an empty
+//! environment, the given uid/gid with no supplementary groups, optionally
+//! a cgroup, and `PR_SET_PDEATHSIG(SIGKILL)`: it dies with whoever started
+//! it (the spawner, which itself dies with the daemon, or the starting
+//! thread on the direct path).
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::jailer::{self, DirectSpawner, Output, Pidfd};
+use super::{Result, VmError};
+use crate::harden::spawner::{Child as SpawnedChild, SpawnRequest, SpawnerClient};
+
+const NAME: &str = "launch";
+
+/// A long-running VMM process to start.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// `argv[0]` is the absolute path of the program.
+    pub argv: Vec<OsString>,
+    pub cwd: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    /// cgroup v2 directory the process starts in.
+    pub cgroup: Option<PathBuf>,
+}
+
+/// A started VMM. Dropping it does not kill it (the owner's teardown does).
+pub trait VmmProcess: Send {
+    fn pidfd(&self) -> &Pidfd;
+    /// SIGKILL its whole process group.
+    fn kill_group(&self) -> io::Result<()>;
+    /// How it ended, once it has (reaps it on the direct path).
+    fn exit_status(&mut self) -> Option<String>;
+}
+
+/// Starts VMMs, and runs short tools (`--version`, the KVM probe) to
+/// completion through [`jailer::Spawner::run`].
+pub trait Launcher: jailer::Spawner {
+    /// `fds[i].0` becomes fd `fds[i].1` in the new process.
+    fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>>;
+    /// `direct` or `spawner`, for logs.
+    fn kind(&self) -> &'static str;
+}
+
+/// The launcher tools and tests get by default.
+pub fn direct() -> Arc<dyn Launcher> {
+    Arc::new(Direct)
+}
+
+fn io_err(what: String, source: io::Error) -> VmError {
+    VmError::Io {
+        backend: NAME,
+        what,
+        source,
+    }
+}
+
+fn utf8(a: &std::ffi::OsStr, what: &str) -> Result<String> {
+    a.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| VmError::Other(format!("{what} {a:?} is not UTF-8")))
+}
+
+// ---- through the spawner ---------------------------------------------------
+
+struct Spawned {
+    child: SpawnedChild,
+    pidfd: Pidfd,
+}
+
+impl VmmProcess for Spawned {
+    fn pidfd(&self) -> &Pidfd {
+        &self.pidfd
+    }
+
+    fn kill_group(&self) -> io::Result<()> {
+        // The spawner signals the group (it started it with setsid). If it
+        // is gone, its children got SIGKILL from their parent-death signal
+        // already; the pidfd signal covers the window before that.
+        let via_spawner = self.child.kill(libc::SIGKILL);
+        self.pidfd.kill()?;
+        match via_spawner {
+            Ok(()) => Ok(()),
+            Err(e) if !self.pidfd.is_alive() => {
+                log::debug!("pid {}: spawner kill: {e}", self.pidfd.pid());
+                Ok(())
+            }
+            Err(e) => Err(io::Error::other(e.to_string())),
+        }
+    }
+
+    fn exit_status(&mut self) -> Option<String> {
+        match self.child.try_status() {
+            Ok(Some(st)) => Some(match (st.code, st.signal) {
+                (Some(c), _) => format!("exit status: {c}"),
+                (_, Some(s)) => format!("killed by signal {s}"),
+                _ => "exited".into(),
+            }),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+impl Launcher for SpawnerClient {
+    fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>> {
+        let argv = l
+            .argv
+            .iter()
+            .map(|a| utf8(a, "argument"))
+            .collect::<Result<Vec<_>>>()?;
+        let prog = argv.first().cloned().unwrap_or_default();
+        let req = SpawnRequest {
+            argv,
+            env: vec![],
+            cwd: Some(utf8(l.cwd.as_os_str(), "cwd")?),
+            uid: l.uid,
+            gid: l.gid,
+            netns: None,
+            cgroup: l
+                .cgroup
+                .as_ref()
+                .map(|c| utf8(c.as_os_str(), "cgroup"))
+                .transpose()?,
+            fds: fds.iter().map(|(_, t)| *t).collect(),
+            new_process_group: true,
+        };
+        let pass: Vec<BorrowedFd<'_>> = fds.iter().map(|(f, _)| *f).collect();
+        let child = self
+            .spawn(&req, &pass)
+            .map_err(|e| VmError::Other(format!("start {prog} through the spawner: {e}")))?;
+        let fd = child
+            .pidfd()
+            .try_clone_to_owned()
+            .map_err(|e| io_err(format!("dup pidfd of {prog} pid {}", child.pid()), e))?;
+        let pidfd = Pidfd::from_owned(child.pid(), fd);
+        Ok(Box::new(Spawned { child, pidfd }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "spawner"
+    }
+}
+
+// ---- directly --------------------------------------------------------------
+
+/// Fork and exec from the calling process (tools, tests, unhardened runs).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Direct;
+
+impl jailer::Spawner for Direct {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        DirectSpawner.run(argv, deadline)
+    }
+}
+
+struct DirectChild {
+    child: std::process::Child,
+    pidfd: Pidfd,
+}
+
+impl VmmProcess for DirectChild {
+    fn pidfd(&self) -> &Pidfd {
+        &self.pidfd
+    }
+
+    fn kill_group(&self) -> io::Result<()> {
+        // SAFETY: plain kill of our unreaped child's process group (setsid
+        // made it the leader, so the pid cannot name another group).
+        unsafe { libc::kill(-self.pidfd.pid(), libc::SIGKILL) };
+        self.pidfd.kill()
+    }
+
+    fn exit_status(&mut self) -> Option<String> {
+        self.child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map(|s| s.to_string())
+    }
+}
+
+/// In the child before exec: SIGKILL this VMM if the thread that started
+/// it dies. Must run after any uid change, which clears the setting.
+pub(crate) fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
+    // SAFETY: prctl/getppid are async-signal-safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The parent may already be gone.
+        if libc::getppid() != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
+}
+
+fn open_cgroup_procs(dir: &Path) -> Result<OwnedFd> {
+    let p = dir.join("cgroup.procs");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .map_err(|e| io_err(format!("open {}", p.display()), e))?;
+    Ok(f.into())
+}
+
+impl Launcher for Direct {
+    fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>> {
+        let Some((prog, args)) = l.argv.split_first() else {
+            return Err(VmError::Other("launch: empty argv".into()));
+        };
+        let cg = l.cgroup.as_deref().map(open_cgroup_procs).transpose()?;
+        let cg_raw = cg.as_ref().map(AsRawFd::as_raw_fd);
+        let pairs: Vec<(RawFd, RawFd)> = fds.iter().map(|(f, t)| (f.as_raw_fd(), *t)).collect();
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .current_dir(&l.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .env_clear();
+        let (uid, gid) = (l.uid, l.gid);
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the closure only makes async-signal-safe syscalls on fds
+        // and plain data captured before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if let Some(cg) = cg_raw {
+                    if libc::write(cg, b"0\n".as_ptr().cast(), 2) != 2 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // Sources to high numbers first, so placing one target
+                // never overwrites a source still to be placed.
+                let mut staged = [0 as RawFd; 16];
+                if pairs.len() > staged.len() {
+                    return Err(io::Error::from_raw_os_error(libc::EMFILE));
+                }
+                for (i, (src, _)) in pairs.iter().enumerate() {
+                    let s = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 512);
+                    if s < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    staged[i] = s;
+                }
+                for (i, (_, target)) in pairs.iter().enumerate() {
+                    // dup2 clears close-on-exec on the target.
+                    if libc::dup2(staged[i], *target) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::geteuid() == 0 {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::geteuid() != uid {
+                    return Err(io::Error::from_raw_os_error(libc::EPERM));
+                }
+                die_with_parent(parent)
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            io_err(
+                format!("start {} as uid {uid}", Path::new(prog).display()),
+                e,
+            )
+        })?;
+        drop(cg);
+        let pidfd = Pidfd::open(child.id() as i32)
+            .map_err(|e| io_err(format!("pidfd_open {}", child.id()), e))?;
+        Ok(Box::new(DirectChild { child, pidfd }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "direct"
+    }
+}
