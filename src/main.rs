@@ -280,8 +280,8 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     });
     // Still single-threaded here: nothing above starts a thread.
     let host = harden_daemon(&a.backend, agent_bin.as_deref(), &cfg)?;
-    let factory = sandbox::build_factory_on(&a.backend, agent_bin, &cfg, &host)
-        .map_err(|e| e.to_string())?;
+    let factory =
+        sandbox::build_factory_on(&a.backend, agent_bin, &cfg, &host).map_err(|e| e.to_string())?;
     let auth = cfg.auth;
     let server = Server::start(cfg, factory)?;
     let keys = &server.ctx.keys;
@@ -307,6 +307,12 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
     let sig = wait_for_signal(&sigs);
     log::info!("signal {sig}: shutting down");
     server.shutdown();
+    if let Some(p) = &host.cgroup_parent {
+        // Every VM's cgroup went with its session; the parent is ours too.
+        if let Err(e) = std::fs::remove_dir(p) {
+            log::warn!("remove cgroup parent {}: {e}", p.display());
+        }
+    }
     log::info!("shutdown complete");
     Ok(())
 }
@@ -359,7 +365,9 @@ fn harden_daemon(
                 may_run_as_root: false,
             });
             if root {
-                if let Some(p) = agent_sandbox::vm::cgroup::default_parent() {
+                // (The hash is of the canonical path, which needs the dir.)
+                let _ = std::fs::create_dir_all(&cfg.state_dir);
+                if let Some(p) = agent_sandbox::vm::cgroup::daemon_parent(&cfg.state_dir) {
                     let missing = agent_sandbox::vm::cgroup::prepare_parent(&p)
                         .map_err(|e| format!("cgroup parent: {e}"))?;
                     if !missing.is_empty() {
@@ -377,7 +385,10 @@ fn harden_daemon(
     // Unprivileged (development): the spawner can only start programs as
     // the daemon's own uid.
     let (uids, gids) = if root {
-        (wiring::VM_UID..=wiring::VM_UID, wiring::VM_GID..=wiring::VM_GID)
+        (
+            wiring::VM_UID..=wiring::VM_UID,
+            wiring::VM_GID..=wiring::VM_GID,
+        )
     } else {
         (euid..=euid, egid..=egid)
     };

@@ -161,7 +161,8 @@ impl AgentClient {
             .name("agent-reader".into())
             .spawn(move || {
                 // Narrower than the session thread that connects.
-                if let Err(e) = crate::harden::install_current(crate::harden::ThreadKind::AgentReader)
+                if let Err(e) =
+                    crate::harden::install_current(crate::harden::ThreadKind::AgentReader)
                 {
                     log::error!("agent-reader: {e}; stopping the process");
                     std::process::abort();

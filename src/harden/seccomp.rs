@@ -151,7 +151,12 @@ impl ThreadKind {
                 // the session namespace on the session thread.
                 sockets(
                     &mut r,
-                    &[libc::AF_UNIX, libc::AF_NETLINK, libc::AF_INET, libc::AF_INET6],
+                    &[
+                        libc::AF_UNIX,
+                        libc::AF_NETLINK,
+                        libc::AF_INET,
+                        libc::AF_INET6,
+                    ],
                 )?;
                 netns(&mut r)?;
                 pidfd(&mut r);
@@ -170,10 +175,7 @@ impl ThreadKind {
             }
             ThreadKind::Dns => {
                 fs_read(&mut r)?;
-                sockets(
-                    &mut r,
-                    &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK],
-                )?;
+                sockets(&mut r, &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK])?;
                 r.allow_when(libc::SYS_setns, vec![eq32(1, libc::CLONE_NEWNET as u64)]);
             }
         }

@@ -5,8 +5,8 @@
 
 use super::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo, ID_PREFIX};
 use crate::agent::AgentClient;
-use std::io::{BufRead, BufReader};
 use crate::harden::spawner::{Child as SpawnedChild, SpawnRequest, SpawnerClient};
+use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -138,9 +138,9 @@ impl SandboxFactory for LocalProcessFactory {
                     ..SpawnRequest::default()
                 };
                 let stderr = std::io::stderr();
-                let child = sp
-                    .spawn(&req, &[wr.as_fd(), stderr.as_fd()])
-                    .map_err(|e| fail("spawn agent", format!("{}: {e}", self.agent_bin.display())))?;
+                let child = sp.spawn(&req, &[wr.as_fd(), stderr.as_fd()]).map_err(|e| {
+                    fail("spawn agent", format!("{}: {e}", self.agent_bin.display()))
+                })?;
                 drop(wr);
                 (LocalChild::Spawned(child), Some(rd))
             }

@@ -4,12 +4,12 @@
 use super::vm::{ResolvedTemplate, TemplateSource, VmSandboxFactory};
 use super::{Result, SandboxError, SandboxFactory, TemplateInfo};
 use crate::config::Config;
+use crate::harden::spawner::SpawnerClient;
 use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
+use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
 use crate::vm::templates::{Registry, RegistryConfig};
-use crate::harden::spawner::SpawnerClient;
-use crate::vm::launch::{self, Launcher};
 use crate::vm::Backend;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -129,6 +129,8 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
         "qemu" => {
             // The KVM probe costs seconds: remember its answer beside the
             // snapshots (which are only valid for that answer anyway).
+            // Settled now, on the start-up thread (see kvm_device_usable).
+            let _ = crate::vm::qemu::kvm_device_usable();
             let qc = QemuConfig {
                 accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
                 launcher: host.launcher(),
@@ -142,7 +144,10 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
                 Some(s) => Arc::new(s.clone()),
                 None => Arc::new(DirectSpawner),
             };
-            Ok(Arc::new(FirecrackerBackend::new(jailer_config(cfg), spawner)))
+            Ok(Arc::new(FirecrackerBackend::new(
+                jailer_config(cfg),
+                spawner,
+            )))
         }
         other => Err(SandboxError::Other(format!("unknown VM backend {other:?}"))),
     }

@@ -76,6 +76,18 @@ pub fn default_parent() -> Option<PathBuf> {
     super::jailer::cgroup2_mount().map(|m| m.join("agent-sandbox"))
 }
 
+/// The parent for the daemon owning `state_dir`:
+/// `<cgroup2 mount>/agent-sandbox/d-<hash of the state dir>`. One daemon
+/// owns a state dir, so its orphan sweep may remove everything under this
+/// parent without touching another daemon's VMs on the same host.
+pub fn daemon_parent(state_dir: &Path) -> Option<PathBuf> {
+    use sha2::{Digest, Sha256};
+    let canon = fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let h = Sha256::digest(canon.as_os_str().as_encoded_bytes());
+    let tag: String = h[..6].iter().map(|b| format!("{b:02x}")).collect();
+    default_parent().map(|p| p.join(format!("d-{tag}")))
+}
+
 fn controllers(dir: &Path) -> Vec<String> {
     fs::read_to_string(dir.join("cgroup.controllers"))
         .unwrap_or_default()

@@ -185,11 +185,7 @@ impl VmmProcess for DirectChild {
     }
 
     fn exit_status(&mut self) -> Option<String> {
-        self.child
-            .try_wait()
-            .ok()
-            .flatten()
-            .map(|s| s.to_string())
+        self.child.try_wait().ok().flatten().map(|s| s.to_string())
     }
 }
 

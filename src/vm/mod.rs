@@ -3,12 +3,12 @@
 //!
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
+pub mod cgroup;
 pub mod doctor;
 pub mod firecracker;
 pub mod http;
 pub mod jailer;
 pub mod launch;
-pub mod cgroup;
 pub mod qemu;
 pub mod qmp;
 pub mod snapshot;

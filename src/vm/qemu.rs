@@ -689,7 +689,16 @@ pub fn find_in_path(bin: &Path) -> Option<PathBuf> {
 
 /// `/dev/kvm` opens and answers KVM_GET_API_VERSION. Necessary, not
 /// sufficient: nested setups exist where it does and guests still hang.
+///
+/// Answered once per process (at daemon start, on the main thread): API
+/// threads that list templates end up here, and their seccomp filter does
+/// not allow KVM ioctls.
 pub fn kvm_device_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(kvm_device_answers)
+}
+
+fn kvm_device_answers() -> bool {
     let Ok(f) = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -754,11 +763,11 @@ fn probe_verdict(
 pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::Result<(), String> {
     let mut cmd = Command::new(qemu);
     cmd.args(PROBE_ARGS)
-    .arg(kernel)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .process_group(0);
+        .arg(kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
     // SAFETY: getpid has no preconditions; the closure only makes
     // async-signal-safe syscalls.
     let parent = unsafe { libc::getpid() };

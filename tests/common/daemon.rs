@@ -127,6 +127,17 @@ impl Daemon {
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
     }
+
+    /// Stop the daemon (if still running) and hand back its state dir, to
+    /// start another daemon on it (`start_in`).
+    pub fn into_dir(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let placeholder = tempfile::tempdir().expect("tempdir");
+        std::mem::replace(&mut self.dir, placeholder)
+    }
 }
 
 impl Drop for Daemon {

@@ -1,0 +1,307 @@
+//! The running daemon is hardened, for real: the `serve` binary with the
+//! QEMU backend (or `local-process` when no guest images are built), as
+//! root. Checks `/proc/<pid>/status` of the daemon and of every one of its
+//! threads, then drives a session through the real paths (so the filters
+//! are shown to allow them), checks the VMM's confinement and cgroup, and
+//! what happens when the spawner dies.
+
+mod common;
+
+use agent_sandbox::harden::caps;
+use common::daemon::{stdout_of, Daemon};
+use common::wait_until;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn status_of(path: &str) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn field<'a>(st: &'a [(String, String)], k: &str) -> &'a str {
+    st.iter()
+        .find(|(key, _)| key == k)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+fn hex(v: &str) -> u64 {
+    u64::from_str_radix(v, 16).unwrap_or(u64::MAX)
+}
+
+/// What every thread of the daemon must show.
+fn check_hardened(pid: i32, what: &str) -> Vec<String> {
+    let want = caps::mask(
+        &caps::plan(caps::DAEMON)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect::<Vec<_>>(),
+    );
+    let mut bad = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<PathBuf>>())
+        .unwrap_or_default();
+    assert!(!tasks.is_empty(), "{what}: no tasks of pid {pid}");
+    for t in tasks {
+        let st = status_of(&t.join("status").display().to_string());
+        if st.is_empty() {
+            continue; // the thread ended meanwhile
+        }
+        let name = field(&st, "Name").to_string();
+        let checks = [
+            ("CapEff", hex(field(&st, "CapEff")) == want),
+            ("CapPrm", hex(field(&st, "CapPrm")) == want),
+            ("CapBnd", hex(field(&st, "CapBnd")) == want),
+            ("CapInh", hex(field(&st, "CapInh")) == 0),
+            ("CapAmb", hex(field(&st, "CapAmb")) == 0),
+            ("NoNewPrivs", field(&st, "NoNewPrivs") == "1"),
+            ("Seccomp", field(&st, "Seccomp") == "2"),
+        ];
+        for (k, ok) in checks {
+            if !ok {
+                bad.push(format!(
+                    "{what}: thread {} ({name}) {k}: {}",
+                    t.display(),
+                    field(&st, k)
+                ));
+            }
+        }
+    }
+    bad
+}
+
+fn threads(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The daemon's children: the spawner (a fork of the daemon).
+fn spawner_of(daemon: i32) -> Option<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{daemon}/task/{daemon}/children"))
+        .unwrap_or_default();
+    children.split_whitespace().find_map(|p| p.parse().ok())
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .flat_map(|t| {
+                    std::fs::read_to_string(t.path().join("children"))
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .filter_map(|p| p.parse().ok())
+                        .collect::<Vec<i32>>()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still has /proc/<pid>; count it as gone.
+    let st = status_of(&format!("/proc/{pid}/status"));
+    !st.is_empty() && !field(&st, "State").starts_with('Z')
+}
+
+/// `/proc/<pid>/cgroup`'s v2 path, as a directory under the v2 mount.
+fn cgroup_dir(pid: i32) -> Option<PathBuf> {
+    let line = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = line.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mount = agent_sandbox::vm::jailer::cgroup2_mount()?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+fn create_session(d: &Daemon) -> String {
+    let r = d.http().post("/v1/sessions", &json!({}));
+    assert!(
+        (200..300).contains(&r.status),
+        "create session: {} {}\n{}",
+        r.status,
+        r.text(),
+        d.log()
+    );
+    r.json()["id"].as_str().expect("session id").to_string()
+}
+
+fn exec(d: &Daemon, id: &str, cmd: &str) -> String {
+    let r = d.http().post(
+        &format!("/v1/sessions/{id}/exec"),
+        &json!({ "command": cmd }),
+    );
+    assert_eq!(r.status, 200, "exec {cmd:?}: {}\n{}", r.text(), d.log());
+    let v = r.json();
+    assert_eq!(v["exitCode"], 0, "exec {cmd:?}: {v}");
+    stdout_of(&v)
+}
+
+#[test]
+fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
+    if !is_root() {
+        eprintln!("SKIP: needs root (capabilities, spawner, cgroups)");
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let pid = d.pid();
+    let vm = common::daemon::vm_backend();
+    let log = d.log();
+    assert!(
+        log.contains("hardening: spawner pid") && log.contains("seccomp Enforce"),
+        "start-up log:\n{log}"
+    );
+    let bad = check_hardened(pid, "idle daemon");
+    assert!(bad.is_empty(), "{bad:#?}");
+    let names = threads(pid);
+    for want in ["thread-broker", "spawner-client", "reaper", "http-0"] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+
+    // A session, through the real create/restore and exec paths.
+    let id = create_session(&d);
+    assert_eq!(exec(&d, &id, "echo hardened-ok"), "hardened-ok\n");
+    let bad = check_hardened(pid, "daemon with a session");
+    assert!(bad.is_empty(), "{bad:#?}\n{}", d.log());
+    let names = threads(pid);
+    assert!(
+        names.iter().any(|n| n.starts_with("session-")),
+        "no session thread in {names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n == "agent-reader"),
+        "no agent-reader in {names:?}"
+    );
+
+    // The sandbox's process is the spawner's child, not the daemon's.
+    let spawner = spawner_of(pid).expect("spawner process");
+    let kids = children_of(spawner);
+    assert!(!kids.is_empty(), "the spawner started nothing");
+    assert!(
+        children_of(pid).iter().all(|p| *p == spawner),
+        "the daemon has children besides the spawner: {:?}",
+        children_of(pid)
+    );
+    if vm {
+        let qemu = kids
+            .iter()
+            .copied()
+            .find(|p| comm(*p).starts_with("qemu"))
+            .unwrap_or_else(|| panic!("no QEMU among the spawner's children {kids:?}"));
+        let st = status_of(&format!("/proc/{qemu}/status"));
+        assert!(field(&st, "Uid").starts_with("65534"), "QEMU uid: {st:?}");
+        assert_eq!(field(&st, "NoNewPrivs"), "1");
+        assert_eq!(field(&st, "Seccomp"), "2", "QEMU runs under filters");
+        assert_eq!(hex(field(&st, "CapEff")), 0, "QEMU has no capabilities");
+        // Its own cgroup, with the limits where the hierarchy offers them.
+        let cg = cgroup_dir(qemu).expect("QEMU's cgroup v2 path");
+        let name = cg.file_name().map(|n| n.to_string_lossy().into_owned());
+        assert!(
+            name.as_deref().is_some_and(|n| n.starts_with("asbx-")),
+            "QEMU is not in a per-session cgroup: {}",
+            cg.display()
+        );
+        let mut limits = Vec::new();
+        for (file, want) in [
+            ("memory.max", ((256 + 256) << 20_u64).to_string()),
+            ("pids.max", "256".to_string()),
+            ("cpu.max", "100000 100000".to_string()),
+        ] {
+            match std::fs::read_to_string(cg.join(file)) {
+                Ok(v) => {
+                    assert_eq!(v.trim(), want, "{file} of {}", cg.display());
+                    limits.push(file);
+                }
+                Err(_) => eprintln!(
+                    "NOTE: {} has no {file} (controller not in cgroup v2 here): limit not checked",
+                    cg.display()
+                ),
+            }
+        }
+        eprintln!("cgroup {} limits checked: {limits:?}", cg.display());
+        let r = d.http().delete(&format!("/v1/sessions/{id}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            wait_until(Duration::from_secs(10), || !cg.exists() && !alive(qemu)),
+            "after DELETE: cgroup {} exists {}, QEMU alive {}",
+            cg.display(),
+            cg.exists(),
+            alive(qemu)
+        );
+    } else {
+        let r = d.http().delete(&format!("/v1/sessions/{id}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let log = d.log();
+    assert!(!log.contains("forbidden syscall"), "log:\n{log}");
+    let mut d = d;
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit");
+    assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
+}
+
+#[test]
+fn a_killed_spawner_takes_its_vms_and_the_daemon_exits_non_zero() {
+    if !is_root() {
+        eprintln!("SKIP: needs root");
+        return;
+    }
+    let mut d = Daemon::start(&[]);
+    let pid = d.pid();
+    let id = create_session(&d);
+    assert_eq!(exec(&d, &id, "echo up"), "up\n");
+    let spawner = spawner_of(pid).expect("spawner");
+    let kids = children_of(spawner);
+    assert!(!kids.is_empty());
+    let cgroups: Vec<PathBuf> = kids.iter().filter_map(|p| cgroup_dir(*p)).collect();
+    // SAFETY: the spawner of the daemon this test started.
+    unsafe { libc::kill(spawner, libc::SIGKILL) };
+    assert!(
+        wait_until(Duration::from_secs(5), || kids.iter().all(|p| !alive(*p))),
+        "sandbox processes {kids:?} outlived the spawner"
+    );
+    let st = d.terminate(0).expect("daemon exits by itself");
+    assert_eq!(st.code(), Some(75), "exit status {st:?}\n{}", d.log());
+    assert!(d.log().contains("spawner died"), "{}", d.log());
+    // Whatever is left (the session's cgroup) goes with the next start's
+    // sweep of the same state dir.
+    let dir = d.into_dir();
+    let leftover: Vec<&PathBuf> = cgroups
+        .iter()
+        .filter(|c| {
+            c.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("asbx-"))
+        })
+        .collect();
+    if !leftover.is_empty() {
+        let mut d2 = Daemon::start_in(dir, &[]);
+        for c in &leftover {
+            assert!(!c.exists(), "{} not swept\n{}", c.display(), d2.log());
+        }
+        let st = d2.terminate(libc::SIGTERM).expect("exit");
+        assert!(st.success());
+    }
+}
