@@ -64,11 +64,18 @@ fn orphan_sweep_after_kill_9() {
     let orphans = d.sandbox_procs();
     assert!(!orphans.is_empty());
     d.terminate(libc::SIGKILL);
-    // The agents outlive a daemon that was killed outright...
-    assert!(orphans
-        .iter()
-        .all(|p| std::path::Path::new(&format!("/proc/{p}")).exists()));
-    // ...until the next start sweeps them.
+    // Even a daemon killed outright takes its sandboxes along: its spawner
+    // gets the parent-death signal and kills everything it started...
+    let gone = |p: &i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(true)
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || orphans.iter().all(gone)),
+        "sandbox processes outlived the daemon: {orphans:?}"
+    );
+    // ...and the next start sweeps what is left on disk.
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
     drop(d);
     let d2 = Daemon::start_in(dir, &[]);

@@ -99,9 +99,13 @@ impl Daemon {
     /// state dir: the sandboxes we started.
     pub fn sandbox_procs(&self) -> Vec<i32> {
         let me = self.pid();
+        let daemon_exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_agent-sandbox")).ok();
         super::procs_with(&self.dir.path().display().to_string())
             .into_iter()
             .filter(|&p| p != me)
+            // The daemon's spawner is a fork of the daemon (same command
+            // line), not a sandbox.
+            .filter(|&p| std::fs::read_link(format!("/proc/{p}/exe")).ok() != daemon_exe)
             .collect()
     }
 

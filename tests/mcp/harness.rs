@@ -300,9 +300,12 @@ impl Daemon {
     /// Sandbox processes (their argv names our state dir).
     pub fn sandbox_procs(&self) -> Vec<i32> {
         let me = self.child.as_ref().map_or(0, |c| c.id() as i32);
+        let daemon_exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_agent-sandbox")).ok();
         super::common::procs_with(&self.dir.path().display().to_string())
             .into_iter()
             .filter(|&p| p != me)
+            // The daemon's spawner is a fork of the daemon, not a sandbox.
+            .filter(|&p| std::fs::read_link(format!("/proc/{p}/exe")).ok() != daemon_exe)
             .collect()
     }
 
