@@ -68,7 +68,13 @@ fn orphan_sweep_after_kill_9() {
     // gets the parent-death signal and kills everything it started...
     let gone = |p: &i32| {
         std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true)
     };
     assert!(

@@ -498,7 +498,7 @@ fn main() {
         }
     });
 
-    t.check("a_killed_spawner_is_noticed", || {
+    t.check("a_killed_spawner_is_noticed_and_its_children_die", || {
         killed(&client, spawner_pid)
     });
     let _ = std::fs::remove_file(&witness);
@@ -531,9 +531,29 @@ fn killed(client: &SpawnerClient, pid: i32) -> Result<(), String> {
         Err(SpawnError::Died(_)) => {}
         other => return Err(format!("waiter got {other:?}")),
     }
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &running.pid().to_string()])
-        .status();
+    // What it started dies with it (PR_SET_PDEATHSIG in every child), even
+    // though it was killed outright and could not kill its children.
+    let gone = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gone(running.pid()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !gone(running.pid()) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &running.pid().to_string()])
+            .status();
+        return Err(format!("pid {} outlived the killed spawner", running.pid()));
+    }
     match client.spawn(&sh("true"), &[]) {
         Err(e @ SpawnError::Died(_)) => {
             let m = e.to_string();
