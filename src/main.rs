@@ -329,7 +329,7 @@ fn harden_daemon(
     agent_bin: Option<&std::path::Path>,
     cfg: &Config,
 ) -> Result<wiring::Host, String> {
-    use agent_sandbox::harden::{self, spawner};
+    use agent_sandbox::harden::{self, caps, spawner};
     let t0 = std::time::Instant::now();
     let mode = harden::Mode::from_env().map_err(|e| e.to_string())?;
     // SAFETY: geteuid/getegid have no preconditions.
@@ -403,10 +403,15 @@ fn harden_daemon(
     };
     let forked = spawner::fork_spawner(policy, mode).map_err(|e| format!("spawner: {e}"))?;
     let spawner_pid = forked.pid();
-    let opts = harden::Options {
+    let mut opts = harden::Options {
         seccomp: mode,
         ..harden::Options::daemon().map_err(|e| e.to_string())?
     };
+    // Domain allowlists run a DNS forwarder on port 53 in each session
+    // namespace; a privileged API port needs the same.
+    if cfg.network.is_some() || cfg.listen.port() < 1024 && cfg.listen.port() != 0 {
+        opts.needs.push(caps::Need::BindLowPort);
+    }
     let report = harden::apply(&opts).map_err(|e| format!("hardening: {e}"))?;
     let client = forked
         .start_client()
@@ -420,7 +425,7 @@ fn harden_daemon(
         log::error!("{msg}");
         std::process::exit(75);
     });
-    let names = |v: &[caps::Capability]| {
+    let names = |v: &[::caps::Capability]| {
         v.iter()
             .map(|c| c.to_string())
             .collect::<Vec<_>>()

@@ -143,6 +143,70 @@ fn main() {
             "session ran",
         )
     });
+    t.check(
+        "dns_allowlist_session_fits_the_session_dns_and_reaper_allowlists",
+        || {
+            // A domain-allowlist session under enforced filters: its DNS
+            // forwarder thread (kind Dns) answers a guest's query by asking
+            // an upstream (a test server in the test "internet" namespace) and
+            // opening the answer in the session's nf_tables set; the net
+            // reaper (kind NetReaper) tears down. The guest side and the
+            // upstream run here, outside the filtered child.
+            use std::io::{BufRead, BufReader, Write};
+            let mut topo = netns::Topology::new("hdns");
+            let mut cfg = net_config(&topo.host_path());
+            cfg.prefix = "asbxhd".into();
+            cfg.dns_upstreams = vec![(netns::INTERNET, 53).into()];
+            let _sweep = netns::SweepGuard(cfg);
+            let _dns = netns::DnsServer::start(
+                &topo.internet,
+                netns::INTERNET,
+                &[("files.pypi.org", netns::Rr::A(netns::INTERNET, 300))],
+            );
+            let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+                .args(["--case", "net_dns"])
+                .env("HSEC_HOST_NETNS", topo.host_path())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            let mut lines = BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
+            let ns = lines
+                .by_ref()
+                .map_while(Result::ok)
+                .find_map(|l| l.strip_prefix("SESSION ").map(str::to_string));
+            let answer = ns.as_ref().and_then(|ns| {
+                let g = netns::Guest::attach(&mut topo, ns, "tap0", 1);
+                let gw: std::net::Ipv4Addr = netns::GUEST_GW.parse().ok()?;
+                netns::dns_ask(&g.ns, gw, "files.pypi.org", 1, false)
+            });
+            if let Some(mut i) = child.stdin.take() {
+                let _ = writeln!(i, "done");
+            }
+            let rest: Vec<String> = lines.map_while(Result::ok).collect();
+            let o = child.wait_with_output().map_err(|e| e.to_string())?;
+            let o = std::process::Output {
+                stdout: rest.join("\n").into_bytes(),
+                ..o
+            };
+            expect(ns.is_some(), &o, "a session namespace")?;
+            expect(
+                answer
+                    .as_ref()
+                    .is_some_and(|r| r.rcode == 0 && r.addrs == vec![netns::INTERNET]),
+                &o,
+                &format!("an answer through the forwarder, got {answer:?}"),
+            )?;
+            expect(o.status.success(), &o, "exit 0 (no forbidden syscall)")?;
+            expect(
+                rest.iter()
+                    .any(|l| l.contains("dns session up and torn down")),
+                &o,
+                "session torn down",
+            )
+        },
+    );
     t.check("baseline_stops_the_main_thread", || {
         let o = run_case("baseline");
         let err = String::from_utf8_lossy(&o.stderr);
@@ -228,6 +292,46 @@ fn child(case: &str) {
             net.settle(std::time::Duration::from_secs(10));
             net.close().expect("close");
             say("session net up and torn down");
+        }
+        "net_dns" => {
+            use agent_sandbox::net::{Net, NetPolicy};
+            use std::io::BufRead;
+            let host = std::env::var("HSEC_HOST_NETNS").expect("HSEC_HOST_NETNS");
+            let mut cfg = net_config(std::path::Path::new(&host));
+            cfg.prefix = "asbxhd".into();
+            cfg.dns_upstreams = vec![(std::net::Ipv4Addr::new(198, 51, 100, 1), 53).into()];
+            // As `serve` keeps it when networking is configured: the
+            // forwarder binds port 53 in the session namespace.
+            let mut needs = caps::DAEMON.to_vec();
+            needs.push(caps::Need::BindLowPort);
+            let opts = harden::Options {
+                needs,
+                seccomp: Mode::Enforce,
+                nofile: None,
+            };
+            harden::apply(&opts).expect("apply");
+            let net = std::sync::Arc::new(Net::new(cfg).expect("Net::new"));
+            let n = net.clone();
+            let h = harden::thread::spawn(
+                ThreadKind::Session,
+                std::thread::Builder::new().name("session-dns".into()),
+                move || -> Result<(), String> {
+                    let policy: NetPolicy =
+                        serde_json::from_str(r#"{"mode":"allowlist","domains":["*.pypi.org"]}"#)
+                            .map_err(|e| e.to_string())?;
+                    let mut s = n.create_session(policy).map_err(|e| e.to_string())?;
+                    say(&format!("SESSION {}", s.netns()));
+                    // The test drives a query through the forwarder now.
+                    let mut line = String::new();
+                    let _ = std::io::stdin().lock().read_line(&mut line);
+                    s.teardown().map_err(|e| e.to_string())
+                },
+            )
+            .expect("spawn");
+            h.join().expect("join").expect("dns session");
+            net.settle(std::time::Duration::from_secs(10));
+            net.close().expect("close");
+            say("dns session up and torn down");
         }
         "trap" => {
             let h = std::thread::spawn(|| {

@@ -137,7 +137,8 @@ impl Need {
             ],
             Need::BindLowPort => &[Keep {
                 cap: CAP_NET_BIND_SERVICE,
-                why: "listen on a port below 1024",
+                why: "listen on a port below 1024 (an API port < 1024; each session's DNS \
+                      forwarder on port 53 inside the session namespace)",
             }],
         }
     }
