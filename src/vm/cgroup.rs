@@ -198,21 +198,20 @@ mod tests {
     }
 
     #[test]
-    fn create_writes_offered_files_and_remove_cleans_up() {
-        // A plain directory stands in for cgroupfs: only files that exist
-        // are written (as a hierarchy without some controllers).
+    fn create_skips_missing_files_sweep_takes_only_ours() {
+        // A plain directory stands in for a cgroupfs parent whose hierarchy
+        // offers none of the limit files: the VM's dir is still made.
         let t = tempfile::tempdir().expect("tempdir");
         let parent = t.path();
-        let dir = parent.join("asbx-1");
         let made = create(parent, "asbx-1", &Limits::for_vm(1, 256));
-        assert!(made.is_ok(), "{made:?}");
-        assert!(!dir.join("memory.max").exists());
-        fs::remove_dir(&dir).expect("rmdir");
-        // Pre-created limit files (as cgroupfs offers them) get the values.
-        fs::create_dir(&dir).expect("mkdir");
-        fs::write(dir.join("memory.max"), "max").expect("seed");
-        fs::remove_dir_all(&dir).expect("clean");
-        assert_eq!(sweep(parent, "asbx-"), 0);
+        assert_eq!(made.ok(), Some(parent.join("asbx-1")));
+        assert!(!parent.join("asbx-1/memory.max").exists());
+        assert!(create(parent, "asbx-1", &Limits::for_vm(1, 256)).is_err());
         assert!(create(parent, "../x", &Limits::for_vm(1, 256)).is_err());
+        fs::create_dir(parent.join("other")).expect("mkdir");
+        assert_eq!(sweep(parent, "asbx-"), 1);
+        assert!(!parent.join("asbx-1").exists());
+        assert!(parent.join("other").exists());
+        assert!(remove(&parent.join("gone"), Instant::now()).is_ok());
     }
 }

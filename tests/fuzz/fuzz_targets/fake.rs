@@ -3,7 +3,9 @@
 //! registry, MCP tools) and never run a command on this host.
 
 use agent_sandbox::config::Config;
-use agent_sandbox::sandbox::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo};
+use agent_sandbox::sandbox::{
+    Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
