@@ -159,7 +159,9 @@ pub fn snapshot_create(
     force: bool,
 ) -> Result<(), String> {
     let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
-    let reg = Registry::new(wiring::registry_config(cfg), be);
+    let mut rc = wiring::registry_config(cfg);
+    let _snap_net = wiring::snapshot_net(cfg, &mut rc).map_err(|e| e.to_string())?;
+    let reg = Registry::new(rc, be);
     let names = if templates.is_empty() {
         reg.list()
             .map_err(|e| e.to_string())?

@@ -158,6 +158,50 @@ struct ServeArgs {
     /// Browser origin allowed to use /mcp (repeatable; default: none).
     #[arg(long)]
     mcp_allowed_origin: Vec<String>,
+    /// Per-session networking: `on` (own namespace, NAT to the uplink,
+    /// egress policy) or `off` (VMs have no network).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    network: String,
+    /// Interface session traffic leaves by (default: the default route's).
+    #[arg(long)]
+    uplink: Option<String>,
+    /// DNS resolver the sessions' resolvers forward to, `ADDR:PORT`
+    /// (repeatable; default: the nameservers of /etc/resolv.conf).
+    #[arg(long)]
+    dns_upstream: Vec<SocketAddr>,
+    /// Prefix of our namespaces, links and nftables table (1-6 of a-z0-9);
+    /// two daemons on one host need different ones.
+    #[arg(long, default_value = "asbx")]
+    net_prefix: String,
+    /// Network namespace (path) that plays the host: tests use one whose
+    /// only uplink leads to a test network.
+    #[arg(long, hide = true)]
+    net_host_netns: Option<PathBuf>,
+}
+
+/// The `network` part of the config from `serve`'s flags.
+fn network_config(a: &ServeArgs) -> Result<Option<agent_sandbox::net::NetConfig>, String> {
+    use agent_sandbox::sandbox::wiring;
+    if a.network == "off" || a.backend == "local-process" {
+        return Ok(None);
+    }
+    let mut n = agent_sandbox::net::NetConfig {
+        prefix: a.net_prefix.clone(),
+        host_netns: a.net_host_netns.clone(),
+        ..Default::default()
+    };
+    n.uplink_if = match &a.uplink {
+        Some(u) => u.clone(),
+        None => wiring::default_uplink()
+            .ok_or("no default route to take the uplink from: pass --uplink IF or --network off")?,
+    };
+    n.dns_upstreams = if a.dns_upstream.is_empty() {
+        wiring::host_resolvers()
+    } else {
+        a.dns_upstream.clone()
+    };
+    n.validate().map_err(|e| e.to_string())?;
+    Ok(Some(n))
 }
 
 #[derive(Subcommand)]
@@ -243,6 +287,7 @@ fn block_shutdown_signals() -> libc::sigset_t {
 }
 
 fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
+    let network = network_config(&a)?;
     let state_dir = a.state_dir.unwrap_or_else(default_state_dir);
     let cfg = Config {
         listen: a.listen,
@@ -264,6 +309,7 @@ fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
         reap_interval: a.reap_interval,
         write_timeout: a.write_timeout,
         mcp_allowed_origins: a.mcp_allowed_origin,
+        network,
         ..Config::default()
     };
     if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {

@@ -153,6 +153,7 @@ impl Manager {
             egress: opts.egress.unwrap_or_default(),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
+        let egress = Mutex::new(spec.egress.clone());
         let session = Arc::new(Session {
             id: id.to_string(),
             owner: owner.to_string(),
@@ -167,6 +168,7 @@ impl Manager {
             tx,
             thread: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
+            egress,
         });
         let handle = worker::spawn(self.clone(), session.clone(), rx)
             .map_err(|e| ApiError::internal(format!("session {id:?}: spawn worker thread: {e}")))?;
@@ -264,5 +266,8 @@ impl Manager {
             }
         }
         self.pool.shutdown();
+        if let Err(e) = self.factory.close() {
+            log::error!("shutdown: {e}");
+        }
     }
 }
