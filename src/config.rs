@@ -98,10 +98,19 @@ impl Artifacts {
     /// config file, so an effective config shows what the daemon will use.
     pub fn fill_from_env(&mut self) {
         let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
-        self.templates_dir = self.templates_dir.take().or_else(|| env("AGENT_SANDBOX_TEMPLATES"));
+        self.templates_dir = self
+            .templates_dir
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_TEMPLATES"));
         self.cache_dir = self.cache_dir.take().or_else(|| env("AGENT_SANDBOX_CACHE"));
-        self.snapshot_dir = self.snapshot_dir.take().or_else(|| env("AGENT_SANDBOX_SNAPSHOT_STATE"));
-        self.firecracker = self.firecracker.take().or_else(|| env("AGENT_SANDBOX_FIRECRACKER"));
+        self.snapshot_dir = self
+            .snapshot_dir
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_SNAPSHOT_STATE"));
+        self.firecracker = self
+            .firecracker
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_FIRECRACKER"));
         self.jailer = self.jailer.take().or_else(|| env("AGENT_SANDBOX_JAILER"));
     }
 }
@@ -294,8 +303,8 @@ fn secs(d: Duration) -> Option<u64> {
 impl FileConfig {
     /// Reads and parses `path`; errors name the file and the key.
     pub fn load(path: &Path) -> Result<FileConfig, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("config {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
     }
 

@@ -345,9 +345,8 @@ fn main() -> ExitCode {
                     config,
                     force,
                 },
-        } => admin_config(config.as_deref(), state_dir, backend).and_then(|c| {
-            agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)
-        }),
+        } => admin_config(config.as_deref(), state_dir, backend)
+            .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
         Cmd::Mcp(a) => agent_sandbox::mcp::stdio::main(a),
     };
     match r {

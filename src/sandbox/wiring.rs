@@ -121,7 +121,12 @@ pub fn qemu_config(cfg: &Config) -> QemuConfig {
 pub fn jailer_config(cfg: &Config) -> JailerConfig {
     let mut jc = JailerConfig::default();
     let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    if let Some(p) = cfg.artifacts.jailer.clone().or_else(|| env("AGENT_SANDBOX_JAILER")) {
+    if let Some(p) = cfg
+        .artifacts
+        .jailer
+        .clone()
+        .or_else(|| env("AGENT_SANDBOX_JAILER"))
+    {
         jc.jailer_bin = p;
     }
     if let Some(p) = cfg
