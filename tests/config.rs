@@ -460,3 +460,55 @@ fn nix_rendered_configs_are_accepted() {
     assert_eq!(configs["module-networked"]["network"]["uplink_if"], "eth1");
     assert_eq!(configs["host"]["snapshot_dir"], "/var/lib/agent-sandbox");
 }
+
+/// The admin commands the NixOS module and its test use: `keys --config F
+/// create` writes the key file the config names; `mcp --url` takes its key
+/// from the file AGENT_SANDBOX_KEY_FILE names.
+#[test]
+fn admin_commands_read_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("named-keys.json");
+    let f = write(
+        dir.path(),
+        "c.json",
+        &json!({"state_dir": dir.path().join("state"), "keys_file": keys}),
+    );
+    let out = bin()
+        .args(["keys", "--config"])
+        .arg(&f)
+        .args(["create", "--name", "t", "--scopes", "exec"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!token.is_empty() && !token.contains('\n'), "{token:?}");
+    assert!(keys.exists(), "key file the config names was not written");
+    let listed = bin()
+        .args(["keys", "list", "--config"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("exec"));
+
+    // An empty key file named by the variable is refused by name, before
+    // any connection is tried.
+    let empty = dir.path().join("empty-key");
+    std::fs::write(&empty, "").unwrap();
+    let out = bin()
+        .args(["mcp", "--url", "http://127.0.0.1:9"])
+        .env_remove("AGENT_SANDBOX_API_KEY")
+        .env("AGENT_SANDBOX_KEY_FILE", &empty)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&empty.display().to_string()) && err.contains("empty"),
+        "{err}"
+    );
+}
