@@ -4,6 +4,7 @@ use agent_sandbox::api::auth::{validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::{default_state_dir, parse_duration, Config, FileConfig};
 use agent_sandbox::sandbox;
+use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -335,7 +336,7 @@ fn main() -> ExitCode {
             .and_then(|c| agent_sandbox::admin::doctor(&c, &c.backend, json)),
         Cmd::Image {
             cmd: ImageCmd::Build { template, agent },
-        } => agent_sandbox::admin::image_build(&template, agent),
+        } => agent_sandbox::admin::image_build(&template, agent, &wiring::cache_dir()),
         Cmd::Snapshot {
             cmd:
                 SnapshotCmd::Create {
@@ -499,7 +500,13 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
 /// `up`: everything `serve` needs on a fresh host, then `serve`.
 fn up(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     if cfg.backend != "local-process" {
-        agent_sandbox::admin::image_build(&[], None)?;
+        // Into the cache the daemon will read its images from.
+        let cache = cfg
+            .artifacts
+            .cache_dir
+            .clone()
+            .unwrap_or_else(wiring::cache_dir);
+        agent_sandbox::admin::image_build(&[], None, &cache)?;
         agent_sandbox::admin::snapshot_create(&cfg, &cfg.backend, &[], false)?;
     }
     serve(cfg, sigs)
