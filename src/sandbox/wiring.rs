@@ -47,14 +47,21 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/agent-sandbox"))
 }
 
+/// The image cache of this config: `cache_dir`, else [`cache_dir`].
+fn cfg_cache_dir(cfg: &Config) -> PathBuf {
+    cfg.artifacts.cache_dir.clone().unwrap_or_else(cache_dir)
+}
+
 /// Where snapshots live: beside the images they are made from, in the
 /// host-wide cache (`<cache>/snapshots/<backend>/<template>`), shared by
 /// every daemon on the host (the registry locks and checks freshness).
-/// `AGENT_SANDBOX_SNAPSHOT_STATE` puts them elsewhere.
-fn snapshot_state(_cfg: &Config) -> PathBuf {
-    std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE")
-        .map(PathBuf::from)
-        .unwrap_or_else(cache_dir)
+/// `snapshot_dir` (`AGENT_SANDBOX_SNAPSHOT_STATE`) puts them elsewhere.
+fn snapshot_state(cfg: &Config) -> PathBuf {
+    cfg.artifacts
+        .snapshot_dir
+        .clone()
+        .or_else(|| std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE").map(PathBuf::from))
+        .unwrap_or_else(|| cfg_cache_dir(cfg))
 }
 
 /// The interface of the main table's default route (lowest metric), from
@@ -133,10 +140,16 @@ pub fn snapshot_net(cfg: &Config, rc: &mut RegistryConfig) -> Result<Isolated> {
 }
 
 pub fn registry_config(cfg: &Config) -> RegistryConfig {
-    let mut rc = RegistryConfig::new(templates_dir(), cache_dir(), snapshot_state(cfg));
+    let cache = cfg_cache_dir(cfg);
+    let templates = cfg
+        .artifacts
+        .templates_dir
+        .clone()
+        .unwrap_or_else(templates_dir);
+    let mut rc = RegistryConfig::new(templates, cache.clone(), snapshot_state(cfg));
     // The artifacts `agent-sandbox image build` made last, if it recorded
     // them; otherwise the registry takes the newest in the cache.
-    if let Some(cur) = std::fs::read(cache_dir().join("current.json"))
+    if let Some(cur) = std::fs::read(cache.join("current.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
     {
@@ -151,6 +164,13 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
             }
         }
     }
+    // The config names artifacts explicitly (the Nix build does): they win.
+    if let Some(k) = &cfg.artifacts.kernel {
+        rc.pinned_kernel = Some(k.clone());
+    }
+    for (t, p) in &cfg.artifacts.images {
+        rc.pinned_rootfs.insert(t.clone(), p.clone());
+    }
     rc.uid = VM_UID;
     rc.gid = VM_GID;
     rc.default_vcpus = cfg.default_vcpus;
@@ -163,36 +183,56 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
     rc
 }
 
+/// The QEMU backend's settings for `cfg`.
+pub fn qemu_config(cfg: &Config) -> QemuConfig {
+    let mut qc = QemuConfig {
+        // The KVM probe costs seconds: remember its answer beside the
+        // snapshots (which are only valid for that answer anyway).
+        accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
+        ..Default::default()
+    };
+    if let Some(q) = &cfg.artifacts.qemu {
+        qc.binary = q.clone();
+    }
+    qc
+}
+
+/// The jailer's settings for `cfg`: binaries from the config, else the
+/// environment, else the jailer's defaults; the jail lives under the state
+/// dir so snapshot files can be hard-linked into it.
+pub fn jailer_config(cfg: &Config) -> JailerConfig {
+    let mut jc = JailerConfig::default();
+    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    if let Some(p) = cfg
+        .artifacts
+        .jailer
+        .clone()
+        .or_else(|| env("AGENT_SANDBOX_JAILER"))
+    {
+        jc.jailer_bin = p;
+    }
+    if let Some(p) = cfg
+        .artifacts
+        .firecracker
+        .clone()
+        .or_else(|| env("AGENT_SANDBOX_FIRECRACKER"))
+    {
+        jc.firecracker_bin = p;
+    }
+    jc.chroot_base = cfg.state_dir.join("jail");
+    if let Some(root) = crate::vm::jailer::cgroup2_mount() {
+        jc.cgroup_root = root;
+    }
+    jc
+}
+
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
     match name {
-        "qemu" => {
-            // The KVM probe costs seconds: remember its answer beside the
-            // snapshots (which are only valid for that answer anyway).
-            let qc = QemuConfig {
-                accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
-                ..Default::default()
-            };
-            Ok(Arc::new(QemuBackend::new(qc)))
-        }
-        "firecracker" => {
-            // Binaries from PATH-like env overrides; the jail lives under the
-            // state dir so snapshot files can be hard-linked into it.
-            let mut jc = JailerConfig::default();
-            if let Some(p) = std::env::var_os("AGENT_SANDBOX_JAILER") {
-                jc.jailer_bin = p.into();
-            }
-            if let Some(p) = std::env::var_os("AGENT_SANDBOX_FIRECRACKER") {
-                jc.firecracker_bin = p.into();
-            }
-            jc.chroot_base = cfg.state_dir.join("jail");
-            if let Some(root) = crate::vm::jailer::cgroup2_mount() {
-                jc.cgroup_root = root;
-            }
-            Ok(Arc::new(FirecrackerBackend::new(
-                jc,
-                Arc::new(DirectSpawner),
-            )))
-        }
+        "qemu" => Ok(Arc::new(QemuBackend::new(qemu_config(cfg)))),
+        "firecracker" => Ok(Arc::new(FirecrackerBackend::new(
+            jailer_config(cfg),
+            Arc::new(DirectSpawner),
+        ))),
         other => Err(SandboxError::Other(format!("unknown VM backend {other:?}"))),
     }
 }

@@ -150,7 +150,9 @@ impl Manager {
             mem_mib: opts.mem_mib.unwrap_or(self.cfg.default_mem_mib),
             disk_mib: opts.disk_mib.unwrap_or(self.cfg.default_disk_mib),
             env: opts.env,
-            egress: opts.egress.unwrap_or_default(),
+            egress: opts
+                .egress
+                .unwrap_or_else(|| self.cfg.default_egress.clone()),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let egress = Mutex::new(spec.egress.clone());
