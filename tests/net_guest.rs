@@ -228,7 +228,12 @@ fn guests_reach_only_what_their_policy_allows() {
         ("rfc1918".into(), PRIVATE),
         ("cgnat".into(), CGNAT),
     ];
-    for a in addrs_of(&topo.host) {
+    // (The host's loopback is not addressable from a guest at all: 127/8
+    // is the guest's own, and a martian two namespaces away.)
+    for a in addrs_of(&topo.host)
+        .into_iter()
+        .filter(|a| !a.is_loopback())
+    {
         targets.push((format!("host-{a}"), a));
     }
     for a in &session_addrs {
@@ -242,18 +247,16 @@ fn guests_reach_only_what_their_policy_allows() {
     assert!(netns::tcp_probe(&topo.host, HOST_UPLINK).is_some());
     let got = probe(&d, "a", &t);
     if got["internet"] != HOST_UPLINK.to_string() {
+        // Say why before failing: the guest's and the namespaces' view.
         let r = d.http().post(
             "/v1/sessions/a/exec",
-            &json!({"command": "cat /proc/net/route /proc/net/arp /etc/resolv.conf; ls /sys/class/net; cat /sys/class/net/eth0/operstate /sys/class/net/eth0/address; cat /proc/cmdline; cat /proc/net/dev"}),
+            &json!({"command": "cat /proc/net/route /proc/net/arp /etc/resolv.conf /proc/net/dev"}),
         );
-        eprintln!("GUEST: {}", r.text());
+        eprintln!("guest: {}", r.text());
         for n in &b_ns {
-            eprintln!("NS {n}: {}", sh(&["ip", "-n", n, "addr"]));
-            eprintln!("NS {n}: {}", sh(&["ip", "-n", n, "route"]));
-            eprintln!("NS {n}: {}", sh(&["ip", "-n", n, "-s", "link"]));
+            eprintln!("{n}: {}", sh(&["ip", "-n", n, "-s", "addr"]));
         }
-        eprintln!("HOST: {}", sh(&["ip", "-n", &topo.host, "route"]));
-        eprintln!("LOG: {}", d.log());
+        eprintln!("daemon log: {}", d.log());
     }
     assert_eq!(got["internet"], HOST_UPLINK.to_string(), "{got:?}");
     for (name, r) in &got {

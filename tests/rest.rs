@@ -630,13 +630,13 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
             if i % 2 == 0 {
                 h2.post(
                     &format!("/exec/slow{i}/execute"),
-                    &json!({"command": "sleep 3"}),
+                    &json!({"command": "sleep 8"}),
                 )
                 .status
             } else {
                 h2.post(
                     &format!("/exec/slow{i}/execute?format=ndjson"),
-                    &json!({"command": "sleep 3"}),
+                    &json!({"command": "sleep 8"}),
                 )
                 .status
             }
@@ -653,8 +653,10 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
     assert_eq!(h.get("/health").status, 200);
     let v = h.exec("fast", "echo quick");
     assert_eq!(stdout_of(&v), "quick\n");
+    // Well before the sleeps end (a new session restores from a snapshot;
+    // under TCG on a loaded machine that alone can take a second or two).
     assert!(
-        t0.elapsed() < Duration::from_millis(1500),
+        t0.elapsed() < Duration::from_secs(5),
         "{:?}",
         t0.elapsed()
     );
