@@ -23,17 +23,27 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
         .arg(&marker)
         .spawn()
         .expect("spawn sleep");
+    // Control: on the host, the marker is in the sleeper's command line.
+    let own = std::fs::read(format!("/proc/{}/cmdline", sleeper.id())).unwrap_or_default();
+    assert!(String::from_utf8_lossy(&own).contains(&marker));
     let d = Daemon::start(&[]);
     let h = d.http();
+    // The marker is split in the script so that no process in the guest
+    // (this shell, grep, ...) carries it by accident.
+    let (m1, m2) = marker.split_at(9);
     let script = format!(
-        "test -e {f} && echo FILE-VISIBLE; \
-         grep -l {marker} /proc/[0-9]*/cmdline 2>/dev/null | head -1 | sed 's/^/PROC-VISIBLE /'; \
+        "m1={m1}; m2={m2}; \
+         test -e /tmp/$m1$m2 && echo FILE-VISIBLE; \
+         test -e {dir}/$m1$m2 && echo FILE-VISIBLE; \
+         for f in /proc/[0-9]*/cmdline; do \
+           case \"$(tr '\\0' ' ' < $f 2>/dev/null)\" in *$m1$m2*) echo PROC-VISIBLE $f;; esac; \
+         done; \
          echo PID1=$(tr '\\0' ' ' < /proc/1/cmdline); \
          echo PROCS=$(ls -d /proc/[0-9]* | wc -l); \
          echo KERNEL=$(uname -r); \
-         ls /dev/kvm /dev/vda /dev/sda /dev/nvme0n1 2>/dev/null | sed 's/^/DEV /'; \
+         ls /dev/kvm /dev/sda /dev/nvme0n1 2>/dev/null | sed 's/^/DEV /'; \
          echo HOSTNAME=$(hostname)",
-        f = file.display()
+        dir = std::env::temp_dir().display()
     );
     let v = h.exec("iso", &script);
     let out = stdout_of(&v);
