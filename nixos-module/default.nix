@@ -167,13 +167,14 @@ in
 
     network = mkOption {
       type = types.nullOr json.type;
-      default = null;
+      default = { };
       example = { uplink_if = "eth0"; dns_upstreams = [ "9.9.9.9:53" ]; };
       description = ''
         The daemon's `network` section: per-session network namespaces,
         TAP devices, NAT and the egress policy (keys: docs/operations.md,
-        `uplink_if`, `veth_range`, `guest_cidr`, `dns_upstreams`, ...).
-        `null`: VMs get no network device and {option}`egress` has nothing
+        `uplink_if` (default: the default route's interface), `veth_range`,
+        `guest_cidr`, `dns_upstreams` (default: the host's resolvers), ...).
+        `null`: sessions get no network and {option}`egress` has nothing
         to act on.
       '';
     };

@@ -254,7 +254,6 @@ fn network_config(
     if !on {
         return Ok(None);
     }
-    let file_uplink = from_file.is_some();
     let mut n = from_file.unwrap_or_default();
     if let Some(p) = &a.net_prefix {
         n.prefix = p.clone();
@@ -264,9 +263,11 @@ fn network_config(
     }
     if let Some(u) = &a.uplink {
         n.uplink_if = u.clone();
-    } else if !file_uplink {
-        n.uplink_if = wiring::default_uplink()
-            .ok_or("no default route to take the uplink from: pass --uplink IF or --network off")?;
+    } else if n.uplink_if.is_empty() {
+        n.uplink_if = wiring::default_uplink().ok_or(
+            "no default route to take the uplink from: pass --uplink IF (or network.uplink_if), \
+             or --network off",
+        )?;
     }
     if !a.dns_upstream.is_empty() {
         n.dns_upstreams = a.dns_upstream.clone();

@@ -158,6 +158,9 @@ impl Net {
     /// and verified, the guest network blackholed there.
     pub fn new(cfg: NetConfig) -> Result<Net> {
         cfg.validate()?;
+        if cfg.uplink_if.is_empty() {
+            return Err(NetError::invalid("network config: uplink_if is not set"));
+        }
         let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
         let name = match &cfg.host_netns {
             Some(p) => format!("host netns {}", p.display()),
