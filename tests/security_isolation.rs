@@ -24,8 +24,12 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
         .spawn()
         .expect("spawn sleep");
     // Control: on the host, the marker is in the sleeper's command line.
-    let own = std::fs::read(format!("/proc/{}/cmdline", sleeper.id())).unwrap_or_default();
-    assert!(String::from_utf8_lossy(&own).contains(&marker));
+    // (Right after spawn the child may not have exec'd yet.)
+    let cmdline = format!("/proc/{}/cmdline", sleeper.id());
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(5),
+        || String::from_utf8_lossy(&std::fs::read(&cmdline).unwrap_or_default()).contains(&marker)
+    ));
     let d = Daemon::start(&[]);
     let h = d.http();
     // The marker is split in the script so that no process in the guest
