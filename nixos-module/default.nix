@@ -17,7 +17,13 @@ let
   # Where local clients reach the daemon (a wildcard address is not one).
   url = "http://" + hostPort ({ "0.0.0.0" = "127.0.0.1"; "::" = "::1"; }.${cfg.listenAddress} or cfg.listenAddress);
 
-  configFile = json.generate "agent-sandbox.json" cfg.settings;
+  # Checked when the system is built: a key or value the daemon refuses
+  # fails the build, not the unit's start.
+  uncheckedConfig = json.generate "agent-sandbox-unchecked.json" cfg.settings;
+  configFile = pkgs.runCommand "agent-sandbox.json" { } ''
+    ${lib.escapeShellArgs (cli.check { package = cfg.package; configFile = uncheckedConfig; })} >/dev/null
+    cp ${uncheckedConfig} $out
+  '';
 
   # `agent-sandbox-mcp` for agent configs: stdio MCP forwarding to this
   # host's daemon. The key comes from the calling user's environment
@@ -157,17 +163,26 @@ in
         example = [ "*.pypi.org" "github.com" ];
         description = "Domain allowlist enforced by the per-session DNS forwarder.";
       };
-      upstreamDns = mkOption {
-        type = types.listOf types.str;
-        default = [ ];
-        description = "Resolvers the per-session DNS forwarder asks (empty: the host's).";
-      };
+    };
+
+    network = mkOption {
+      type = types.nullOr json.type;
+      default = { };
+      example = { uplink_if = "eth0"; dns_upstreams = [ "9.9.9.9:53" ]; };
+      description = ''
+        The daemon's `network` section: per-session network namespaces,
+        TAP devices, NAT and the egress policy (keys: docs/operations.md,
+        `uplink_if` (default: the default route's interface), `veth_range`,
+        `guest_cidr`, `dns_upstreams` (default: the host's resolvers), ...).
+        `null`: sessions get no network and {option}`egress` has nothing
+        to act on.
+      '';
     };
 
     mcpHttp.enable = mkOption {
       type = types.bool;
-      default = false;
-      description = "Serve MCP over Streamable HTTP at `/mcp` on the REST port (same keys).";
+      default = true;
+      description = "Serve MCP over Streamable HTTP at `/mcp` on the REST port (same keys). `agent-sandbox-mcp` forwards to it.";
     };
 
     extraEnvironment = mkOption {
@@ -202,25 +217,16 @@ in
       rootfs = lib.getAttrs cfg.templates cfg.images;
       qemu = cfg.qemuPackage;
       inherit (built) templatesDir;
-    }) // {
-      inherit listen;
-      inherit (cfg) backend;
-      state_dir = stateDir;
-      keys_file = if cfg.keysFile != null then keysCredential else "${stateDir}/keys.json";
-      max_sessions = cfg.maxSessions;
-      idle_timeout_secs = cfg.idleTimeout;
-      default_vcpus = cfg.defaultVcpus;
-      default_mem_mib = cfg.defaultMemMib;
-      egress = {
-        inherit (cfg.egress) mode rules domains;
-        upstream_dns = cfg.egress.upstreamDns;
-      };
-      mcp_http = cfg.mcpHttp.enable;
+    }) // cli.settings {
+      inherit listen stateDir;
+      inherit (cfg) backend maxSessions idleTimeout defaultVcpus defaultMemMib egress network;
+      keysFile = if cfg.keysFile != null then keysCredential else "${stateDir}/keys.json";
+      mcpHttp = cfg.mcpHttp.enable;
     });
 
     environment.systemPackages = [ cfg.package mcpCommand ];
     # The same file the unit runs with, at a stable path for admin commands
-    # (`agent-sandbox keys create --config /etc/agent-sandbox/config.json`).
+    # (`agent-sandbox keys --config /etc/agent-sandbox/config.json create`).
     environment.etc."agent-sandbox/config.json".source = configFile;
 
     networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
@@ -300,9 +306,8 @@ in
           # stopping the unit would not stop them.
           "/sys/fs/cgroup"
           "-/run/netns"
-          # The jailer's default chroot base; the daemon should point it into
-          # the state directory (same file system as the snapshots).
-          "-/srv/jailer"
+          # (The jailer's chroot base is <state_dir>/jail, inside
+          # StateDirectory: the same file system as the snapshots.)
         ];
         Delegate = true;
         ProtectHome = true;

@@ -8,10 +8,16 @@
 # "firecracker" needs nested KVM: the test VM must see /dev/kvm.
 { pkgs, backend ? "qemu" }:
 let
+  cli = import ./cli.nix;
   # ---- API shapes this test relies on (adjust here if the daemon changes) --
   # Makes an exec-scoped key and prints it on stdout. Run in the unit's
   # preStart, so the key exists before the daemon reads its key file.
-  createKey = package: "${package}/bin/agent-sandbox keys create --config /etc/agent-sandbox/config.json --scope exec";
+  createKey = package: pkgs.lib.escapeShellArgs (cli.keysCreate {
+    inherit package;
+    configFile = "/etc/agent-sandbox/config.json";
+    name = "nixos-test";
+    scopes = [ "exec" ];
+  });
   # Seed-compatible REST: POST /exec/:session/execute creates the session.
   execPath = "/exec/nixos-test/execute";
   deletePath = "/exec/nixos-test";
@@ -35,6 +41,8 @@ pkgs.testers.runNixOSTest {
       templates = [ "base" ];
       maxSessions = 4;
       defaultMemMib = 512;
+      # agent-sandbox-mcp (stdio) forwards to /mcp.
+      mcpHttp.enable = true;
     };
     environment.systemPackages = [ mcpCheck pkgs.curl pkgs.jq pkgs.procps ];
     systemd.services.agent-sandbox.preStart = ''

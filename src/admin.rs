@@ -88,8 +88,12 @@ fn build_agent(images: &Path) -> Result<PathBuf, String> {
 
 /// `agent-sandbox image build [--template T]... [--agent PATH]`: builds the
 /// guest kernel and root filesystems that are missing (cached by input
-/// hash; a second run only checks).
-pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), String> {
+/// hash; a second run only checks) in the image cache `cache`.
+pub fn image_build(
+    templates: &[String],
+    agent: Option<PathBuf>,
+    cache: &Path,
+) -> Result<(), String> {
     let images = images_dir();
     let script = images.join("build.sh");
     if !script.exists() {
@@ -114,6 +118,8 @@ pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), S
     };
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg("--agent").arg(&agent);
+    // The scripts take the cache from the environment.
+    cmd.env("AGENT_SANDBOX_CACHE", cache);
     for t in templates {
         cmd.args(["--template", t]);
     }
@@ -128,14 +134,14 @@ pub fn image_build(templates: &[String], agent: Option<PathBuf>) -> Result<(), S
     if !out.status.success() {
         return Err(format!("{} failed ({})", script.display(), out.status));
     }
-    record_current(&text)
+    record_current(cache, &text)
 }
 
 /// Remembers which artifacts the last build produced (`<cache>/current.json`),
 /// so the daemon restores images with the agent that was just built rather
 /// than whatever is newest in a shared cache.
-fn record_current(build_output: &str) -> Result<(), String> {
-    let path = wiring::cache_dir().join("current.json");
+fn record_current(cache: &Path, build_output: &str) -> Result<(), String> {
+    let path = cache.join("current.json");
     let mut cur: serde_json::Value = std::fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -159,7 +165,9 @@ pub fn snapshot_create(
     force: bool,
 ) -> Result<(), String> {
     let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
-    let reg = Registry::new(wiring::registry_config(cfg), be);
+    let mut rc = wiring::registry_config(cfg);
+    let _snap_net = wiring::snapshot_net(cfg, &mut rc).map_err(|e| e.to_string())?;
+    let reg = Registry::new(rc, be);
     let names = if templates.is_empty() {
         reg.list()
             .map_err(|e| e.to_string())?

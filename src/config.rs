@@ -1,9 +1,17 @@
 //! Daemon configuration: every tunable of `serve`, with defaults that suit a
-//! single host. The CLI (`main.rs`) fills it; tests build it directly.
+//! single host. The CLI (`main.rs`) fills it from a JSON config file
+//! ([`FileConfig`]) and flags; tests build it directly.
 
+use crate::net::NetConfig;
+use crate::sandbox::EgressPolicy;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The VM backends `serve` knows (see `crate::sandbox::build_factory`).
+pub const BACKENDS: &[&str] = &["qemu", "firecracker", "local-process"];
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -48,7 +56,63 @@ pub struct Config {
     pub mcp_allowed_origins: Vec<String>,
     /// Per-session networking (namespace, veth, TAP, NAT, egress policy);
     /// `None`: VMs boot without a network device.
-    pub network: Option<crate::net::NetConfig>,
+    pub network: Option<NetConfig>,
+    /// Sandbox backend: `qemu`, `firecracker`, or `local-process`
+    /// (development only: no isolation).
+    pub backend: String,
+    /// Guest agent binary for the local-process backend.
+    pub agent_bin: Option<PathBuf>,
+    /// Serve MCP over Streamable HTTP at `/mcp` on the REST listener.
+    pub mcp_http: bool,
+    /// Egress policy of a session that asks for none.
+    pub default_egress: EgressPolicy,
+    /// Guest images and VMM binaries.
+    pub artifacts: Artifacts,
+}
+
+/// What the VM backends run: guest kernel and images, the template
+/// definitions, VMM binaries. `None` falls back to the environment
+/// (`AGENT_SANDBOX_TEMPLATES`, `_CACHE`, `_SNAPSHOT_STATE`, `_FIRECRACKER`,
+/// `_JAILER`), then to built-in defaults (see `sandbox::wiring`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Artifacts {
+    /// Guest kernel (uncompressed `vmlinux`); default: the newest in the cache.
+    pub kernel: Option<PathBuf>,
+    /// Root filesystem per template; a template not named here uses the
+    /// newest image of the cache.
+    pub images: BTreeMap<String, PathBuf>,
+    /// Template definitions (`images/templates`).
+    pub templates_dir: Option<PathBuf>,
+    /// Image cache `agent-sandbox image build` writes.
+    pub cache_dir: Option<PathBuf>,
+    /// Snapshots go to `<snapshot_dir>/snapshots/<backend>/<template>`.
+    pub snapshot_dir: Option<PathBuf>,
+    /// QEMU binary (a bare name is looked up in PATH).
+    pub qemu: Option<PathBuf>,
+    pub firecracker: Option<PathBuf>,
+    pub jailer: Option<PathBuf>,
+}
+
+impl Artifacts {
+    /// Fills what is unset from the environment variables that predate the
+    /// config file, so an effective config shows what the daemon will use.
+    pub fn fill_from_env(&mut self) {
+        let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+        self.templates_dir = self
+            .templates_dir
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_TEMPLATES"));
+        self.cache_dir = self.cache_dir.take().or_else(|| env("AGENT_SANDBOX_CACHE"));
+        self.snapshot_dir = self
+            .snapshot_dir
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_SNAPSHOT_STATE"));
+        self.firecracker = self
+            .firecracker
+            .take()
+            .or_else(|| env("AGENT_SANDBOX_FIRECRACKER"));
+        self.jailer = self.jailer.take().or_else(|| env("AGENT_SANDBOX_JAILER"));
+    }
 }
 
 impl Default for Config {
@@ -81,6 +145,331 @@ impl Default for Config {
             default_disk_mib: 1024,
             mcp_allowed_origins: Vec::new(),
             network: None,
+            backend: "qemu".into(),
+            agent_bin: None,
+            mcp_http: true,
+            default_egress: EgressPolicy::default(),
+            artifacts: Artifacts::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks what the types cannot: ranges, combinations, the network
+    /// section. Messages name the config key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !BACKENDS.contains(&self.backend.as_str()) {
+            return Err(format!(
+                "backend {:?}: one of {}",
+                self.backend,
+                BACKENDS.join(", ")
+            ));
+        }
+        if !self.auth && !self.listen.ip().is_loopback() {
+            return Err(format!(
+                "auth: false (--no-auth) is only allowed on a loopback address, not {}",
+                self.listen
+            ));
+        }
+        if !(self.rate_per_sec > 0.0 && self.rate_per_sec.is_finite()) {
+            return Err(format!("rate_limit {}: must be > 0", self.rate_per_sec));
+        }
+        if !(self.rate_burst >= 1.0 && self.rate_burst.is_finite()) {
+            return Err(format!("rate_burst {}: must be >= 1", self.rate_burst));
+        }
+        for (key, v) in [
+            ("max_sessions", self.max_sessions),
+            ("http_workers", self.http_workers),
+            ("max_streams", self.max_streams),
+            ("max_body", self.max_body),
+            ("max_file", self.max_file),
+            ("max_output", self.max_output),
+        ] {
+            if v == 0 {
+                return Err(format!("{key}: must be at least 1"));
+            }
+        }
+        for (key, d) in [
+            ("idle_timeout_secs", self.idle_timeout),
+            ("max_lifetime_secs", self.max_lifetime),
+            ("exec_timeout_secs", self.default_exec_timeout),
+            ("max_exec_timeout_secs", self.max_exec_timeout),
+            ("write_timeout_secs", self.write_timeout),
+            ("create_timeout_secs", self.create_timeout),
+            ("reap_interval_secs", self.reap_interval),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{key}: must be at least 1 second"));
+            }
+        }
+        if self.default_exec_timeout > self.max_exec_timeout {
+            return Err(format!(
+                "exec_timeout_secs {} exceeds max_exec_timeout_secs {}",
+                self.default_exec_timeout.as_secs(),
+                self.max_exec_timeout.as_secs()
+            ));
+        }
+        // The same bounds the REST API puts on a session's request.
+        if !(1..=64).contains(&self.default_vcpus) {
+            return Err(format!("default_vcpus {}: 1..=64", self.default_vcpus));
+        }
+        if !(64..=65536).contains(&self.default_mem_mib) {
+            return Err(format!(
+                "default_mem_mib {}: 64..=65536",
+                self.default_mem_mib
+            ));
+        }
+        if !(16..=1_048_576).contains(&self.default_disk_mib) {
+            return Err(format!(
+                "default_disk_mib {}: 16..=1048576",
+                self.default_disk_mib
+            ));
+        }
+        if self.default_template.is_empty() {
+            return Err("default_template: must not be empty".into());
+        }
+        self.default_egress
+            .validate()
+            .map_err(|e| format!("egress: {e}"))?;
+        for name in self.artifacts.images.keys() {
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(format!("images: {name:?} is not a template name"));
+            }
+        }
+        if let Some(n) = &self.network {
+            n.validate().map_err(|e| format!("network: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The JSON config file of `serve --config FILE`: every key optional
+/// (absent = the default, or the flag), unknown keys rejected. The NixOS
+/// module writes it with `builtins.toJSON` (`nixos-module/cli.nix`);
+/// `agent-sandbox config check FILE` prints the effective one in this
+/// same shape. Reference: docs/operations.md, "Config file".
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub backend: Option<String>,
+    pub agent_bin: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub keys_file: Option<PathBuf>,
+    pub auth: Option<bool>,
+    pub max_sessions: Option<usize>,
+    pub pool_size: Option<usize>,
+    pub default_template: Option<String>,
+    pub idle_timeout_secs: Option<u64>,
+    pub max_lifetime_secs: Option<u64>,
+    pub exec_timeout_secs: Option<u64>,
+    pub max_exec_timeout_secs: Option<u64>,
+    pub create_timeout_secs: Option<u64>,
+    pub write_timeout_secs: Option<u64>,
+    pub reap_interval_secs: Option<u64>,
+    pub http_workers: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub max_body: Option<usize>,
+    pub max_file: Option<usize>,
+    pub max_output: Option<usize>,
+    pub rate_limit: Option<f64>,
+    pub rate_burst: Option<f64>,
+    pub default_vcpus: Option<u32>,
+    pub default_mem_mib: Option<u32>,
+    pub default_disk_mib: Option<u32>,
+    pub mcp_http: Option<bool>,
+    pub mcp_allowed_origins: Option<Vec<String>>,
+    pub egress: Option<EgressPolicy>,
+    pub network: Option<NetConfig>,
+    pub kernel: Option<PathBuf>,
+    pub images: Option<BTreeMap<String, PathBuf>>,
+    pub templates_dir: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub snapshot_dir: Option<PathBuf>,
+    pub qemu: Option<PathBuf>,
+    pub firecracker: Option<PathBuf>,
+    pub jailer: Option<PathBuf>,
+}
+
+fn secs(d: Duration) -> Option<u64> {
+    Some(d.as_secs())
+}
+
+impl FileConfig {
+    /// Reads and parses `path`; errors name the file and the key.
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Parses JSON text; an error names the key path (`network.prefix`)
+    /// and the line.
+    pub fn parse(text: &str) -> Result<FileConfig, String> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let fc: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            }
+        })?;
+        fc.check_paths()?;
+        Ok(fc)
+    }
+
+    /// A config file is read by a daemon whose working directory is
+    /// whatever its service manager chose: relative paths would be a trap.
+    /// `qemu` may be a bare command name (looked up in PATH).
+    fn check_paths(&self) -> Result<(), String> {
+        let mut paths: Vec<(String, &PathBuf)> = [
+            ("agent_bin", &self.agent_bin),
+            ("state_dir", &self.state_dir),
+            ("keys_file", &self.keys_file),
+            ("kernel", &self.kernel),
+            ("templates_dir", &self.templates_dir),
+            ("cache_dir", &self.cache_dir),
+            ("snapshot_dir", &self.snapshot_dir),
+            ("firecracker", &self.firecracker),
+            ("jailer", &self.jailer),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|p| (k.to_string(), p)))
+        .collect();
+        for (t, p) in self.images.iter().flatten() {
+            paths.push((format!("images.{t}"), p));
+        }
+        if let Some(q) = &self.qemu {
+            if q.components().count() > 1 {
+                paths.push(("qemu".into(), q));
+            }
+        }
+        for (k, p) in paths {
+            if !p.is_absolute() {
+                return Err(format!("{k}: {} is not an absolute path", p.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every key present in the file on `c`. `keys_file` absent keeps
+    /// the key file beside the (possibly new) state dir.
+    pub fn apply(self, c: &mut Config) {
+        macro_rules! set {
+            ($($key:ident => $field:expr),* $(,)?) => {
+                $(if let Some(v) = self.$key { $field = v; })*
+            };
+        }
+        macro_rules! set_secs {
+            ($($key:ident => $field:expr),* $(,)?) => {
+                $(if let Some(v) = self.$key { $field = Duration::from_secs(v); })*
+            };
+        }
+        if let Some(d) = self.state_dir {
+            c.key_file = d.join("keys.json");
+            c.state_dir = d;
+        }
+        set!(
+            listen => c.listen,
+            backend => c.backend,
+            keys_file => c.key_file,
+            auth => c.auth,
+            max_sessions => c.max_sessions,
+            pool_size => c.pool_size,
+            default_template => c.default_template,
+            http_workers => c.http_workers,
+            max_streams => c.max_streams,
+            max_body => c.max_body,
+            max_file => c.max_file,
+            max_output => c.max_output,
+            rate_limit => c.rate_per_sec,
+            rate_burst => c.rate_burst,
+            default_vcpus => c.default_vcpus,
+            default_mem_mib => c.default_mem_mib,
+            default_disk_mib => c.default_disk_mib,
+            mcp_http => c.mcp_http,
+            mcp_allowed_origins => c.mcp_allowed_origins,
+            egress => c.default_egress,
+            images => c.artifacts.images,
+        );
+        set_secs!(
+            idle_timeout_secs => c.idle_timeout,
+            max_lifetime_secs => c.max_lifetime,
+            exec_timeout_secs => c.default_exec_timeout,
+            max_exec_timeout_secs => c.max_exec_timeout,
+            create_timeout_secs => c.create_timeout,
+            write_timeout_secs => c.write_timeout,
+            reap_interval_secs => c.reap_interval,
+        );
+        // Optional in Config too: set only when the file names them.
+        macro_rules! set_opt {
+            ($($key:ident => $field:expr),* $(,)?) => {
+                $(if self.$key.is_some() { $field = self.$key; })*
+            };
+        }
+        set_opt!(
+            agent_bin => c.agent_bin,
+            network => c.network,
+            kernel => c.artifacts.kernel,
+            templates_dir => c.artifacts.templates_dir,
+            cache_dir => c.artifacts.cache_dir,
+            snapshot_dir => c.artifacts.snapshot_dir,
+            qemu => c.artifacts.qemu,
+            firecracker => c.artifacts.firecracker,
+            jailer => c.artifacts.jailer,
+        );
+    }
+
+    /// `c` in file form: what `config check` prints. Unset optional keys
+    /// come out as `null`; the output is itself a valid config file.
+    pub fn from_config(c: &Config) -> FileConfig {
+        let a = &c.artifacts;
+        FileConfig {
+            listen: Some(c.listen),
+            backend: Some(c.backend.clone()),
+            agent_bin: c.agent_bin.clone(),
+            state_dir: Some(c.state_dir.clone()),
+            keys_file: Some(c.key_file.clone()),
+            auth: Some(c.auth),
+            max_sessions: Some(c.max_sessions),
+            pool_size: Some(c.pool_size),
+            default_template: Some(c.default_template.clone()),
+            idle_timeout_secs: secs(c.idle_timeout),
+            max_lifetime_secs: secs(c.max_lifetime),
+            exec_timeout_secs: secs(c.default_exec_timeout),
+            max_exec_timeout_secs: secs(c.max_exec_timeout),
+            create_timeout_secs: secs(c.create_timeout),
+            write_timeout_secs: secs(c.write_timeout),
+            reap_interval_secs: secs(c.reap_interval),
+            http_workers: Some(c.http_workers),
+            max_streams: Some(c.max_streams),
+            max_body: Some(c.max_body),
+            max_file: Some(c.max_file),
+            max_output: Some(c.max_output),
+            rate_limit: Some(c.rate_per_sec),
+            rate_burst: Some(c.rate_burst),
+            default_vcpus: Some(c.default_vcpus),
+            default_mem_mib: Some(c.default_mem_mib),
+            default_disk_mib: Some(c.default_disk_mib),
+            mcp_http: Some(c.mcp_http),
+            mcp_allowed_origins: Some(c.mcp_allowed_origins.clone()),
+            egress: Some(c.default_egress.clone()),
+            network: c.network.clone(),
+            kernel: a.kernel.clone(),
+            images: Some(a.images.clone()),
+            templates_dir: a.templates_dir.clone(),
+            cache_dir: a.cache_dir.clone(),
+            snapshot_dir: a.snapshot_dir.clone(),
+            qemu: a.qemu.clone(),
+            firecracker: a.firecracker.clone(),
+            jailer: a.jailer.clone(),
         }
     }
 }

@@ -2,12 +2,12 @@
 
 use agent_sandbox::api::auth::{validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
-use agent_sandbox::config::{default_state_dir, parse_duration, Config};
+use agent_sandbox::config::{default_state_dir, parse_duration, Config, FileConfig};
 use agent_sandbox::sandbox;
 use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -35,16 +35,28 @@ enum Cmd {
     Keys {
         #[command(subcommand)]
         cmd: KeysCmd,
-        /// Key file (default: <state dir>/keys.json).
+        /// Key file (default: the config's keys_file, else <state dir>/keys.json).
         #[arg(long, global = true)]
         key_file: Option<PathBuf>,
+        /// The daemon's config file, for its keys_file / state_dir.
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
+    /// The daemon's config file.
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
     },
     /// What this host has and lacks for running sandboxes, with fixes.
     Doctor {
-        #[arg(long, default_value = "qemu")]
-        backend: String,
+        /// [the config's backend, else qemu]
+        #[arg(long)]
+        backend: Option<String>,
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// The daemon's config file (backend, artifact paths, state dir).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -59,6 +71,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Parse and validate FILE, print the effective config as JSON (the
+    /// same keys; defaults and environment filled in). Exit 0 if valid, 2
+    /// if not.
+    Check { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -80,85 +100,253 @@ enum SnapshotCmd {
     Create {
         #[arg(long)]
         template: Vec<String>,
-        #[arg(long, default_value = "qemu")]
-        backend: String,
+        /// [the config's backend, else qemu]
+        #[arg(long)]
+        backend: Option<String>,
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// The daemon's config file (backend, artifact paths, state dir).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Remake even fresh snapshots.
         #[arg(long)]
         force: bool,
     },
 }
 
-fn admin_config(state_dir: Option<PathBuf>) -> Config {
+/// Config of the admin commands: the daemon's config file if given, then
+/// `--state-dir` and `--backend`.
+fn admin_config(
+    config: Option<&Path>,
+    state_dir: Option<PathBuf>,
+    backend: Option<String>,
+) -> Result<Config, String> {
     let mut c = Config::default();
+    if let Some(path) = config {
+        FileConfig::load(path)?.apply(&mut c);
+    }
+    c.artifacts.fill_from_env();
     if let Some(d) = state_dir {
         c.key_file = d.join("keys.json");
         c.state_dir = d;
     }
-    c
+    if let Some(b) = backend {
+        c.backend = b;
+    }
+    Ok(c)
 }
 
 fn dur(s: &str) -> Result<Duration, String> {
     parse_duration(s)
 }
 
+/// Flags of `serve` and `up`. Every setting flag is optional: a flag given
+/// overrides the config file, which overrides the built-in default (shown
+/// in brackets).
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:3000")]
-    listen: SocketAddr,
+    /// JSON config file (reference: docs/operations.md); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Validate the config (file and flags), print the effective config
+    /// as JSON and exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    check: bool,
+    /// Address to listen on; port 0 picks a free port [127.0.0.1:3000].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
     /// State directory (key file, runtime dirs).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// [<state dir>/keys.json]
     #[arg(long)]
     key_file: Option<PathBuf>,
     /// Disable authentication (only on a loopback address).
     #[arg(long)]
     no_auth: bool,
-    /// Sandbox backend: local-process (development only, no isolation), qemu, firecracker.
-    #[arg(long, default_value = "qemu")]
-    backend: String,
+    /// Sandbox backend: local-process (development only, no isolation), qemu, firecracker [qemu].
+    #[arg(long)]
+    backend: Option<String>,
     /// Guest agent binary for --backend local-process.
     #[arg(long)]
     agent_bin: Option<PathBuf>,
-    #[arg(long, value_parser = dur, default_value = "30m")]
-    idle_timeout: Duration,
-    #[arg(long, value_parser = dur, default_value = "24h")]
-    max_lifetime: Duration,
-    #[arg(long, default_value_t = 64)]
-    max_sessions: usize,
-    /// Warm sandboxes kept ready per template.
-    #[arg(long, default_value_t = 0)]
-    pool_size: usize,
-    #[arg(long, default_value = "default")]
-    default_template: String,
-    #[arg(long, default_value_t = 16)]
-    http_workers: usize,
-    /// Long-running requests (commands, streams, transfers) in flight at once.
-    #[arg(long, default_value_t = 256)]
-    max_streams: usize,
-    /// Largest JSON body in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    max_body: usize,
-    /// Largest file transfer in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
-    max_file: usize,
-    #[arg(long, value_parser = dur, default_value = "10m")]
-    exec_timeout: Duration,
-    /// Per-key requests per second (token refill rate).
-    #[arg(long, default_value_t = 50.0)]
-    rate_limit: f64,
-    #[arg(long, default_value_t = 100.0)]
-    rate_burst: f64,
-    #[arg(long, value_parser = dur, default_value = "5s")]
-    reap_interval: Duration,
-    /// Socket write timeout (clients that stop reading a stream).
-    #[arg(long, value_parser = dur, default_value = "60s")]
-    write_timeout: Duration,
-    /// Browser origin allowed to use /mcp (repeatable; default: none).
+    /// [30m]
+    #[arg(long, value_parser = dur)]
+    idle_timeout: Option<Duration>,
+    /// [24h]
+    #[arg(long, value_parser = dur)]
+    max_lifetime: Option<Duration>,
+    /// [64]
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Warm sandboxes kept ready per template [0].
+    #[arg(long)]
+    pool_size: Option<usize>,
+    /// [default]
+    #[arg(long)]
+    default_template: Option<String>,
+    /// [16]
+    #[arg(long)]
+    http_workers: Option<usize>,
+    /// Long-running requests (commands, streams, transfers) in flight at once [256].
+    #[arg(long)]
+    max_streams: Option<usize>,
+    /// Largest JSON body in bytes [1 MiB].
+    #[arg(long)]
+    max_body: Option<usize>,
+    /// Largest file transfer in bytes [64 MiB].
+    #[arg(long)]
+    max_file: Option<usize>,
+    /// Default command timeout [10m].
+    #[arg(long, value_parser = dur)]
+    exec_timeout: Option<Duration>,
+    /// Per-key requests per second (token refill rate) [50].
+    #[arg(long)]
+    rate_limit: Option<f64>,
+    /// [100]
+    #[arg(long)]
+    rate_burst: Option<f64>,
+    /// [5s]
+    #[arg(long, value_parser = dur)]
+    reap_interval: Option<Duration>,
+    /// Socket write timeout (clients that stop reading a stream) [60s].
+    #[arg(long, value_parser = dur)]
+    write_timeout: Option<Duration>,
+    /// Browser origin allowed to use /mcp (repeatable; replaces the file's list) [none].
     #[arg(long)]
     mcp_allowed_origin: Vec<String>,
+    /// Per-session networking: `on` (own namespace, NAT to the uplink,
+    /// egress policy) or `off` (VMs have no network).
+    /// Default: on without a config file; with one, its `network` section.
+    #[arg(long, value_parser = ["on", "off"])]
+    network: Option<String>,
+    /// Interface session traffic leaves by (default: the default route's).
+    #[arg(long)]
+    uplink: Option<String>,
+    /// DNS resolver the sessions' resolvers forward to, `ADDR:PORT`
+    /// (repeatable; default: the nameservers of /etc/resolv.conf).
+    #[arg(long)]
+    dns_upstream: Vec<SocketAddr>,
+    /// Prefix of our namespaces, links and nftables table (1-6 of a-z0-9);
+    /// two daemons on one host need different ones.
+    #[arg(long)]
+    net_prefix: Option<String>,
+    /// Network namespace (path) that plays the host: tests use one whose
+    /// only uplink leads to a test network.
+    #[arg(long, hide = true)]
+    net_host_netns: Option<PathBuf>,
+}
+
+/// The `network` section after `serve`'s flags: `--network off` wins,
+/// `--network on` (the default without a config file) takes the file's
+/// section or the defaults; the uplink defaults to the default route's
+/// interface and the resolvers to the host's.
+fn network_config(
+    a: &ServeArgs,
+    from_file: Option<agent_sandbox::net::NetConfig>,
+) -> Result<Option<agent_sandbox::net::NetConfig>, String> {
+    use agent_sandbox::sandbox::wiring;
+    let on = match a.network.as_deref() {
+        Some("off") => false,
+        Some(_) => true,
+        None => a.config.is_none() || from_file.is_some(),
+    };
+    if !on {
+        return Ok(None);
+    }
+    let mut n = from_file.unwrap_or_default();
+    if let Some(p) = &a.net_prefix {
+        n.prefix = p.clone();
+    }
+    if a.net_host_netns.is_some() {
+        n.host_netns = a.net_host_netns.clone();
+    }
+    if let Some(u) = &a.uplink {
+        n.uplink_if = u.clone();
+    } else if n.uplink_if.is_empty() {
+        n.uplink_if = wiring::default_uplink().ok_or(
+            "no default route to take the uplink from: pass --uplink IF (or network.uplink_if), \
+             or --network off",
+        )?;
+    }
+    if !a.dns_upstream.is_empty() {
+        n.dns_upstreams = a.dns_upstream.clone();
+    } else if n.dns_upstreams.is_empty() {
+        n.dns_upstreams = wiring::host_resolvers();
+    }
+    n.validate().map_err(|e| format!("network: {e}"))?;
+    Ok(Some(n))
+}
+
+/// The daemon's Config: built-in defaults, then the config file, then the
+/// environment for artifact paths the file leaves unset, then flags.
+fn serve_config(a: &ServeArgs) -> Result<Config, String> {
+    let mut c = Config::default();
+    let mut file_names_key_file = false;
+    if let Some(path) = &a.config {
+        let fc = FileConfig::load(path)?;
+        file_names_key_file = fc.keys_file.is_some();
+        fc.apply(&mut c);
+    }
+    c.artifacts.fill_from_env();
+    if let Some(d) = &a.state_dir {
+        // The key file follows the state dir unless named (flag or file).
+        if !file_names_key_file {
+            c.key_file = d.join("keys.json");
+        }
+        c.state_dir = d.clone();
+    }
+    macro_rules! flag {
+        ($($arg:ident => $field:expr),* $(,)?) => {
+            $(if let Some(v) = &a.$arg { $field = v.clone(); })*
+        };
+    }
+    flag!(
+        listen => c.listen,
+        key_file => c.key_file,
+        backend => c.backend,
+        idle_timeout => c.idle_timeout,
+        max_lifetime => c.max_lifetime,
+        max_sessions => c.max_sessions,
+        pool_size => c.pool_size,
+        default_template => c.default_template,
+        http_workers => c.http_workers,
+        max_streams => c.max_streams,
+        max_body => c.max_body,
+        max_file => c.max_file,
+        exec_timeout => c.default_exec_timeout,
+        rate_limit => c.rate_per_sec,
+        rate_burst => c.rate_burst,
+        reap_interval => c.reap_interval,
+        write_timeout => c.write_timeout,
+    );
+    if a.agent_bin.is_some() {
+        c.agent_bin = a.agent_bin.clone();
+    }
+    if a.no_auth {
+        c.auth = false;
+    }
+    if !a.mcp_allowed_origin.is_empty() {
+        c.mcp_allowed_origins = a.mcp_allowed_origin.clone();
+    }
+    c.network = if c.backend == "local-process" {
+        None
+    } else {
+        network_config(a, c.network.take())?
+    };
+    c.validate().map_err(|e| match &a.config {
+        Some(p) => format!("config {} (with flags): {e}", p.display()),
+        None => e,
+    })?;
+    Ok(c)
+}
+
+/// Prints `c` as the effective config file (`config check`, `--check`).
+fn print_effective(c: &Config) -> Result<(), String> {
+    use std::io::Write;
+    let json = serde_json::to_string_pretty(&FileConfig::from_config(c))
+        .map_err(|e| format!("print config: {e}"))?;
+    writeln!(std::io::stdout().lock(), "{json}").map_err(|e| format!("print config: {e}"))
 }
 
 #[derive(Subcommand)]
@@ -193,31 +381,39 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Serve(a) => serve(*a, sigs),
-        Cmd::Up(a) => up(*a, sigs),
-        Cmd::Keys { cmd, key_file } => keys(cmd, key_file),
+        Cmd::Serve(a) if a.check => return check(serve_config(&a)),
+        Cmd::Up(a) if a.check => return check(serve_config(&a)),
+        Cmd::Config {
+            cmd: ConfigCmd::Check { file },
+        } => return check(config_check(&file)),
+        Cmd::Serve(a) => serve_config(&a).and_then(|c| serve(c, sigs)),
+        Cmd::Up(a) => serve_config(&a).and_then(|c| up(c, sigs)),
+        Cmd::Keys {
+            cmd,
+            key_file,
+            config,
+        } => keys(cmd, key_file, config.as_deref()),
         Cmd::Doctor {
             backend,
             state_dir,
+            config,
             json,
-        } => agent_sandbox::admin::doctor(&admin_config(state_dir), &backend, json),
+        } => admin_config(config.as_deref(), state_dir, backend)
+            .and_then(|c| agent_sandbox::admin::doctor(&c, &c.backend, json)),
         Cmd::Image {
             cmd: ImageCmd::Build { template, agent },
-        } => agent_sandbox::admin::image_build(&template, agent),
+        } => agent_sandbox::admin::image_build(&template, agent, &wiring::cache_dir()),
         Cmd::Snapshot {
             cmd:
                 SnapshotCmd::Create {
                     template,
                     backend,
                     state_dir,
+                    config,
                     force,
                 },
-        } => agent_sandbox::admin::snapshot_create(
-            &admin_config(state_dir),
-            &backend,
-            &template,
-            force,
-        ),
+        } => admin_config(config.as_deref(), state_dir, backend)
+            .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
         Cmd::Mcp(a) => agent_sandbox::mcp::stdio::main(a),
     };
     match r {
@@ -225,6 +421,29 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("agent-sandbox: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `config check FILE`: the file alone, as `serve --config FILE` would
+/// read it (environment fallbacks included).
+fn config_check(file: &Path) -> Result<Config, String> {
+    let mut c = Config::default();
+    FileConfig::load(file)?.apply(&mut c);
+    c.artifacts.fill_from_env();
+    c.validate()
+        .map_err(|e| format!("config {}: {e}", file.display()))?;
+    Ok(c)
+}
+
+/// Exit status of a config check: 0 and the effective config on stdout,
+/// or 2 and the reason on stderr.
+fn check(r: Result<Config, String>) -> ExitCode {
+    match r.and_then(|c| print_effective(&c)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-sandbox: {e}");
+            ExitCode::from(2)
         }
     }
 }
@@ -243,45 +462,20 @@ fn block_shutdown_signals() -> libc::sigset_t {
     }
 }
 
-fn serve(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
-    let state_dir = a.state_dir.unwrap_or_else(default_state_dir);
-    let cfg = Config {
-        listen: a.listen,
-        key_file: a.key_file.unwrap_or_else(|| state_dir.join("keys.json")),
-        state_dir: state_dir.clone(),
-        auth: !a.no_auth,
-        idle_timeout: a.idle_timeout,
-        max_lifetime: a.max_lifetime,
-        max_sessions: a.max_sessions,
-        pool_size: a.pool_size,
-        default_template: a.default_template,
-        http_workers: a.http_workers,
-        max_streams: a.max_streams,
-        max_body: a.max_body,
-        max_file: a.max_file,
-        default_exec_timeout: a.exec_timeout,
-        rate_per_sec: a.rate_limit,
-        rate_burst: a.rate_burst,
-        reap_interval: a.reap_interval,
-        write_timeout: a.write_timeout,
-        mcp_allowed_origins: a.mcp_allowed_origin,
-        ..Config::default()
-    };
-    if !(cfg.rate_per_sec > 0.0 && cfg.rate_burst >= 1.0) {
-        return Err("--rate-limit must be > 0 and --rate-burst >= 1".into());
-    }
-    let agent_bin = (a.backend == "local-process").then(|| {
-        let b = a
+fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
+    let agent_bin = (cfg.backend == "local-process").then(|| {
+        let b = cfg
             .agent_bin
             .clone()
             .unwrap_or_else(sandbox::local::LocalProcessFactory::default_agent_bin);
         // The spawner's allowlist compares exact paths.
         std::fs::canonicalize(&b).unwrap_or(b)
     });
-    // Still single-threaded here: nothing above starts a thread.
-    let host = harden_daemon(&a.backend, agent_bin.as_deref(), &cfg)?;
-    let factory =
-        sandbox::build_factory_on(&a.backend, agent_bin, &cfg, &host).map_err(|e| e.to_string())?;
+    // Still single-threaded here: nothing before this starts a thread
+    // (`up` runs its builds in a child process).
+    let host = harden_daemon(&cfg.backend, agent_bin.as_deref(), &cfg)?;
+    let factory = sandbox::build_factory_on(&cfg.backend, agent_bin, &cfg, &host)
+        .map_err(|e| e.to_string())?;
     let auth = cfg.auth;
     let server = Server::start(cfg, factory)?;
     let keys = &server.ctx.keys;
@@ -349,7 +543,7 @@ fn harden_daemon(
             }
         }
         _ => {
-            let q = agent_sandbox::vm::qemu::QemuConfig::default().binary;
+            let q = wiring::qemu_config(cfg).binary;
             let q = agent_sandbox::vm::qemu::find_in_path(&q).unwrap_or(q);
             programs.push(spawner::Program {
                 path: q,
@@ -461,8 +655,12 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     }
 }
 
-fn keys(cmd: KeysCmd, key_file: Option<PathBuf>) -> Result<(), String> {
-    let path = key_file.unwrap_or_else(|| default_state_dir().join("keys.json"));
+fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Result<(), String> {
+    let path = match (key_file, config) {
+        (Some(k), _) => k,
+        (None, Some(c)) => admin_config(Some(c), None, None)?.key_file,
+        (None, None) => default_state_dir().join("keys.json"),
+    };
     let store = KeyStore::open(&path)?;
     match cmd {
         KeysCmd::Create {
@@ -515,34 +713,74 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>) -> Result<(), String> {
 }
 
 /// `up`: everything `serve` needs on a fresh host, then `serve`.
-/// The builds run as child processes: `serve` must start single-threaded
+/// The builds run in a child process: `serve` must start single-threaded
 /// and unhardened, and the builds start threads and processes of their own.
-fn up(a: ServeArgs, sigs: libc::sigset_t) -> Result<(), String> {
-    if a.backend != "local-process" {
-        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let run = |args: &[std::ffi::OsString]| -> Result<(), String> {
-            let st = std::process::Command::new(&exe)
-                .args(args)
-                .status()
-                .map_err(|e| format!("run {} {args:?}: {e}", exe.display()))?;
-            if st.success() {
-                Ok(())
-            } else {
-                Err(format!("{} {args:?}: {st}", exe.display()))
+fn up(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
+    if cfg.backend != "local-process" {
+        in_child("image build and snapshot", || {
+            // Into the cache the daemon will read its images from.
+            let cache = cfg
+                .artifacts
+                .cache_dir
+                .clone()
+                .unwrap_or_else(wiring::cache_dir);
+            agent_sandbox::admin::image_build(&[], None, &cache)?;
+            agent_sandbox::admin::snapshot_create(&cfg, &cfg.backend, &[], false)
+        })?;
+    }
+    serve(cfg, sigs)
+}
+
+/// Run `f` in a forked child and wait for it. Call while single-threaded
+/// (the child may then run anything); whatever threads and processes `f`
+/// starts end with the child, so the parent stays single-threaded.
+fn in_child(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: the process is single-threaded (serve's precondition).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!(
+            "fork for {what}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if pid == 0 {
+        // SAFETY: signal-mask manipulation in the child; Ctrl-C and
+        // SIGTERM should end the build, not wait for it.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
+        let code = match f() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("agent-sandbox: {what}: {e}");
+                1
             }
         };
-        run(&["image".into(), "build".into()])?;
-        let mut snap: Vec<std::ffi::OsString> = vec![
-            "snapshot".into(),
-            "create".into(),
-            "--backend".into(),
-            a.backend.clone().into(),
-        ];
-        if let Some(d) = &a.state_dir {
-            snap.push("--state-dir".into());
-            snap.push(d.clone().into_os_string());
-        }
-        run(&snap)?;
+        let _ = std::io::stdout().flush();
+        // SAFETY: leave the child without running the parent's atexit state.
+        unsafe { libc::_exit(code) };
     }
-    serve(a, sigs)
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(format!("wait for {what} (pid {pid}): {e}"));
+        }
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what} failed (wait status {status:#x})"))
+    }
 }

@@ -65,28 +65,30 @@ pub enum EgressMode {
 }
 
 impl EgressPolicy {
+    /// Checks the policy the way the networking layer will apply it, so a
+    /// bad one is a 400 at create time, not a failed start.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        self.to_net().map(|_| ())
+    }
+
+    /// The networking layer's form: `bandwidthKbps` limits both ways.
+    pub fn to_net(&self) -> std::result::Result<crate::net::NetPolicy, String> {
         if self.rules.len() > 256 || self.domains.len() > 256 {
             return Err("at most 256 egress rules and 256 domains".into());
         }
-        for r in &self.rules {
-            let cidr = r.split(':').next().unwrap_or("");
-            let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, "32"));
-            if addr.parse::<std::net::IpAddr>().is_err() || prefix.parse::<u8>().is_err() {
-                return Err(format!("bad egress rule {r:?}: want CIDR[:port[/proto]]"));
-            }
+        let mut v = serde_json::json!({
+            "mode": self.mode,
+            "domains": self.domains,
+        });
+        if !self.rules.is_empty()
+            || matches!(self.mode, EgressMode::Allowlist | EgressMode::Denylist)
+        {
+            v["rules"] = serde_json::json!(self.rules);
         }
-        for d in &self.domains {
-            let ok = !d.is_empty()
-                && d.len() <= 253
-                && d.trim_start_matches("*.")
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-            if !ok {
-                return Err(format!("bad egress domain {d:?}"));
-            }
+        if let Some(k) = self.bandwidth_kbps {
+            v["bandwidth"] = serde_json::json!({"down_kbit": k, "up_kbit": k});
         }
-        Ok(())
+        serde_json::from_value(v).map_err(|e| format!("egress: {e}"))
     }
 }
 
@@ -160,6 +162,12 @@ pub trait SandboxFactory: Send + Sync {
     /// resources were removed.
     fn sweep_orphans(&self) -> Result<usize> {
         Ok(0)
+    }
+    /// At shutdown, after every sandbox is destroyed: release what is
+    /// shared by all of them (the network's host table and routes, the
+    /// snapshot namespace).
+    fn close(&self) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -34,6 +34,7 @@ fn staleness_rules() {
         rootfs: &rootfs,
         vcpus: 2,
         mem_mib: 256,
+        devices: agent_sandbox::vm::snapshot::devices_of(Some("06:00:ac:10:00:02"), "sandbox.ip=x"),
     };
     let m = Manifest::create(&inputs, vec!["vmstate".into(), "memory".into()]).unwrap();
     assert_eq!(m.kernel.sha256.len(), 64);
@@ -72,6 +73,11 @@ fn staleness_rules() {
         ..inputs.clone()
     })
     .contains("qemu"));
+    assert!(stale(&Inputs {
+        devices: agent_sandbox::vm::snapshot::devices_of(None, "sandbox.ip=x"),
+        ..inputs.clone()
+    })
+    .contains("net=none"));
     assert!(stale(&Inputs {
         vcpus: 4,
         ..inputs.clone()

@@ -287,10 +287,23 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     let r = dns_ask(&g.ns, gw(), "files.pypi.org", A, false).expect("answer");
     assert_eq!(r.addrs, vec![INTERNET]);
     assert!(tcp_probe(&g.ns, INTERNET).is_some());
-    // No names: no forwarder (nothing answers on port 53), plain internet.
+    // Internet: the resolver answers every name, and opens nothing by it
+    // (the mode's rules decide; the set was flushed by the change).
     s.set_policy(policy(r#"{"mode":"internet"}"#)).unwrap();
-    assert_eq!(dns_ask(&g.ns, gw(), "files.pypi.org", A, false), None);
+    assert_eq!(
+        dns_ask(&g.ns, gw(), "evil.com", A, false).map(|r| r.addrs),
+        Some(vec![EVIL])
+    );
     assert!(tcp_probe(&g.ns, EVIL).is_some());
+    assert!(!set_list(s.netns(), prefix).contains("elements = {"));
+    // An allowlist without names: no resolver at all (nothing on port 53).
+    s.set_policy(policy(
+        r#"{"mode":"allowlist","rules":["198.51.100.7/32"]}"#,
+    ))
+    .unwrap();
+    assert_eq!(dns_ask(&g.ns, gw(), "evil.com", A, false), None);
+    assert!(tcp_probe(&g.ns, EVIL).is_some());
+    assert_eq!(tcp_probe(&g.ns, INTERNET), None);
     // And back on, live.
     s.set_policy(policy(r#"{"mode":"none","domains":["github.com"]}"#))
         .unwrap();
@@ -391,9 +404,10 @@ fn failed_live_change_keeps_the_previous_policy() {
     let _sweep = SweepGuard(cfg.clone());
     let _srv = Servers::start(&topo.internet, &[INTERNET]);
     let net = Net::new(cfg).unwrap();
-    let s = net
-        .create_session(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
-        .unwrap();
+    // An allowlist without names runs no resolver: port 53 is free.
+    let before =
+        r#"{"mode":"allowlist","rules":["198.51.100.0/24"],"bandwidth":{"down_kbit":8000}}"#;
+    let s = net.create_session(policy(before)).unwrap();
     let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
     assert!(tcp_probe(&g.ns, INTERNET).is_some());
     // Someone holds port 53 on the gateway: the forwarder cannot start, so
@@ -409,10 +423,7 @@ fn failed_live_change_keeps_the_previous_policy() {
         .expect_err("forwarder cannot bind");
     assert!(e.to_string().contains("53"), "{e}");
     // Everything as before: the policy in force, egress open, old limit.
-    assert_eq!(
-        s.policy(),
-        Some(policy(r#"{"bandwidth":{"down_kbit":8000}}"#))
-    );
+    assert_eq!(s.policy(), Some(policy(before)));
     assert!(tcp_probe(&g.ns, INTERNET).is_some(), "egress rolled back");
     let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
     assert!(q.contains("rate 8Mbit"), "limit rolled back: {q}");

@@ -451,9 +451,11 @@ fn keys_isolate_sessions_and_rate_limit() {
 
 #[test]
 fn idle_sessions_are_reaped_and_capacity_is_enforced() {
+    // The idle timeout leaves room for a snapshot restore under TCG on a
+    // loaded machine between the first session's exec and the third's.
     let d = Daemon::start(&[
         "--idle-timeout",
-        "1s",
+        "4s",
         "--reap-interval",
         "100ms",
         "--max-sessions",
@@ -470,10 +472,10 @@ fn idle_sessions_are_reaped_and_capacity_is_enforced() {
     // A running command keeps its session alive past the idle timeout.
     let busy = h.post(
         "/exec/one/execute",
-        &json!({"command": "sleep 1.6; echo done"}),
+        &json!({"command": "sleep 5; echo done"}),
     );
     assert_eq!(stdout_of(&busy.json()), "done\n");
-    assert!(wait_until(Duration::from_secs(10), || {
+    assert!(wait_until(Duration::from_secs(15), || {
         h.get("/exec").json()["sessions"]
             .as_array()
             .unwrap()
@@ -630,13 +632,13 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
             if i % 2 == 0 {
                 h2.post(
                     &format!("/exec/slow{i}/execute"),
-                    &json!({"command": "sleep 3"}),
+                    &json!({"command": "sleep 8"}),
                 )
                 .status
             } else {
                 h2.post(
                     &format!("/exec/slow{i}/execute?format=ndjson"),
-                    &json!({"command": "sleep 3"}),
+                    &json!({"command": "sleep 8"}),
                 )
                 .status
             }
@@ -653,11 +655,9 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
     assert_eq!(h.get("/health").status, 200);
     let v = h.exec("fast", "echo quick");
     assert_eq!(stdout_of(&v), "quick\n");
-    assert!(
-        t0.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        t0.elapsed()
-    );
+    // Well before the sleeps end (a new session restores from a snapshot;
+    // under TCG on a loaded machine that alone can take a second or two).
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // Beyond --max-streams long requests: a clear 503, not a hang.
     let extra: Vec<_> = (0..4)
         .map(|i| {

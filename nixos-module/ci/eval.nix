@@ -55,6 +55,16 @@ let
       ++ section "Install" { WantedBy = e.unit.wantedBy; });
 
   dflt = run { enable = true; };
+  networked = run {
+    enable = true;
+    backend = "qemu";
+    egress = { mode = "allowlist"; rules = [ "203.0.113.0/24:443/tcp" ]; domains = [ "*.pypi.org" ]; };
+    network = { uplink_if = "eth1"; dns_upstreams = [ "9.9.9.9:53" ]; };
+  };
+  # The `nix run` host's config with its run-time shell words filled in.
+  hostSettings = builtins.mapAttrs
+    (_: v: if builtins.isString v then builtins.replaceStrings [ "$state" "$backend" "$port" ] [ "/var/lib/agent-sandbox" "firecracker" "3000" ] v else v)
+    outputs.packages.x86_64-linux.host.passthru.settings;
   keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; extraEnvironment.RUST_LOG = "debug"; };
 
   x86 = outputs.packages.x86_64-linux;
@@ -107,6 +117,14 @@ assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "n
   # Python; .ci/nix-check byte-compiles it.
   inherit (nixosTest) testScript;
   resolved = builtins.mapAttrs (_: v: v.passthru.template) (lib.getAttrs (builtins.filter (n: builtins.substring 0 7 n == "rootfs-") (builtins.attrNames x86)) x86);
+  # Every config the Nix code writes, for tests/config.rs to hand to
+  # `agent-sandbox config check` (drift between module and daemon fails).
+  configs = {
+    module-default = dflt.settings;
+    module-keyed = keyed.settings;
+    module-networked = networked.settings;
+    host = hostSettings;
+  };
   module = {
     defaultSettings = builtins.attrNames dflt.settings;
     inherit (dflt.unit.serviceConfig) CapabilityBoundingSet NoNewPrivileges DeviceAllow ProtectSystem SystemCallFilter;

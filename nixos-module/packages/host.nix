@@ -13,7 +13,20 @@
 , defaults
 }:
 let
-  baseConfig = writeText "agent-sandbox-base-config.json" (builtins.toJSON (defaults // artifacts));
+  baseSettings = defaults // artifacts;
+  baseConfig = writeText "agent-sandbox-base-config.json" (builtins.toJSON baseSettings);
+  # Keys known only at run time, as shell words the script expands
+  # (snapshots go in the state dir: the first start makes them there).
+  runtimeSettings = {
+    state_dir = "$state";
+    keys_file = "$state/keys.json";
+    snapshot_dir = "$state";
+    backend = "$backend";
+    listen = "127.0.0.1:$port";
+  };
+  runtimeKeys = builtins.attrNames runtimeSettings;
+  jqArgs = builtins.concatStringsSep " " (map (k: "--arg ${k} \"${runtimeSettings.${k}}\"") runtimeKeys);
+  jqFilter = ". + {" + builtins.concatStringsSep ", " (map (k: "${k}: \$${k}") runtimeKeys) + "}";
   configMark = "@CONFIG@";
   serve = map (a: if a == configMark then ''"$state/config.json"'' else lib.escapeShellArg a)
     (cli.serve { package = agent-sandbox; configFile = configMark; });
@@ -38,9 +51,7 @@ writeShellApplication {
     fi
     mkdir -p "$state"
     chmod 0700 "$state"
-    jq --arg state "$state" --arg backend "$backend" --arg listen "127.0.0.1:$port" \
-      '. + {state_dir: $state, keys_file: ($state + "/keys.json"), backend: $backend, listen: $listen}' \
-      ${baseConfig} > "$state/config.json.tmp"
+    jq ${jqArgs} '${jqFilter}' ${baseConfig} > "$state/config.json.tmp"
     mv "$state/config.json.tmp" "$state/config.json"
     echo "agent-sandbox: listening on http://127.0.0.1:$port ($backend backend)" >&2
     echo "agent-sandbox: API key file: $state/keys.json (made on first start, mode 0600)" >&2
@@ -49,4 +60,7 @@ writeShellApplication {
     fi
     exec ${lib.concatStringsSep " " serve}
   '';
+  # The config this script writes, its run-time values still shell words
+  # (nixos-module/ci/eval.nix checks it against the daemon's keys).
+  passthru.settings = baseSettings // runtimeSettings;
 }

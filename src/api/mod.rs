@@ -311,7 +311,8 @@ fn handle(ctx: &Arc<Ctx>, mut req: tiny_http::Request) {
         let ra = e.retry_after;
         return respond(req, e.into(), ra);
     }
-    if crate::mcp::http::is_mcp_path(req.url()) {
+    // With mcp_http off, /mcp falls through to the router: 404.
+    if ctx.cfg.mcp_http && crate::mcp::http::is_mcp_path(req.url()) {
         return crate::mcp::http::handle(ctx, req);
     }
     let (reply, retry_after) = match route(ctx, &mut req) {

@@ -88,6 +88,18 @@ pub static ROUTES: &[Route] = &[
         EXEC,
         v1::keepalive
     ),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/network",
+        EXEC,
+        v1::get_network
+    ),
+    r!(
+        "PUT",
+        "/v1/sessions/{session}/network",
+        EXEC,
+        v1::set_network
+    ),
     r!("POST", "/v1/sessions/{session}/exec", EXEC, v1::exec),
     r!(
         "GET",

@@ -167,6 +167,46 @@ pub fn keepalive(
     ok_json(s.info())
 }
 
+/// The session's egress policy in force.
+pub fn get_network(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    ok_json(json!({"sessionId": s.id, "egress": e}))
+}
+
+/// Replace the egress policy of a running session. Answers once the new
+/// rules are installed and read back; on failure the old policy stays.
+pub fn set_network(
+    ctx: &Arc<Ctx>,
+    req: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
+    policy.validate().map_err(ApiError::bad_request)?;
+    let s = own_session(ctx, p, params)?;
+    let wait = ctx.cfg.create_timeout;
+    Ok(Reply::Later(Box::new(move || {
+        // A session still starting gets its policy once it is up.
+        let r = s
+            .call(Request::Ping, wait)
+            .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")))
+            .and_then(|_| s.set_egress(policy, wait));
+        match r {
+            Ok(()) => {
+                let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                Reply::Json(200, json!({"sessionId": s.id, "egress": e}))
+            }
+            Err(e) => e.into(),
+        }
+    })))
+}
+
 pub fn exec(
     ctx: &Arc<Ctx>,
     req: &mut tiny_http::Request,

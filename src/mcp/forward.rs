@@ -16,21 +16,33 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The API key: `AGENT_SANDBOX_API_KEY`, else the first line of `file`.
+/// The API key: the first line of `file` (`--key-file`), else
+/// `AGENT_SANDBOX_API_KEY`, else the first line of the file named by
+/// `AGENT_SANDBOX_KEY_FILE` (agent configs set one of the two variables).
 pub fn key_from(file: Option<&Path>) -> Result<Option<String>, String> {
-    if let Some(f) = file {
+    let read = |f: &Path| -> Result<Option<String>, String> {
         let s = std::fs::read_to_string(f)
             .map_err(|e| format!("read key file {}: {e}", f.display()))?;
         let k = s.lines().next().unwrap_or("").trim().to_string();
         if k.is_empty() {
             return Err(format!("key file {} is empty", f.display()));
         }
-        return Ok(Some(k));
+        Ok(Some(k))
+    };
+    if let Some(f) = file {
+        return read(f);
     }
-    Ok(std::env::var("AGENT_SANDBOX_API_KEY")
+    if let Some(k) = std::env::var("AGENT_SANDBOX_API_KEY")
         .ok()
         .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty()))
+        .filter(|k| !k.is_empty())
+    {
+        return Ok(Some(k));
+    }
+    match std::env::var_os("AGENT_SANDBOX_KEY_FILE").filter(|f| !f.is_empty()) {
+        Some(f) => read(Path::new(&f)),
+        None => Ok(None),
+    }
 }
 
 /// `http://host:port` → `http://host:port/mcp`; a URL with a path is kept.

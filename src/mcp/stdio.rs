@@ -27,8 +27,8 @@ fn dur(s: &str) -> Result<Duration, String> {
 #[derive(clap::Args, Debug)]
 pub struct McpArgs {
     /// Forward to a running daemon (`http://127.0.0.1:3000`) instead of
-    /// running sandboxes in this process. The key comes from
-    /// AGENT_SANDBOX_API_KEY or --key-file.
+    /// running sandboxes in this process. The key comes from --key-file,
+    /// AGENT_SANDBOX_API_KEY or the file AGENT_SANDBOX_KEY_FILE names.
     #[arg(long)]
     pub url: Option<String>,
     /// File holding the API key for --url.

@@ -14,7 +14,8 @@ pub struct NetConfig {
     /// Namespace that plays "the host" (a `/run/netns/NAME` or
     /// `/proc/PID/ns/net` path); `None`: the daemon's own namespace.
     pub host_netns: Option<PathBuf>,
-    /// Host interface session traffic leaves by (masqueraded).
+    /// Host interface session traffic leaves by (masqueraded). Empty in a
+    /// config file: the daemon takes the default route's interface.
     pub uplink_if: String,
     /// Name prefix of everything we create (at most 6 characters).
     pub prefix: String,
@@ -53,7 +54,7 @@ impl Default for NetConfig {
     fn default() -> Self {
         NetConfig {
             host_netns: None,
-            uplink_if: "eth0".into(),
+            uplink_if: String::new(),
             prefix: "asbx".into(),
             veth_range: Cidr::new(Ipv4Addr::new(10, 200, 0, 0), 16),
             veth_prefix_len: 30,
@@ -94,7 +95,7 @@ impl NetConfig {
                 self.prefix
             ));
         }
-        if !valid_ifname(&self.uplink_if) {
+        if !self.uplink_if.is_empty() && !valid_ifname(&self.uplink_if) {
             return bad(format!(
                 "uplink_if {:?} is not an interface name",
                 self.uplink_if

@@ -215,6 +215,12 @@ pub fn reply(q: &Query, rcode: u8) -> Vec<u8> {
 /// NOTIMP; zone transfers and non-IN classes REFUSED; AAAA an empty
 /// NOERROR (sessions have no IPv6 route, so the guest should not try).
 pub fn classify(msg: &[u8], allowed: &[DomainPattern]) -> Action {
+    classify_by(msg, |n| allowed.iter().any(|p| p.matches(n)))
+}
+
+/// [`classify`] with the name check given as a function (`|_| true`: a
+/// resolver for every name, as in the `internet` mode).
+pub fn classify_by(msg: &[u8], allowed: impl Fn(&str) -> bool) -> Action {
     if msg.len() < HEADER || msg.len() > MAX_QUERY {
         return Action::Drop;
     }
@@ -268,7 +274,7 @@ pub fn classify(msg: &[u8], allowed: &[DomainPattern]) -> Action {
         udp_limit,
     };
     let name = &q.question.name;
-    let ok = name.clean && !name.text.is_empty() && allowed.iter().any(|p| p.matches(&name.text));
+    let ok = name.clean && !name.text.is_empty() && allowed(&name.text);
     if !ok {
         return Action::Reply(reply(&q, RCODE_NXDOMAIN));
     }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use super::dns::{self, Action, Query};
 use super::egress::Cidr;
 use super::nft::Nft;
-use super::policy::DomainPattern;
+use super::policy::DnsNames;
 use super::{lock, netns, NetError, Result};
 
 /// Name of the session table's set of resolved addresses.
@@ -54,7 +54,7 @@ pub(super) struct FwdConfig {
 /// State shared with `set_policy`: the allowed names, and when each
 /// address we put into the kernel set expires there.
 pub(super) struct Shared {
-    pub allowed: Arc<Vec<DomainPattern>>,
+    pub allowed: Arc<DnsNames>,
     pub known: HashMap<Ipv4Addr, Instant>,
 }
 
@@ -85,11 +85,11 @@ impl Forwarder {
         listen: Ipv4Addr,
         host_ns: Option<File>,
         cfg: FwdConfig,
-        allowed: Vec<DomainPattern>,
+        allowed: DnsNames,
     ) -> Result<Forwarder> {
         if cfg.upstreams.is_empty() {
             return Err(NetError::invalid(format!(
-                "session {id}: a domain allowlist needs dns_upstreams in the network config"
+                "session {id}: a DNS resolver needs dns_upstreams in the network config"
             )));
         }
         let what = format!("session {id} DNS forwarder");
@@ -288,7 +288,7 @@ impl Worker {
 
     fn handle(&mut self, msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
         let allowed = lock(&self.shared).allowed.clone();
-        match dns::classify(msg, &allowed) {
+        match dns::classify_by(msg, |n| allowed.allows(n)) {
             Action::Drop => None,
             Action::Reply(r) => {
                 log::debug!("{}: DNS answered locally (rcode {})", self.id, r[3] & 0x0f);
@@ -331,9 +331,13 @@ impl Worker {
             };
             // Fail closed the other way round: no answer before the
             // addresses are in the set (else the guest's connect fails).
-            if let Err(e) = self.allow(&ans.addrs) {
-                log::error!("{}: adding DNS answers to the set: {e}", self.id);
-                return dns::reply(q, dns::RCODE_SERVFAIL);
+            // Resolving every name opens nothing: the mode's rules decide.
+            let any = matches!(*lock(&self.shared).allowed, DnsNames::Any);
+            if !any {
+                if let Err(e) = self.allow(&ans.addrs) {
+                    log::error!("{}: adding DNS answers to the set: {e}", self.id);
+                    return dns::reply(q, dns::RCODE_SERVFAIL);
+                }
             }
             if !tcp && ans.reply.len() > q.udp_limit {
                 return dns::truncated_reply(q);

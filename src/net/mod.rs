@@ -18,6 +18,7 @@ mod dnsfwd;
 pub mod doctor;
 pub mod egress;
 pub mod firewall;
+pub mod isolated;
 pub mod netns;
 pub mod nft;
 pub mod policy;
@@ -39,8 +40,9 @@ use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
 pub use config::NetConfig;
 use dnsfwd::{Forwarder, FwdConfig};
 pub use egress::{Cidr, EgressPolicy, EgressRule};
+pub use isolated::Isolated;
 use nft::Nft;
-pub use policy::{Bandwidth, DomainPattern, NetPolicy};
+pub use policy::{Bandwidth, DnsNames, DomainPattern, NetPolicy};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +158,9 @@ impl Net {
     /// and verified, the guest network blackholed there.
     pub fn new(cfg: NetConfig) -> Result<Net> {
         cfg.validate()?;
+        if cfg.uplink_if.is_empty() {
+            return Err(NetError::invalid("network config: uplink_if is not set"));
+        }
         let host_ns = cfg.host_netns.as_deref().map(netns::open).transpose()?;
         let name = match &cfg.host_netns {
             Some(p) => format!("host netns {}", p.display()),
@@ -464,8 +469,8 @@ impl Net {
         rtnl.set_up(peer, &s.peer_if)?;
         rtnl.set_up(tapi, &cfg.tap_name)?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
-        if !policy.domains.is_empty() {
-            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, &policy.domains)?);
+        if let Some(names) = self.inner.dns_names(policy) {
+            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
         }
         drop(g);
         drop(ns);
@@ -604,7 +609,14 @@ impl Inner {
         Ok(())
     }
 
-    fn start_dns(&self, id: &str, ns: &File, domains: &[DomainPattern]) -> Result<Forwarder> {
+    /// What the session's resolver serves; `None`: none runs (the policy
+    /// wants none, or no upstream is configured for an unrestricted one).
+    fn dns_names(&self, p: &NetPolicy) -> Option<DnsNames> {
+        p.dns_names()
+            .filter(|n| !(*n == DnsNames::Any && self.cfg.dns_upstreams.is_empty()))
+    }
+
+    fn start_dns(&self, id: &str, ns: &File, names: DnsNames) -> Result<Forwarder> {
         let cfg = &self.cfg;
         let host_ns = match &self.host_ns {
             Some(f) => Some(
@@ -623,7 +635,7 @@ impl Inner {
             blocked: firewall::blocked_set(cfg),
             exceptions: cfg.allow_exceptions.clone(),
         };
-        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, domains.to_vec())
+        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names)
     }
 }
 
@@ -726,10 +738,13 @@ impl SessionNet {
             &firewall::session_table(cfg, &self.peer_if, to),
             &self.netns,
         )?;
-        if let Some(sh) = sh.as_mut() {
+        let names = self.net.dns_names(to);
+        if let (Some(sh), Some(n)) = (sh.as_mut(), &names) {
             if names_changed {
                 sh.known.clear();
-                sh.allowed = Arc::new(to.domains.clone());
+            }
+            if *sh.allowed != *n {
+                sh.allowed = Arc::new(n.clone());
             }
         }
         drop(sh);
@@ -743,12 +758,12 @@ impl SessionNet {
             )?;
         }
         // 3. The forwarder runs exactly while there are names to serve.
-        match (ctl.dns.is_some(), to.domains.is_empty()) {
-            (false, false) => {
+        match (ctl.dns.is_some(), names) {
+            (false, Some(n)) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.dns = Some(self.net.start_dns(&self.id, &ns, &to.domains)?);
+                ctl.dns = Some(self.net.start_dns(&self.id, &ns, n)?);
             }
-            (true, true) => ctl.dns = None,
+            (true, None) => ctl.dns = None,
             _ => {}
         }
         Ok(())

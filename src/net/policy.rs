@@ -134,7 +134,39 @@ pub struct NetPolicy {
     pub bandwidth: Option<Bandwidth>,
 }
 
+/// The names a session's DNS forwarder resolves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsNames {
+    /// Every name, without touching the firewall (`internet`, `denylist`:
+    /// the addresses are reachable, or not, by the mode's own rules).
+    Any,
+    /// Only these; their answers are let through the firewall for the TTL.
+    Only(Vec<DomainPattern>),
+}
+
+impl DnsNames {
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            DnsNames::Any => true,
+            DnsNames::Only(l) => l.iter().any(|p| p.matches(name)),
+        }
+    }
+}
+
 impl NetPolicy {
+    /// What the session's resolver (the guest's gateway, port 53) answers:
+    /// `None` means no resolver runs (`none`, and `allowlist` without
+    /// domains: the guest reaches only the addresses it was given).
+    pub fn dns_names(&self) -> Option<DnsNames> {
+        if !self.domains.is_empty() {
+            return Some(DnsNames::Only(self.domains.clone()));
+        }
+        match self.egress {
+            EgressPolicy::Internet | EgressPolicy::Denylist { .. } => Some(DnsNames::Any),
+            EgressPolicy::None | EgressPolicy::Allowlist { .. } => None,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.egress.validate()?;
         if self.domains.len() > MAX_DOMAINS {

@@ -31,6 +31,8 @@ pub struct ResolvedTemplate {
 pub trait TemplateSource: Send + Sync {
     fn list(&self) -> Vec<TemplateInfo>;
     fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate>;
+    /// Release what snapshot builds hold (at shutdown).
+    fn close(&self) {}
 }
 
 /// Per-session networking (implemented over `crate::net`).
@@ -40,6 +42,10 @@ pub trait NetProvider: Send + Sync {
     fn setup(&self, id: &str, egress: &EgressPolicy) -> Result<Box<dyn NetLease>>;
     fn sweep_orphans(&self) -> Result<usize> {
         Ok(0)
+    }
+    /// After the last session: remove host-wide state (tables, routes).
+    fn close(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -157,6 +163,14 @@ impl SandboxFactory for VmSandboxFactory {
             None => 0,
         };
         Ok(vmms + dirs + cgroups + net)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.templates.close();
+        match &self.net {
+            Some(n) => n.close(),
+            None => Ok(()),
+        }
     }
 }
 

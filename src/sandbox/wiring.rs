@@ -1,16 +1,18 @@
 //! Builds the production factory: a VM backend, the template/snapshot
-//! registry over the image cache, and (later) per-session networking.
+//! registry over the image cache, and per-session networking.
 
-use super::vm::{ResolvedTemplate, TemplateSource, VmSandboxFactory};
-use super::{Result, SandboxError, SandboxFactory, TemplateInfo};
+use super::vm::{NetLease, NetProvider, ResolvedTemplate, TemplateSource, VmSandboxFactory};
+use super::{EgressPolicy, Result, SandboxError, SandboxFactory, TemplateInfo};
 use crate::config::Config;
 use crate::harden::spawner::SpawnerClient;
+use crate::net::{Isolated, Net, NetConfig, SessionNet};
 use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
 use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
 use crate::vm::templates::{Registry, RegistryConfig};
 use crate::vm::Backend;
+use crate::vm::NetAttachment;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,21 +67,109 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/agent-sandbox"))
 }
 
+/// The image cache of this config: `cache_dir`, else [`cache_dir`].
+fn cfg_cache_dir(cfg: &Config) -> PathBuf {
+    cfg.artifacts.cache_dir.clone().unwrap_or_else(cache_dir)
+}
+
 /// Where snapshots live: beside the images they are made from, in the
 /// host-wide cache (`<cache>/snapshots/<backend>/<template>`), shared by
 /// every daemon on the host (the registry locks and checks freshness).
-/// `AGENT_SANDBOX_SNAPSHOT_STATE` puts them elsewhere.
-fn snapshot_state(_cfg: &Config) -> PathBuf {
-    std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE")
-        .map(PathBuf::from)
-        .unwrap_or_else(cache_dir)
+/// `snapshot_dir` (`AGENT_SANDBOX_SNAPSHOT_STATE`) puts them elsewhere.
+fn snapshot_state(cfg: &Config) -> PathBuf {
+    cfg.artifacts
+        .snapshot_dir
+        .clone()
+        .or_else(|| std::env::var_os("AGENT_SANDBOX_SNAPSHOT_STATE").map(PathBuf::from))
+        .unwrap_or_else(|| cfg_cache_dir(cfg))
+}
+
+/// The interface of the main table's default route (lowest metric), from
+/// `/proc/net/route` of the daemon's namespace.
+pub fn default_uplink() -> Option<String> {
+    let t = std::fs::read_to_string("/proc/net/route").ok()?;
+    t.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
+            (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000")
+                .then(|| (f[6].parse::<u32>().unwrap_or(u32::MAX), f[0].to_string()))
+        })
+        .min()
+        .map(|(_, i)| i)
+}
+
+/// The host's resolvers (`nameserver` lines of /etc/resolv.conf), port 53.
+/// The per-session forwarders ask them from the host namespace, so a local
+/// stub resolver (127.0.0.53) works too.
+pub fn host_resolvers() -> Vec<std::net::SocketAddr> {
+    let t = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    t.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .take(3)
+        .collect()
+}
+
+/// The network settings every VM is booted with, networking on or off: a
+/// snapshot fixes the guest's NIC and address, so all sessions share them.
+pub fn net_config(cfg: &Config) -> NetConfig {
+    let mut n = cfg.network.clone().unwrap_or_default();
+    n.tap_uid = Some(VM_UID);
+    n.tap_gid = Some(VM_GID);
+    n
+}
+
+/// The guest's MAC, derived from its address (locally administered).
+fn guest_mac(n: &NetConfig) -> String {
+    let o = n.guest_addr().octets();
+    format!("06:00:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
+}
+
+/// Kernel command line that configures the guest's eth0: its address, the
+/// TAP as gateway and resolver (a forwarder answers there, see `net`).
+fn guest_cmdline(n: &NetConfig) -> String {
+    format!(
+        "sandbox.ip={}/{} sandbox.gw={} sandbox.dns={}",
+        n.guest_addr(),
+        n.guest_cidr.prefix_len,
+        n.tap_addr(),
+        n.tap_addr()
+    )
+}
+
+fn attachment(netns: PathBuf, n: &NetConfig) -> NetAttachment {
+    NetAttachment {
+        netns,
+        tap: n.tap_name.clone(),
+        guest_mac: guest_mac(n),
+    }
+}
+
+/// The NIC snapshot-making VMs get: a TAP in a namespace of its own with no
+/// other link, so nothing a warm command does reaches any network. Keep the
+/// returned guard while the registry may build snapshots.
+pub fn snapshot_net(cfg: &Config, rc: &mut RegistryConfig) -> Result<Isolated> {
+    let n = net_config(cfg);
+    let iso = Isolated::create(&n)
+        .map_err(|e| SandboxError::Other(format!("snapshot network namespace: {e}")))?;
+    rc.net = Some(attachment(iso.path(), &n));
+    Ok(iso)
 }
 
 pub fn registry_config(cfg: &Config) -> RegistryConfig {
-    let mut rc = RegistryConfig::new(templates_dir(), cache_dir(), snapshot_state(cfg));
+    let cache = cfg_cache_dir(cfg);
+    let templates = cfg
+        .artifacts
+        .templates_dir
+        .clone()
+        .unwrap_or_else(templates_dir);
+    let mut rc = RegistryConfig::new(templates, cache.clone(), snapshot_state(cfg));
     // The artifacts `agent-sandbox image build` made last, if it recorded
     // them; otherwise the registry takes the newest in the cache.
-    if let Some(cur) = std::fs::read(cache_dir().join("current.json"))
+    if let Some(cur) = std::fs::read(cache.join("current.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
     {
@@ -94,27 +184,60 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
             }
         }
     }
+    // The config names artifacts explicitly (the Nix build does): they win.
+    if let Some(k) = &cfg.artifacts.kernel {
+        rc.pinned_kernel = Some(k.clone());
+    }
+    for (t, p) in &cfg.artifacts.images {
+        rc.pinned_rootfs.insert(t.clone(), p.clone());
+    }
     rc.uid = VM_UID;
     rc.gid = VM_GID;
     rc.default_vcpus = cfg.default_vcpus;
     rc.default_mem_mib = cfg.default_mem_mib;
+    let n = net_config(cfg);
+    rc.cmdline_extra = guest_cmdline(&n);
+    // The attachment itself comes from `snapshot_net`; the MAC is fixed here
+    // so that freshness checks see the shape sessions will restore with.
+    rc.net = Some(attachment(PathBuf::new(), &n));
     rc
 }
 
-pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
-    backend_on(name, cfg, &Host::default())
+/// The QEMU backend's settings for `cfg`.
+pub fn qemu_config(cfg: &Config) -> QemuConfig {
+    let mut qc = QemuConfig {
+        // The KVM probe costs seconds: remember its answer beside the
+        // snapshots (which are only valid for that answer anyway).
+        accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
+        ..Default::default()
+    };
+    if let Some(q) = &cfg.artifacts.qemu {
+        qc.binary = q.clone();
+    }
+    qc
 }
 
-/// The jailer and Firecracker binaries the Firecracker backend runs.
+/// The jailer's settings for `cfg`: binaries from the config, else the
+/// environment, else the jailer's defaults; the jail lives under the state
+/// dir so snapshot files can be hard-linked into it.
 pub fn jailer_config(cfg: &Config) -> JailerConfig {
-    // Binaries from PATH-like env overrides; the jail lives under the
-    // state dir so snapshot files can be hard-linked into it.
     let mut jc = JailerConfig::default();
-    if let Some(p) = std::env::var_os("AGENT_SANDBOX_JAILER") {
-        jc.jailer_bin = p.into();
+    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    if let Some(p) = cfg
+        .artifacts
+        .jailer
+        .clone()
+        .or_else(|| env("AGENT_SANDBOX_JAILER"))
+    {
+        jc.jailer_bin = p;
     }
-    if let Some(p) = std::env::var_os("AGENT_SANDBOX_FIRECRACKER") {
-        jc.firecracker_bin = p.into();
+    if let Some(p) = cfg
+        .artifacts
+        .firecracker
+        .clone()
+        .or_else(|| env("AGENT_SANDBOX_FIRECRACKER"))
+    {
+        jc.firecracker_bin = p;
     }
     jc.chroot_base = cfg.state_dir.join("jail");
     if let Some(root) = crate::vm::jailer::cgroup2_mount() {
@@ -123,19 +246,20 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
     jc
 }
 
+pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
+    backend_on(name, cfg, &Host::default())
+}
+
 /// A VM backend that starts its processes the way `host` says.
 pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backend>> {
     match name {
         "qemu" => {
-            // The KVM probe costs seconds: remember its answer beside the
-            // snapshots (which are only valid for that answer anyway).
             // Settled now, on the start-up thread (see kvm_device_usable).
             let _ = crate::vm::qemu::kvm_device_usable();
             let qc = QemuConfig {
-                accel_cache: Some(snapshot_state(cfg).join("qemu-accel")),
                 launcher: host.launcher(),
                 cgroup_parent: host.cgroup_parent.clone(),
-                ..Default::default()
+                ..qemu_config(cfg)
             };
             Ok(Arc::new(QemuBackend::new(qc)))
         }
@@ -158,6 +282,8 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
 /// asking for more vCPUs or memory than the snapshot has cold-boots.
 struct Templates {
     reg: Registry,
+    /// The namespace snapshot builds attach to, until shutdown.
+    snap_net: std::sync::Mutex<Option<Isolated>>,
 }
 
 impl TemplateSource for Templates {
@@ -180,6 +306,13 @@ impl TemplateSource for Templates {
                 Vec::new()
             }
         }
+    }
+
+    fn close(&self) {
+        self.snap_net
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 
     fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate> {
@@ -227,6 +360,129 @@ fn prepare_run_root(cfg: &Config) -> Result<PathBuf> {
     Ok(run_root)
 }
 
+/// Per-session networks over `crate::net`: namespace, veth, TAP, NAT and
+/// the egress policy, installed and verified before the VM starts.
+struct SessionNets {
+    net: Net,
+}
+
+struct SessionLease {
+    net: SessionNet,
+    mac: String,
+}
+
+impl NetProvider for SessionNets {
+    fn close(&self) -> Result<()> {
+        self.net
+            .close()
+            .map_err(|e| SandboxError::Other(format!("closing the network: {e}")))
+    }
+
+    fn setup(&self, id: &str, egress: &EgressPolicy) -> Result<Box<dyn NetLease>> {
+        let policy = egress.to_net().map_err(SandboxError::Other)?;
+        let net = self
+            .net
+            .create_session(policy)
+            .map_err(|e| SandboxError::Failed {
+                id: id.to_string(),
+                what: "network",
+                msg: e.to_string(),
+            })?;
+        log::debug!("sandbox {id}: network {net:?}");
+        Ok(Box::new(SessionLease {
+            net,
+            mac: guest_mac(self.net.config()),
+        }))
+    }
+}
+
+impl NetLease for SessionLease {
+    fn attachment(&self) -> NetAttachment {
+        NetAttachment {
+            netns: self.net.netns_path(),
+            tap: self.net.tap_name().to_string(),
+            guest_mac: self.mac.clone(),
+        }
+    }
+    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()> {
+        let p = policy.to_net().map_err(SandboxError::Other)?;
+        self.net
+            .set_policy(p)
+            .map_err(|e| SandboxError::Other(format!("session network {}: {e}", self.net.id())))
+    }
+    fn teardown(&mut self) -> Result<()> {
+        self.net
+            .teardown()
+            .map_err(|e| SandboxError::Other(format!("session network {}: {e}", self.net.id())))
+    }
+}
+
+/// Networking off: every VM still gets its NIC (the snapshot has one), on a
+/// TAP in a namespace of its own that leads nowhere.
+struct NoNetwork {
+    cfg: NetConfig,
+}
+
+struct IsolatedLease {
+    iso: Option<Isolated>,
+    at: NetAttachment,
+}
+
+impl NetProvider for NoNetwork {
+    fn setup(&self, id: &str, _egress: &EgressPolicy) -> Result<Box<dyn NetLease>> {
+        let iso = Isolated::create(&self.cfg).map_err(|e| SandboxError::Failed {
+            id: id.to_string(),
+            what: "isolated network namespace",
+            msg: e.to_string(),
+        })?;
+        let at = attachment(iso.path(), &self.cfg);
+        Ok(Box::new(IsolatedLease { iso: Some(iso), at }))
+    }
+}
+
+impl NetLease for IsolatedLease {
+    fn attachment(&self) -> NetAttachment {
+        self.at.clone()
+    }
+    fn set_egress(&mut self, _policy: &EgressPolicy) -> Result<()> {
+        Err(SandboxError::Other(
+            "this host runs without per-session networking (serve --network): \
+             sessions have no egress to change"
+                .into(),
+        ))
+    }
+    fn teardown(&mut self) -> Result<()> {
+        self.iso = None;
+        Ok(())
+    }
+}
+
+/// Remove what a crashed daemon with our prefix left of its networking:
+/// with networking on, session and isolated namespaces, host links and our
+/// nftables table; with it off, only the isolated namespaces (a daemon
+/// without networking must not touch the host's tables and routes).
+fn sweep_network(n: &NetConfig, on: bool) {
+    if on {
+        match Net::sweep(n) {
+            Ok(r) if !r.is_empty() => log::warn!("network sweep removed {r:?}"),
+            Ok(_) => {}
+            Err(e) => log::warn!("network sweep: {e}"),
+        }
+        return;
+    }
+    match crate::net::netns::list(&format!("{}-i", n.prefix)) {
+        Ok(l) => {
+            for name in l {
+                match crate::net::netns::delete(&name) {
+                    Ok(()) => log::warn!("sweep: removed namespace {name}"),
+                    Err(e) => log::warn!("sweep: {e}"),
+                }
+            }
+        }
+        Err(e) => log::warn!("sweep: {e}"),
+    }
+}
+
 pub fn factory(name: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
     factory_on(name, cfg, &Host::default())
 }
@@ -234,11 +490,35 @@ pub fn factory(name: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
 pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn SandboxFactory>> {
     let run_root = prepare_run_root(cfg)?;
     let be = backend_on(name, cfg, host)?;
-    let reg = Registry::new(registry_config(cfg), be.clone());
+    let n = net_config(cfg);
+    sweep_network(&n, cfg.network.is_some());
+    let net: Arc<dyn NetProvider> = match &cfg.network {
+        Some(_) => {
+            let net =
+                Net::new(n.clone()).map_err(|e| SandboxError::Other(format!("networking: {e}")))?;
+            log::info!(
+                "networking on: uplink {}, sessions in {}, guest {}",
+                n.uplink_if,
+                n.veth_range,
+                n.guest_cidr
+            );
+            Arc::new(SessionNets { net })
+        }
+        None => {
+            log::warn!("networking off (serve --network): sessions have no network access");
+            Arc::new(NoNetwork { cfg: n })
+        }
+    };
+    let mut rc = registry_config(cfg);
+    let snap_net = snapshot_net(cfg, &mut rc)?;
+    let reg = Registry::new(rc, be.clone());
     Ok(Arc::new(VmSandboxFactory {
         backend: be,
-        templates: Arc::new(Templates { reg }),
-        net: None,
+        templates: Arc::new(Templates {
+            reg,
+            snap_net: std::sync::Mutex::new(Some(snap_net)),
+        }),
+        net: Some(net),
         run_root,
         cgroup_parent: host.cgroup_parent.clone(),
         uid: VM_UID,

@@ -90,6 +90,8 @@ pub struct Session {
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
     /// Sandbox pids, filled once it is up (diagnostics and tests).
     pub(crate) pids: Mutex<Vec<i32>>,
+    /// The egress policy in force (`spec.egress` until changed live).
+    pub(crate) egress: Mutex<EgressPolicy>,
 }
 
 /// Held while a request uses a session: counts as activity.
@@ -148,11 +150,15 @@ impl Session {
     /// networking layer's `PUT /v1/sessions/:id/network`).
     pub fn set_egress(&self, policy: EgressPolicy, wait: Duration) -> Result<(), ApiError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        if self.tx.send(Cmd::SetEgress(policy, tx)).is_err() {
+        if self.tx.send(Cmd::SetEgress(policy.clone(), tx)).is_err() {
             return Err(self.gone_error());
         }
         match rx.recv_timeout(wait) {
-            Ok(r) => r,
+            Ok(Ok(())) => {
+                *lock(&self.egress) = policy;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => Err(ApiError::new(
                 504,
                 "timeout",
@@ -193,7 +199,7 @@ impl Session {
             "memoryMib": self.spec.mem_mib,
             "diskMib": self.spec.disk_mib,
             "env": self.spec.env,
-            "egress": self.spec.egress,
+            "egress": *lock(&self.egress),
             "createdAt": self.created_unix_ms,
             "lastUsedAt": now_unix_ms().saturating_sub(self.idle_for().as_millis() as u64),
             "expiresAt": unix_ms(self.expires),

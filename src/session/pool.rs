@@ -63,7 +63,7 @@ impl Pool {
             mem_mib: self.cfg.default_mem_mib,
             disk_mib: self.cfg.default_disk_mib,
             env: Default::default(),
-            egress: Default::default(),
+            egress: self.cfg.default_egress.clone(),
         }
     }
 

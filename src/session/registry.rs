@@ -150,9 +150,12 @@ impl Manager {
             mem_mib: opts.mem_mib.unwrap_or(self.cfg.default_mem_mib),
             disk_mib: opts.disk_mib.unwrap_or(self.cfg.default_disk_mib),
             env: opts.env,
-            egress: opts.egress.unwrap_or_default(),
+            egress: opts
+                .egress
+                .unwrap_or_else(|| self.cfg.default_egress.clone()),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
+        let egress = Mutex::new(spec.egress.clone());
         let session = Arc::new(Session {
             id: id.to_string(),
             owner: owner.to_string(),
@@ -167,6 +170,7 @@ impl Manager {
             tx,
             thread: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
+            egress,
         });
         let handle = worker::spawn(self.clone(), session.clone(), rx)
             .map_err(|e| ApiError::internal(format!("session {id:?}: spawn worker thread: {e}")))?;
@@ -264,5 +268,8 @@ impl Manager {
             }
         }
         self.pool.shutdown();
+        if let Err(e) = self.factory.close() {
+            log::error!("shutdown: {e}");
+        }
     }
 }

@@ -358,6 +358,7 @@ impl Backend for FirecrackerBackend {
             rootfs: &cfg.rootfs,
             vcpus: cfg.vcpus,
             mem_mib: cfg.mem_mib,
+            devices: snapshot::devices(cfg),
         };
         if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
             return Err(VmError::StaleSnapshot {
@@ -588,6 +589,7 @@ impl Vm for FcVm {
                 rootfs: &self.cfg.rootfs,
                 vcpus: self.cfg.vcpus,
                 mem_mib: self.cfg.mem_mib,
+                devices: snapshot::devices(&self.cfg),
             },
             vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
         )?;

@@ -503,6 +503,7 @@ impl Backend for QemuBackend {
             rootfs: &cfg.rootfs,
             vcpus: cfg.vcpus,
             mem_mib: cfg.mem_mib,
+            devices: snapshot::devices(cfg),
         };
         if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
             return Err(VmError::StaleSnapshot {
@@ -598,7 +599,9 @@ fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
     if let (Some(fd), Some(net)) = (spec.tap_fd, &cfg.net) {
         a.extend([
             "-netdev".into(),
-            format!("tap,id=n0,fd={fd},vnet_hdr=on"),
+            // QEMU takes the virtio-net header from the fd's IFF_VNET_HDR
+            // (it refuses `vnet_hdr=` together with `fd=`).
+            format!("tap,id=n0,fd={fd}"),
             "-device".into(),
             format!("virtio-net-device,netdev=n0,mac={}", net.guest_mac),
         ]);
@@ -1485,6 +1488,7 @@ impl Vm for QemuVm {
                 rootfs: &self.cfg.rootfs,
                 vcpus: self.cfg.vcpus,
                 mem_mib: self.cfg.mem_mib,
+                devices: snapshot::devices(&self.cfg),
             },
             vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
         )?;
@@ -1612,7 +1616,7 @@ mod tests {
         let append = after(&a, "-append")[0];
         assert!(append.starts_with(DEFAULT_CMDLINE), "{append}");
         assert!(append.ends_with("sandbox.ip=10.0.0.2/30"), "{append}");
-        assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7,vnet_hdr=on"]);
+        assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7"]);
         assert!(after(&a, "-device").contains(&"virtio-net-device,netdev=n0,mac=02:00:00:00:00:01"));
         assert!(after(&a, "-device").contains(&"virtserialport,chardev=agent,name=agent"));
         assert_eq!(after(&a, "-incoming"), ["defer"]);

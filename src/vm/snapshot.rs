@@ -46,6 +46,10 @@ pub struct Manifest {
     pub created_unix: u64,
     /// Files of the snapshot, relative to its directory.
     pub files: Vec<String>,
+    /// What the guest saw at boot besides kernel and rootfs ([`devices`]):
+    /// a restore with other devices or command line would not match it.
+    #[serde(default)]
+    pub devices: String,
 }
 
 /// What a restore would run with now.
@@ -57,6 +61,26 @@ pub struct Inputs<'a> {
     pub rootfs: &'a Path,
     pub vcpus: u32,
     pub mem_mib: u32,
+    /// [`devices`] of the VM.
+    pub devices: String,
+}
+
+/// The guest-visible device shape of `cfg` that a snapshot fixes: its
+/// network device (MAC) and the extra kernel command line (the guest's
+/// address, gateway and resolver were set from it at boot).
+pub fn devices(cfg: &super::VmConfig) -> String {
+    devices_of(
+        cfg.net.as_ref().map(|n| n.guest_mac.as_str()),
+        &cfg.cmdline_extra,
+    )
+}
+
+pub fn devices_of(mac: Option<&str>, cmdline_extra: &str) -> String {
+    format!(
+        "net={} cmdline={}",
+        mac.unwrap_or("none"),
+        cmdline_extra.trim()
+    )
 }
 
 fn bad(path: &Path, problem: String, fix: &str) -> VmError {
@@ -161,6 +185,7 @@ impl Manifest {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             files,
+            devices: inputs.devices.clone(),
         })
     }
 
@@ -223,6 +248,12 @@ impl Manifest {
             return Some(format!(
                 "made for {} vCPUs / {} MiB, wanted {} vCPUs / {} MiB",
                 self.vcpus, self.mem_mib, current.vcpus, current.mem_mib
+            ));
+        }
+        if self.devices != current.devices {
+            return Some(format!(
+                "made with devices [{}], wanted [{}]",
+                self.devices, current.devices
             ));
         }
         for f in &self.files {

@@ -374,6 +374,10 @@ impl Registry {
             rootfs,
             vcpus,
             mem_mib,
+            devices: snapshot::devices_of(
+                self.cfg.net.as_ref().map(|n| n.guest_mac.as_str()),
+                &self.cfg.cmdline_extra,
+            ),
         };
         Ok(match m.is_stale(&dir, &inputs) {
             None => SnapshotState::Fresh,

@@ -12,6 +12,17 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// `t` + 5 hex digits, unique per test process and call.
+pub fn unique_prefix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "t{:05x}",
+        (std::process::id().wrapping_mul(64) + n) & 0xfffff
+    )
+}
+
 pub struct Daemon {
     pub child: Option<Child>,
     pub base: String,
@@ -41,6 +52,17 @@ impl Daemon {
             .arg(&backend);
         if backend == "local-process" {
             cmd.arg("--agent-bin").arg(agent_bin());
+        }
+        if backend != "local-process" {
+            // VMs of test daemons have no network unless a test builds its
+            // own topology (and says so); each daemon gets its own name
+            // prefix, so its start-up sweep leaves other daemons' alone.
+            if !extra.contains(&"--network") {
+                cmd.args(["--network", "off"]);
+            }
+            if !extra.contains(&"--net-prefix") {
+                cmd.args(["--net-prefix", &unique_prefix()]);
+            }
         }
         if let Ok(a) = std::env::var("AGENT_SANDBOX_TEST_ARGS") {
             cmd.args(a.split_whitespace());
@@ -274,6 +296,17 @@ impl Http {
             rb = rb.header("X-API-Key", k);
         }
         Self::finish(rb.send(body))
+    }
+
+    pub fn put(&self, path: &str, body: &serde_json::Value) -> Resp {
+        let mut rb = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .content_type("application/json");
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        Self::finish(rb.send(body.to_string().as_bytes()))
     }
 
     pub fn put_raw(&self, path: &str, body: &[u8]) -> Resp {

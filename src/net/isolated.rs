@@ -1,0 +1,57 @@
+//! A namespace holding nothing but a TAP: the network device of a VM that
+//! must not talk to anything. Snapshots are made with it (a restored VM has
+//! exactly the devices of the saved one, so every snapshot has a NIC), and
+//! sessions use it when the host runs without per-session networking.
+
+use std::path::PathBuf;
+
+use super::{netns, tap, NetConfig, Result};
+
+/// Removed (with its TAP) on drop.
+#[derive(Debug)]
+pub struct Isolated {
+    name: String,
+    tap: String,
+}
+
+impl Isolated {
+    /// `{prefix}-i{random}` with `cfg.tap_name` owned by the configured
+    /// TAP uid/gid, loopback down, IPv6 off: a dead end for any frame.
+    pub fn create(cfg: &NetConfig) -> Result<Isolated> {
+        cfg.validate()?;
+        let mut last = None;
+        for _ in 0..8 {
+            let name = format!("{}-i{}", cfg.prefix, super::random_id()?);
+            match netns::create(&name, || {
+                tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)
+            }) {
+                Ok(_) => {
+                    return Ok(Isolated {
+                        name,
+                        tap: cfg.tap_name.clone(),
+                    })
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| super::NetError::invalid("no free namespace name")))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn path(&self) -> PathBuf {
+        netns::path_of(&self.name)
+    }
+    pub fn tap(&self) -> &str {
+        &self.tap
+    }
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        if let Err(e) = netns::delete(&self.name) {
+            log::warn!("remove isolated namespace {}: {e}", self.name);
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! Networking seen from inside real guests (QEMU/TCG) through the real
+//! daemon: NAT to the uplink, the always-blocked destinations, the modes,
+//! the DNS resolver, live policy changes, and that teardown, shutdown and
+//! `kill -9` + restart leave nothing of ours behind.
+//!
+//! No packet leaves this machine: the daemon's "host" is a test namespace
+//! whose only uplink leads to a test "internet" namespace holding every
+//! address probed (`tests/common/netns.rs`).
+
+mod common;
+#[path = "common/netns.rs"]
+mod netns;
+
+use common::daemon::{stdout_of, Daemon};
+use netns::{
+    add_internet_addr, in_ns, sh, skip_unless_root, DnsServer, Rr, Servers, Topology, CGNAT,
+    HOST_UPLINK, INTERNET, METADATA, PORT, PRIVATE,
+};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const OTHER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+const RESOLVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 53);
+
+fn vm_backend() -> bool {
+    common::test_backend() != "local-process"
+}
+
+/// One exec in the guest of session `s`: every probe at once (a blocked
+/// one costs its whole timeout), one `NAME RESULT` line each. A TCP probe's
+/// result is what the server wrote (the source address it saw) or BLOCKED.
+fn probe(d: &Daemon, s: &str, targets: &[(&str, Ipv4Addr)]) -> BTreeMap<String, String> {
+    let mut script = String::new();
+    for (name, ip) in targets {
+        script.push_str(&format!(
+            "( r=$(timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{PORT} && head -c 64 <&3' 2>/dev/null); \
+             echo \"{name} ${{r:-BLOCKED}}\" ) &\n"
+        ));
+    }
+    script.push_str("wait\n");
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({"command": script, "timeout": 30000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out = stdout_of(&r.json());
+    let got: BTreeMap<String, String> = out
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(a, b)| (a.to_string(), b.trim().to_string()))
+        .collect();
+    assert_eq!(got.len(), targets.len(), "probe output: {out}");
+    got
+}
+
+/// `getent hosts NAME` in the guest: the first address, or None.
+fn resolve(d: &Daemon, s: &str, name: &str) -> Option<String> {
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({"command": format!("timeout 5 getent hosts {name}"), "timeout": 20000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    stdout_of(&r.json())
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+}
+
+fn set_policy(d: &Daemon, s: &str, p: serde_json::Value) {
+    let r = d.http().put(&format!("/v1/sessions/{s}/network"), &p);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["egress"]["mode"], p["mode"], "{}", r.text());
+    let g = d.http().get(&format!("/v1/sessions/{s}/network"));
+    assert_eq!(g.json()["egress"]["mode"], p["mode"]);
+}
+
+fn create(d: &Daemon, id: &str, egress: serde_json::Value) {
+    let r = d.http().post(
+        "/v1/sessions",
+        &json!({"id": id, "template": "base", "egress": egress}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Everything of ours with this prefix: namespaces, links and nftables
+/// tables in the test host namespace.
+fn leftovers(topo: &Topology, prefix: &str) -> Vec<String> {
+    let mut out: Vec<String> = sh(&["ip", "netns", "list"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .map(|n| format!("netns {n}"))
+        .collect();
+    for l in sh(&["ip", "-n", &topo.host, "-o", "link"]).lines() {
+        if let Some(name) = l.split(": ").nth(1) {
+            if name.starts_with(prefix) {
+                out.push(format!("link {name}"));
+            }
+        }
+    }
+    for l in sh(&["ip", "netns", "exec", &topo.host, "nft", "list", "tables"]).lines() {
+        if l.split_whitespace().last() == Some(prefix) {
+            out.push(format!("table {l}"));
+        }
+    }
+    for l in sh(&["ip", "-n", &topo.host, "route", "show", "type", "blackhole"]).lines() {
+        out.push(format!("route {l}"));
+    }
+    out
+}
+
+/// A TCP server on every address of a namespace (port `PORT`): what the
+/// guest must not reach on the host side.
+struct NsListener {
+    stop: Arc<AtomicBool>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsListener {
+    fn start(ns: &str, port: u16) -> NsListener {
+        let l = in_ns(ns, || TcpListener::bind(("0.0.0.0", port)).expect("bind"));
+        l.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            use std::io::Write;
+            while !s.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut c, peer)) => {
+                        let _ = c.write_all(format!("{}\n", peer.ip()).as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        NsListener { stop, t: Some(t) }
+    }
+}
+
+impl Drop for NsListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.t.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// IPv4 addresses of a namespace (`ip -o -4 addr`).
+fn addrs_of(ns: &str) -> Vec<Ipv4Addr> {
+    sh(&["ip", "-n", ns, "-o", "-4", "addr"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|a| a.split('/').next()?.parse().ok())
+        .collect()
+}
+
+fn daemon(topo: &Topology, prefix: &str, dir: Option<tempfile::TempDir>) -> Daemon {
+    let host = topo.host_path();
+    let args = [
+        "--network",
+        "on",
+        "--uplink",
+        "up0",
+        "--net-host-netns",
+        host.to_str().unwrap(),
+        "--dns-upstream",
+        "198.51.100.53:53",
+        "--net-prefix",
+        prefix,
+    ];
+    match dir {
+        Some(d) => Daemon::start_in(d, &args),
+        None => Daemon::start(&args),
+    }
+}
+
+#[test]
+fn guests_reach_only_what_their_policy_allows() {
+    if skip_unless_root("guests_reach_only_what_their_policy_allows") || !vm_backend() {
+        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
+        return;
+    }
+    let prefix = common::daemon::unique_prefix();
+    let topo = Topology::new("ng");
+    for a in [OTHER, RESOLVER] {
+        add_internet_addr(&topo, a);
+    }
+    let _servers = Servers::start(&topo.internet, &[INTERNET, OTHER, METADATA, PRIVATE, CGNAT]);
+    let dns = DnsServer::start(
+        &topo.internet,
+        RESOLVER,
+        &[
+            ("allowed.test", Rr::A(INTERNET, 60)),
+            ("other.test", Rr::A(OTHER, 60)),
+            ("meta.test", Rr::A(METADATA, 60)),
+        ],
+    );
+    let mut d = daemon(&topo, &prefix, None);
+    // Listeners on every host-namespace address, one of them on the port
+    // the daemon's API uses (as `--listen 0.0.0.0:PORT` would).
+    let _host = NsListener::start(&topo.host, PORT);
+    let api_port: u16 = d.base.rsplit(':').next().unwrap().parse().unwrap();
+    let _api = NsListener::start(&topo.host, api_port);
+
+    create(&d, "a", json!({"mode": "internet"}));
+    create(&d, "b", json!({"mode": "none"}));
+    // The other session's namespace, with a listener in it.
+    let b_ns = sh(&["ip", "netns", "list"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{prefix}-")) && !n.starts_with(&format!("{prefix}-i")))
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert_eq!(b_ns.len(), 2, "session namespaces: {b_ns:?}");
+    let listeners: Vec<NsListener> = b_ns.iter().map(|n| NsListener::start(n, PORT)).collect();
+    let session_addrs: Vec<Ipv4Addr> = b_ns.iter().flat_map(|n| addrs_of(n)).collect();
+
+    // Internet: the public server answers and sees the uplink's address
+    // (NAT); everything always-blocked does not answer.
+    let mut targets: Vec<(String, Ipv4Addr)> = vec![
+        ("internet".into(), INTERNET),
+        ("metadata".into(), METADATA),
+        ("rfc1918".into(), PRIVATE),
+        ("cgnat".into(), CGNAT),
+    ];
+    // (The host's loopback is not addressable from a guest at all: 127/8
+    // is the guest's own, and a martian two namespaces away.)
+    for a in addrs_of(&topo.host)
+        .into_iter()
+        .filter(|a| !a.is_loopback())
+    {
+        targets.push((format!("host-{a}"), a));
+    }
+    for a in &session_addrs {
+        if !targets.iter().any(|(_, b)| b == a) {
+            targets.push((format!("session-{a}"), *a));
+        }
+    }
+    let t: Vec<(&str, Ipv4Addr)> = targets.iter().map(|(n, a)| (n.as_str(), *a)).collect();
+    // Positive controls: from the test host namespace itself the host
+    // listeners answer (so BLOCKED below is the firewall's doing).
+    assert!(netns::tcp_probe(&topo.host, HOST_UPLINK).is_some());
+    let got = probe(&d, "a", &t);
+    if got["internet"] != HOST_UPLINK.to_string() {
+        // Say why before failing: the guest's and the namespaces' view.
+        let r = d.http().post(
+            "/v1/sessions/a/exec",
+            &json!({"command": "cat /proc/net/route /proc/net/arp /etc/resolv.conf /proc/net/dev"}),
+        );
+        eprintln!("guest: {}", r.text());
+        for n in &b_ns {
+            eprintln!("{n}: {}", sh(&["ip", "-n", n, "-s", "addr"]));
+        }
+        eprintln!("daemon log: {}", d.log());
+    }
+    assert_eq!(got["internet"], HOST_UPLINK.to_string(), "{got:?}");
+    for (name, r) in &got {
+        if name != "internet" {
+            assert_eq!(r, "BLOCKED", "{name} reachable from a guest: {got:?}");
+        }
+    }
+    // The daemon's API port on the host side, and 172.16.0.1 (the guest's
+    // gateway: the session namespace) on the API port, too.
+    let api = probe_port(
+        &d,
+        "a",
+        &[HOST_UPLINK, Ipv4Addr::new(172, 16, 0, 1)],
+        api_port,
+    );
+    assert!(api.iter().all(|r| r == "BLOCKED"), "{api:?}");
+
+    // The guest's resolver answers every name in `internet` mode.
+    assert_eq!(
+        resolve(&d, "a", "other.test").as_deref(),
+        Some("198.51.100.2")
+    );
+    assert!(dns.asked.lock().unwrap().iter().any(|n| n == "other.test"));
+
+    // `none` (at create): nothing, not even DNS.
+    let got = probe(&d, "b", &[("internet", INTERNET)]);
+    assert_eq!(got["internet"], "BLOCKED");
+    assert_eq!(resolve(&d, "b", "allowed.test"), None);
+
+    // Live: none, allowlist by rule, allowlist by domain, denylist.
+    set_policy(&d, "a", json!({"mode": "none"}));
+    let got = probe(&d, "a", &[("internet", INTERNET), ("other", OTHER)]);
+    assert_eq!(
+        (got["internet"].as_str(), got["other"].as_str()),
+        ("BLOCKED", "BLOCKED")
+    );
+    assert_eq!(resolve(&d, "a", "allowed.test"), None);
+
+    set_policy(
+        &d,
+        "a",
+        json!({"mode": "allowlist", "rules": [format!("{OTHER}/32:{PORT}/tcp")]}),
+    );
+    let got = probe(
+        &d,
+        "a",
+        &[
+            ("internet", INTERNET),
+            ("other", OTHER),
+            ("metadata", METADATA),
+        ],
+    );
+    assert_eq!(got["other"], HOST_UPLINK.to_string(), "{got:?}");
+    assert_eq!(got["internet"], "BLOCKED", "{got:?}");
+    assert_eq!(got["metadata"], "BLOCKED", "{got:?}");
+
+    set_policy(
+        &d,
+        "a",
+        json!({"mode": "allowlist", "domains": ["allowed.test", "meta.test"]}),
+    );
+    // Before resolving, the address is closed; resolving opens it.
+    assert_eq!(
+        probe(&d, "a", &[("internet", INTERNET)])["internet"],
+        "BLOCKED"
+    );
+    assert_eq!(
+        resolve(&d, "a", "allowed.test").as_deref(),
+        Some("198.51.100.1")
+    );
+    assert_eq!(
+        resolve(&d, "a", "other.test"),
+        None,
+        "a name not listed resolves"
+    );
+    // An allowed name pointing at a blocked address is answered, but the
+    // address stays closed.
+    let _ = resolve(&d, "a", "meta.test");
+    let got = probe(
+        &d,
+        "a",
+        &[
+            ("internet", INTERNET),
+            ("other", OTHER),
+            ("metadata", METADATA),
+        ],
+    );
+    assert_eq!(got["internet"], HOST_UPLINK.to_string(), "{got:?}");
+    assert_eq!(got["other"], "BLOCKED", "{got:?}");
+    assert_eq!(got["metadata"], "BLOCKED", "{got:?}");
+
+    set_policy(
+        &d,
+        "a",
+        json!({"mode": "denylist", "rules": [format!("{INTERNET}/32")]}),
+    );
+    let got = probe(
+        &d,
+        "a",
+        &[
+            ("internet", INTERNET),
+            ("other", OTHER),
+            ("private", PRIVATE),
+        ],
+    );
+    assert_eq!(got["internet"], "BLOCKED", "{got:?}");
+    assert_eq!(got["other"], HOST_UPLINK.to_string(), "{got:?}");
+    assert_eq!(got["private"], "BLOCKED", "{got:?}");
+
+    // A bad policy is refused and the old one stays.
+    let r = d.http().put(
+        "/v1/sessions/a/network",
+        &json!({"mode": "internet", "rules": ["10.0.0.0/8"]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        d.http().get("/v1/sessions/a/network").json()["egress"]["mode"],
+        "denylist"
+    );
+
+    // Teardown of one session removes its namespace and host link.
+    drop(listeners);
+    assert_eq!(d.http().delete("/v1/sessions/b").status, 200);
+    common::wait_until(Duration::from_secs(10), || {
+        leftovers(&topo, &prefix)
+            .iter()
+            .filter(|l| l.starts_with("netns") && !l.contains(&format!("{prefix}-i")))
+            .count()
+            == 1
+    });
+
+    // kill -9 with a live session, then a new daemon on the same state dir
+    // and prefix sweeps it all; its clean shutdown leaves nothing.
+    assert!(!d.sandbox_procs().is_empty());
+    d.terminate(libc::SIGKILL);
+    let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
+    let key = d.key.clone();
+    drop(d);
+    assert!(
+        !leftovers(&topo, &prefix).is_empty(),
+        "a crash leaves state behind"
+    );
+    let mut d2 = daemon(&topo, &prefix, Some(dir));
+    d2.key = key;
+    assert!(
+        d2.sandbox_procs().is_empty(),
+        "orphaned VMMs survived the sweep"
+    );
+    let left = leftovers(&topo, &prefix);
+    assert!(
+        left.iter().all(|l| l.starts_with("table")
+            || l.starts_with("route")
+            || l.contains(&format!("{prefix}-i"))),
+        "after the sweep: {left:?}"
+    );
+    // The new daemon's sessions work.
+    create(&d2, "c", json!({}));
+    assert_eq!(
+        probe(&d2, "c", &[("internet", INTERNET)])["internet"],
+        HOST_UPLINK.to_string()
+    );
+    let st = d2.terminate(libc::SIGTERM).expect("daemon exit status");
+    assert!(st.success(), "{st:?}\n{}", d2.log());
+    let left = leftovers(&topo, &prefix);
+    assert!(left.is_empty(), "after shutdown: {left:?}");
+}
+
+/// Like [`probe`], on another port.
+fn probe_port(d: &Daemon, s: &str, addrs: &[Ipv4Addr], port: u16) -> Vec<String> {
+    let mut script = String::new();
+    for ip in addrs {
+        script.push_str(&format!(
+            "( r=$(timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{port} && head -c 64 <&3' 2>/dev/null); \
+             echo \"${{r:-BLOCKED}}\" ) &\n"
+        ));
+    }
+    script.push_str("wait\n");
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({"command": script, "timeout": 30000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    stdout_of(&r.json())
+        .lines()
+        .map(|l| l.trim().to_string())
+        .collect()
+}
