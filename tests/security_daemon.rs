@@ -6,6 +6,8 @@
 //! what happens when the spawner dies.
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 
 use agent_sandbox::harden::caps;
 use common::daemon::{stdout_of, Daemon};
@@ -40,8 +42,12 @@ fn hex(v: &str) -> u64 {
 
 /// What every thread of the daemon must show.
 fn check_hardened(pid: i32, what: &str) -> Vec<String> {
+    check_hardened_with(pid, what, caps::DAEMON)
+}
+
+fn check_hardened_with(pid: i32, what: &str, needs: &[caps::Need]) -> Vec<String> {
     let want = caps::mask(
-        &caps::plan(caps::DAEMON)
+        &caps::plan(needs)
             .into_iter()
             .map(|(c, _)| c)
             .collect::<Vec<_>>(),
@@ -304,4 +310,67 @@ fn a_killed_spawner_takes_its_vms_and_the_daemon_exits_non_zero() {
         let st = d2.terminate(libc::SIGTERM).expect("exit");
         assert!(st.success());
     }
+}
+
+#[test]
+fn a_networked_daemon_resolves_through_its_hardened_dns_thread() {
+    if !is_root() || !common::daemon::vm_backend() {
+        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
+        return;
+    }
+    // As tests/net_guest.rs: the daemon's "host" is a test namespace whose
+    // only uplink leads to a test "internet" holding the resolver.
+    let resolver = std::net::Ipv4Addr::new(198, 51, 100, 53);
+    let prefix = common::daemon::unique_prefix();
+    let topo = netns::Topology::new("hd");
+    netns::add_internet_addr(&topo, resolver);
+    let _dns = netns::DnsServer::start(
+        &topo.internet,
+        resolver,
+        &[("files.pypi.org", netns::Rr::A(netns::INTERNET, 60))],
+    );
+    let host = topo.host_path();
+    let mut d = Daemon::start(&[
+        "--network",
+        "on",
+        "--uplink",
+        "up0",
+        "--net-host-netns",
+        host.to_str().expect("utf-8 path"),
+        "--dns-upstream",
+        "198.51.100.53:53",
+        "--net-prefix",
+        &prefix,
+    ]);
+    let pid = d.pid();
+    let r = d.http().post(
+        "/v1/sessions",
+        &json!({"egress": {"mode": "allowlist", "domains": ["*.pypi.org"]}}),
+    );
+    assert!((200..300).contains(&r.status), "{}\n{}", r.text(), d.log());
+    let id = r.json()["id"].as_str().expect("id").to_string();
+    let out = exec(&d, &id, "timeout 5 getent hosts files.pypi.org");
+    assert!(
+        out.starts_with(&netns::INTERNET.to_string()),
+        "resolved {out:?}\n{}",
+        d.log()
+    );
+    // Networking on: the daemon also keeps NET_BIND_SERVICE (port 53).
+    let mut needs = caps::DAEMON.to_vec();
+    needs.push(caps::Need::BindLowPort);
+    let bad = check_hardened_with(pid, "networked daemon", &needs);
+    assert!(bad.is_empty(), "{bad:#?}");
+    let names = threads(pid);
+    for want in ["net-reaper", "dns-"] {
+        assert!(
+            names.iter().any(|n| n.starts_with(want)),
+            "no {want} thread in {names:?}"
+        );
+    }
+    let r = d.http().delete(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = d.log();
+    assert!(!log.contains("forbidden syscall"), "log:\n{log}");
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit");
+    assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
 }
