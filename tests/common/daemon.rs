@@ -177,6 +177,7 @@ impl Drop for Daemon {
             // SAFETY: processes carrying our private temp dir in their argv.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+        super::remove_daemon_cgroups(self.dir.path());
     }
 }
 

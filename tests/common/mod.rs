@@ -181,3 +181,17 @@ pub fn test_backend() -> String {
     });
     "local-process".into()
 }
+
+/// Remove the per-VM cgroups a test daemon on `state_dir` left (a daemon
+/// killed outright cannot remove them; its next start would) and their
+/// per-daemon parent.
+pub fn remove_daemon_cgroups(state_dir: &Path) {
+    use agent_sandbox::vm::cgroup;
+    let Some(parent) = cgroup::daemon_parent(state_dir) else {
+        return;
+    };
+    if parent.exists() {
+        cgroup::sweep(&parent, agent_sandbox::sandbox::ID_PREFIX);
+        let _ = std::fs::remove_dir(&parent);
+    }
+}

@@ -336,6 +336,7 @@ impl Drop for Daemon {
             // SAFETY: processes carrying our private temp dir in argv.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+        super::common::remove_daemon_cgroups(self.dir.path());
     }
 }
 
