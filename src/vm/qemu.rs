@@ -1222,79 +1222,6 @@ impl QemuVm {
     }
 }
 
-/// virtio-serial has no connection reset the guest is sure to see: a host
-/// that detaches and reattaches before the agent runs is invisible to it,
-/// and a restored guest still holds the connection of the host attached
-/// when the snapshot was taken. So every new stream starts with a reset: a
-/// header with a bad magic byte makes the
-/// agent drop whatever connection it has, answer with a connection-level
-/// error frame and start afresh; once that answer is here, a hello starts a
-/// new connection. Bytes before the answer are stale output of the old
-/// connection and are skipped.
-fn reset_agent_stream(s: &UnixStream, deadline: Instant) -> io::Result<()> {
-    use crate::proto::{Header, Kind, HEADER_LEN};
-    (&*s).write_all(&[0u8; HEADER_LEN])?;
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let mut start = 0;
-        while start + HEADER_LEN <= buf.len() {
-            let mut hb = [0u8; HEADER_LEN];
-            hb.copy_from_slice(&buf[start..start + HEADER_LEN]);
-            match Header::decode(&hb) {
-                Ok(h) if h.kind == Kind::Error as u8 && h.id == 0 && h.len <= 64 * 1024 => {
-                    let end = start + HEADER_LEN + h.len as usize;
-                    if end > buf.len() {
-                        break;
-                    }
-                    let body = &buf[start + HEADER_LEN..end];
-                    // Only the answer to our reset, not a stale error of the
-                    // old connection.
-                    let ours = serde_json::from_slice::<Value>(body).is_ok()
-                        && body.windows(5).any(|w| w == b"magic");
-                    if ours {
-                        s.set_read_timeout(None)?;
-                        return Ok(());
-                    }
-                    start += 1;
-                }
-                _ => start += 1,
-            }
-        }
-        buf.drain(..start);
-        if buf.len() > 4 << 20 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "no answer to the reset in the first 4 MiB",
-            ));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the agent did not answer the connection reset",
-            ));
-        }
-        s.set_read_timeout(Some(left))?;
-        match (&*s).read(&mut chunk) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "closed during the connection reset",
-                ))
-            }
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 fn pipe() -> io::Result<(fs::File, fs::File)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two fds on success.
@@ -1319,15 +1246,12 @@ impl Vm for QemuVm {
         let path = self.agent_socket();
         loop {
             match UnixStream::connect(&path) {
-                Ok(s) => {
-                    reset_agent_stream(&s, deadline).map_err(|e| {
-                        io_err(
-                            format!("reset the agent connection on {}", path.display()),
-                            e,
-                        )
-                    })?;
-                    return Ok(s);
-                }
+                // No reset round trip: virtio-serial cannot signal a new
+                // connection to a guest that still holds an old one (a
+                // restored guest does), so the protocol's hello itself
+                // restarts the agent's connection, and the client skips
+                // stale output by the hello's nonce.
+                Ok(s) => return Ok(s),
                 Err(e)
                     if matches!(
                         e.kind(),

@@ -21,41 +21,53 @@ use std::sync::{Arc, Mutex};
 pub const MAX_INFLIGHT: usize = 4096;
 
 pub struct Writer {
-    out: Mutex<File>,
+    /// Shared by every logical connection on one stream: a host hello
+    /// mid-connection starts a new `Writer` on the same stream, and the
+    /// mutex keeps the old one's last frame from interleaving with it.
+    out: Arc<Mutex<File>>,
     broken: AtomicBool,
 }
 
 impl Writer {
     pub fn new(out: File) -> Writer {
+        Writer::on(Arc::new(Mutex::new(out)))
+    }
+
+    fn on(out: Arc<Mutex<File>>) -> Writer {
         Writer {
-            out: Mutex::new(out),
+            out,
             broken: AtomicBool::new(false),
         }
     }
 
     /// Writes one encoded frame. Returns false once the connection is gone.
     pub fn send(&self, frame: &[u8]) -> bool {
-        if self.broken.load(Ordering::Relaxed) {
+        if self.broken.load(Ordering::Acquire) {
             return false;
         }
         let mut out = match self.out.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        // Checked again under the lock: after a reset, no frame of the old
+        // connection may follow the new hello.
+        if self.broken.load(Ordering::Acquire) {
+            return false;
+        }
         if let Err(e) = out.write_all(frame) {
             log::debug!("connection write failed: {e}");
-            self.broken.store(true, Ordering::Relaxed);
+            self.broken.store(true, Ordering::Release);
             return false;
         }
         true
     }
 
     pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Relaxed)
+        self.broken.load(Ordering::Acquire)
     }
 
     pub fn mark_broken(&self) {
-        self.broken.store(true, Ordering::Relaxed);
+        self.broken.store(true, Ordering::Release);
     }
 
     pub fn json<T: serde::Serialize>(&self, kind: Kind, id: u64, v: &T) -> bool {
@@ -215,18 +227,37 @@ impl Drop for Req {
     }
 }
 
-/// Runs one connection until the host goes away. `reader` and `writer` are
-/// two handles on the same stream.
+impl ConnShared {
+    fn new(writer: Writer) -> Arc<ConnShared> {
+        Arc::new(ConnShared {
+            writer: Arc::new(writer),
+            routes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Ends this logical connection: later frames of its handlers are
+    /// dropped and every request in flight is told the host is gone.
+    fn close(&self) {
+        self.writer.mark_broken();
+        let routes: Vec<Mailbox> = self.routes().drain().map(|(_, m)| m).collect();
+        for m in routes {
+            m.send(Msg::Closed);
+        }
+    }
+}
+
+/// Runs one stream until the host goes away. `reader` and `writer` are two
+/// handles on the same stream. A hello on an established connection
+/// starts a new one on the same stream: virtio-serial has no reliable
+/// reset (a restored guest still holds the connection of the host that
+/// was attached at snapshot time), so the hello is the reset.
 pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
-    let writer = Arc::new(Writer::new(writer));
-    let conn = Arc::new(ConnShared {
-        writer: writer.clone(),
-        routes: Mutex::new(HashMap::new()),
-    });
+    let out = Arc::new(Mutex::new(writer));
     let mut frames = FrameReader::new(BufReader::with_capacity(256 * 1024, reader));
-    if let Err(e) = handshake(&mut frames, &writer) {
+    let mut conn = ConnShared::new(Writer::on(out.clone()));
+    if let Err(e) = handshake(&mut frames, &conn.writer) {
         log::info!("connection closed during hello: {e}");
-        writer.mark_broken();
+        conn.writer.mark_broken();
         return;
     }
     loop {
@@ -236,7 +267,7 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
             Err(e) => {
                 log::info!("closing connection: {e}");
                 if !matches!(e, proto::DecodeError::Io(_) | proto::DecodeError::Truncated) {
-                    writer.error(
+                    conn.writer.error(
                         proto::CONNECTION_ID,
                         &ErrorBody::new(ErrorCode::Protocol, e.to_string()),
                     );
@@ -244,13 +275,19 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
                 break;
             }
         };
+        if frame.kind() == Some(Kind::Hello) {
+            log::info!("hello on an established connection: starting a new one");
+            conn.close();
+            conn = ConnShared::new(Writer::on(out.clone()));
+            if let Err(e) = answer_hello(&frame, &conn.writer) {
+                log::info!("connection closed during hello: {e}");
+                break;
+            }
+            continue;
+        }
         dispatch(agent, &conn, frame);
     }
-    writer.mark_broken();
-    let routes: Vec<Mailbox> = conn.routes().drain().map(|(_, m)| m).collect();
-    for m in routes {
-        m.send(Msg::Closed);
-    }
+    conn.close();
 }
 
 fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Result<(), String> {
@@ -274,6 +311,12 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         );
         return Err("first frame was not hello".into());
     }
+    answer_hello(&f, writer)
+}
+
+/// Negotiates the version, applies a restore fixup the hello carries, and
+/// answers. On error the host got an error frame and the connection ends.
+fn answer_hello(f: &Frame, writer: &Writer) -> Result<(), String> {
     let h: Hello = match serde_json::from_slice(&f.payload) {
         Ok(h) => h,
         Err(e) => {
@@ -301,6 +344,15 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         );
         return Err("version mismatch".into());
     }
+    // Before the answer: once the host has it, the guest must already run
+    // on the host's clock with a reseeded RNG.
+    if let Some(fix) = &h.restored {
+        if let Err(mut e) = super::init::restored(fix.unix_time_ns, &fix.entropy_hex) {
+            e.message = format!("restore fixup in hello: {}", e.message);
+            writer.error(proto::CONNECTION_ID, &e);
+            return Err(e.message);
+        }
+    }
     let reply = Hello {
         version,
         min_version: proto::MIN_PROTOCOL_VERSION,
@@ -308,6 +360,7 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         software: format!("sandbox-agent/{}", env!("CARGO_PKG_VERSION")),
         capabilities: proto::CAPABILITIES.iter().map(|s| s.to_string()).collect(),
         max_payload: proto::MAX_PAYLOAD as u32,
+        restored: None,
     };
     if !writer.json(Kind::Hello, proto::CONNECTION_ID, &reply) {
         return Err("write failed".into());
@@ -366,12 +419,8 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
                 mb.send(msg);
             }
         }
-        Kind::Hello => conn_error(
-            conn,
-            ErrorCode::Protocol,
-            "hello already exchanged on this connection".into(),
-            id,
-        ),
+        // `serve` handles it: a hello restarts the connection.
+        Kind::Hello => {}
         Kind::Response | Kind::Event | Kind::Error => conn_error(
             conn,
             ErrorCode::Protocol,
