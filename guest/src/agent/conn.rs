@@ -5,6 +5,7 @@
 //! blocking write here always completes eventually; handlers may block on
 //! the writer, the reader thread only for short error frames.
 
+use super::exec::Running;
 use super::Agent;
 use crate::proto::{
     self, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame, FrameReader, Hello, Kind,
@@ -14,6 +15,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -253,6 +255,7 @@ impl ConnShared {
 /// was attached at snapshot time), so the hello is the reset.
 pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
     let out = Arc::new(Mutex::new(writer));
+    let stream_fd = reader.as_raw_fd();
     let mut frames = FrameReader::new(BufReader::with_capacity(256 * 1024, reader));
     let mut conn = ConnShared::new(Writer::on(out.clone()));
     if let Err(e) = handshake(&mut frames, &conn.writer) {
@@ -260,7 +263,23 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
         conn.writer.mark_broken();
         return;
     }
+    // One foreground exec is pumped by this thread between frames: the
+    // process is spawned and its exit seen here, with no hop to a worker
+    // thread on the exec round trip (the hot path).
+    let mut inline: Option<Running> = None;
     loop {
+        if let Some(run) = inline.as_mut() {
+            // Frames already buffered come first; else wait for either.
+            let stream_ready = !frames.get_mut().buffer().is_empty() || run.step(Some(stream_fd));
+            if run.done() {
+                if let Some(r) = inline.take() {
+                    r.finish();
+                }
+            }
+            if !stream_ready {
+                continue;
+            }
+        }
         let frame = match frames.read_frame() {
             Ok(Some(f)) => f,
             Ok(None) => break,
@@ -277,6 +296,7 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
         };
         if frame.kind() == Some(Kind::Hello) {
             log::info!("hello on an established connection: starting a new one");
+            offload(agent, &mut inline);
             conn.close();
             conn = ConnShared::new(Writer::on(out.clone()));
             if let Err(e) = answer_hello(&frame, &conn.writer) {
@@ -285,9 +305,20 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
             }
             continue;
         }
-        dispatch(agent, &conn, frame);
+        if let Some(run) = dispatch(agent, &conn, frame, inline.is_none()) {
+            inline = Some(run);
+        }
     }
+    offload(agent, &mut inline);
     conn.close();
+}
+
+/// Hands the exec this thread pumps to a worker (the connection is ending;
+/// the worker sees the close and answers or kills accordingly).
+fn offload(agent: &Arc<Agent>, inline: &mut Option<Running>) {
+    if let Some(run) = inline.take() {
+        agent.pool.execute(Box::new(move || run.run_to_end()));
+    }
 }
 
 fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Result<(), String> {
@@ -374,7 +405,14 @@ fn conn_error(conn: &ConnShared, code: ErrorCode, msg: String, id: u64) {
     conn.writer.error(proto::CONNECTION_ID, &e);
 }
 
-fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
+/// Handles one frame. A foreground exec started inline (allowed when
+/// `inline_free`) is returned for the caller to pump.
+fn dispatch(
+    agent: &Arc<Agent>,
+    conn: &Arc<ConnShared>,
+    f: Frame,
+    inline_free: bool,
+) -> Option<Running> {
     let id = f.header.id;
     let Some(kind) = f.kind() else {
         conn_error(
@@ -383,11 +421,11 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
             format!("unknown frame kind {}", f.header.kind),
             id,
         );
-        return;
+        return None;
     };
     let channel = f.header.channel;
     match kind {
-        Kind::Request => start_request(agent, conn, id, &f.payload),
+        Kind::Request => return start_request(agent, conn, id, &f.payload, inline_free),
         Kind::Data | Kind::Eof | Kind::Window | Kind::Cancel => {
             let msg = match kind {
                 Kind::Data => Msg::Data {
@@ -403,7 +441,7 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
                             "window frame payload must be 4 bytes".into(),
                             id,
                         );
-                        return;
+                        return None;
                     };
                     Msg::Window {
                         channel,
@@ -428,9 +466,16 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
             id,
         ),
     }
+    None
 }
 
-fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &[u8]) {
+fn start_request(
+    agent: &Arc<Agent>,
+    conn: &Arc<ConnShared>,
+    id: u64,
+    payload: &[u8],
+    inline_free: bool,
+) -> Option<Running> {
     if id == proto::CONNECTION_ID {
         conn_error(
             conn,
@@ -438,7 +483,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             "request id 0 is reserved".into(),
             id,
         );
-        return;
+        return None;
     }
     let req: Request = match serde_json::from_slice(payload) {
         Ok(r) => r,
@@ -458,7 +503,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     id,
                 );
             }
-            return;
+            return None;
         }
     };
     if conn.routes().contains_key(&id) {
@@ -468,7 +513,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             format!("request id {id} is already in flight"),
             id,
         );
-        return;
+        return None;
     }
     // Requests that only touch in-memory state are answered inline.
     match &req {
@@ -480,7 +525,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     uptime_ms: agent.started.elapsed().as_millis() as u64,
                 },
             );
-            return;
+            return None;
         }
         Request::ListProcs => {
             conn.writer.json(
@@ -490,7 +535,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     procs: agent.procs.list(),
                 },
             );
-            return;
+            return None;
         }
         _ => {}
     }
@@ -499,7 +544,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             Ok(w) => Some(Arc::new(w)),
             Err(e) => {
                 conn.writer.error(id, &ErrorBody::from_io(&e, "exec"));
-                return;
+                return None;
             }
         }
     } else {
@@ -516,7 +561,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                 format!("request id {id} is already in flight"),
                 id,
             );
-            return;
+            return None;
         }
         if routes.len() >= MAX_INFLIGHT {
             drop(routes);
@@ -527,7 +572,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     format!("more than {MAX_INFLIGHT} requests in flight on this connection"),
                 ),
             );
-            return;
+            return None;
         }
         routes.insert(id, mailbox.clone());
     }
@@ -537,8 +582,15 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
         rx,
         done: false,
     };
+    let (req, waker) = match (req, waker) {
+        (Request::Exec(e), Some(w)) if inline_free && !e.background => {
+            return super::exec::start(agent, r, mailbox, w, e);
+        }
+        other => other,
+    };
     let agent2 = agent.clone();
     agent.pool.execute(Box::new(move || {
         super::handle(&agent2, r, req, mailbox, waker);
     }));
+    None
 }
