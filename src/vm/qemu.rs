@@ -56,12 +56,17 @@ pub const READY_MARKER: &[u8] = b"SANDBOX-AGENT READY";
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=t panic=1 root=/dev/vda ro \
      rootfstype=erofs init=/sbin/sandbox-agent pci=off quiet";
 
-/// Added under TCG only. The emulated CPU has no TSC the kernel can
-/// calibrate, so it times a delay loop instead (~80 ms of a ~1.5 s boot);
-/// a preset loops-per-jiffy (the value that loop measures here, HZ=250)
-/// skips it. It only scales udelay(), which virtio devices do not rely on;
-/// under KVM the kernel derives it from the TSC at no cost.
-pub const TCG_CMDLINE: &str = "lpj=163072";
+/// Added under TCG only (under KVM the kernel has kvmclock and a TSC, and
+/// neither cost exists):
+/// - `noapictimer`: the kernel spends ~230 ms of a TCG boot (far more
+///   under host load: it waits on jiffies) calibrating and then verifying
+///   the local APIC timer, and the verification fails under TCG, leaving
+///   the PIT as the tick. This goes straight to that end state.
+/// - `lpj=`: with no TSC it can calibrate, the kernel times a delay loop
+///   (~80 ms); a preset loops-per-jiffy (a value that loop measured here at
+///   HZ=250; it varies 4x with host load anyway) skips it. It only scales
+///   udelay(), which virtio devices do not rely on.
+pub const TCG_CMDLINE: &str = "noapictimer lpj=163072";
 
 /// Bytes of console output kept in memory for error messages.
 const CONSOLE_TAIL: usize = 8 * 1024;
