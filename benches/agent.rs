@@ -5,7 +5,9 @@
 //! - ping and `true` exec round trips through the agent, p50/p99;
 //! - stdout streaming, file write and file read throughput in MiB/s.
 //!
-//! Set BENCH_N to change the number of round trips (default 2000).
+//! Set BENCH_N to change the number of round trips (default 2000), and
+//! BENCH_BASELINE_AGENT=/path/to/sandbox-agent to compare another agent
+//! build with this one, interleaved (robust to a machine whose load moves).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -51,6 +53,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
+    // The agent (not PID 1 here) hands its own environment to every
+    // process it starts, and `cargo bench` sets LD_LIBRARY_PATH: the
+    // dynamic loader of every `true` then searches cargo's directories
+    // first, ~185 µs per exec on these machines, which a VM's agent (clean
+    // template environment) never pays and the floor (empty environment)
+    // does not pay either.
+    std::env::remove_var("LD_LIBRARY_PATH");
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
         // Keep file benchmarks about the protocol, not the disk.
@@ -114,6 +123,21 @@ fn main() {
         us(exec_p50.saturating_sub(floor_p50))
     );
 
+    // The same exec with no host client threads: one thread writes the
+    // request and reads the answer off the socket itself. The difference
+    // to the client figure is the host client's own hop (reader thread ->
+    // caller).
+    let raw_p50 = raw_exec_rtt(&a, &req, n);
+    println!(
+        "agent exec `true`, raw socket      p50 {}  (p50 over floor: {})",
+        us(raw_p50),
+        us(raw_p50.saturating_sub(floor_p50))
+    );
+
+    if let Ok(other) = std::env::var("BENCH_BASELINE_AGENT") {
+        compare(&a, &c, &other, &req, n);
+    }
+
     // Streaming: 1 GiB of stdout.
     let bytes: u64 = 1 << 30;
     let t = Instant::now();
@@ -174,6 +198,154 @@ fn main() {
             .and_then(|l| l.split_whitespace().nth(1))
             .unwrap_or("?")
     );
+}
+
+/// A connection driven by the calling thread alone: it writes the request
+/// and reads the answer off the socket itself, with no client threads.
+struct RawConn {
+    s: std::os::unix::net::UnixStream,
+    r: agent_sandbox::proto::FrameReader<std::io::BufReader<std::os::unix::net::UnixStream>>,
+    body: Vec<u8>,
+    next: u64,
+}
+
+impl RawConn {
+    fn new(a: &common::TestAgent, req: &ExecRequest) -> RawConn {
+        use agent_sandbox::proto::{self, encode_json, FrameReader, Hello, Kind};
+        use std::io::Write;
+        let mut s = a.stream();
+        let mut r = FrameReader::new(std::io::BufReader::new(s.try_clone().expect("clone")));
+        s.write_all(&encode_json(
+            Kind::Hello,
+            0,
+            &Hello {
+                version: proto::PROTOCOL_VERSION,
+                min_version: proto::MIN_PROTOCOL_VERSION,
+                nonce: 1,
+                software: "bench".into(),
+                max_payload: proto::MAX_PAYLOAD as u32,
+                ..Default::default()
+            },
+        ))
+        .expect("hello");
+        r.read_frame().expect("hello reply").expect("hello reply");
+        let body = serde_json::to_vec(&Request::Exec(req.clone())).expect("json");
+        RawConn {
+            s,
+            r,
+            body,
+            next: 1,
+        }
+    }
+
+    fn exec(&mut self) -> Duration {
+        use agent_sandbox::proto::{encode_frame, Kind};
+        use std::io::Write;
+        let id = self.next;
+        self.next += 1;
+        let t = Instant::now();
+        self.s
+            .write_all(&encode_frame(Kind::Request, id, 0, &self.body))
+            .expect("send");
+        loop {
+            let f = self.r.read_frame().expect("frame").expect("frame");
+            if f.header.id == id && matches!(f.kind(), Some(Kind::Response | Kind::Error)) {
+                assert_eq!(f.kind(), Some(Kind::Response));
+                return t.elapsed();
+            }
+        }
+    }
+}
+
+fn raw_exec_rtt(a: &common::TestAgent, req: &ExecRequest, n: usize) -> Duration {
+    let mut raw = RawConn::new(a, req);
+    for _ in 0..50 {
+        raw.exec();
+    }
+    let mut v: Vec<Duration> = (0..n).map(|_| raw.exec()).collect();
+    pct(&mut v, 0.5)
+}
+
+/// Paired comparison with another agent binary (e.g. one built from an
+/// earlier commit): floor, this agent and that agent take turns, so a
+/// machine whose load changes during the run skews all three alike.
+fn compare(
+    a: &common::TestAgent,
+    c: &agent_sandbox::agent::AgentClient,
+    other: &str,
+    req: &ExecRequest,
+    n: usize,
+) {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("agent.sock");
+    let mut child = std::process::Command::new(other)
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--workspace")
+        .arg(dir.path().join("ws"))
+        .env("SANDBOX_AGENT_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the baseline agent");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("READY");
+    let b = agent_sandbox::agent::AgentClient::connect(
+        std::os::unix::net::UnixStream::connect(&sock).expect("connect"),
+        Duration::from_secs(10),
+    )
+    .expect("hello");
+    let mut raw = RawConn::new(a, req);
+    let (mut f, mut x, mut y, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let time = |cl: &agent_sandbox::agent::AgentClient| {
+        let t = Instant::now();
+        cl.exec(req.clone(), 1024).expect("exec");
+        t.elapsed()
+    };
+    for i in 0..n {
+        let t = Instant::now();
+        spawn_true();
+        f.push(t.elapsed());
+        // Alternate which agent goes first.
+        if i % 2 == 0 {
+            x.push(time(c));
+            y.push(time(&b));
+        } else {
+            y.push(time(&b));
+            x.push(time(c));
+        }
+        z.push(raw.exec());
+    }
+    let fp = pct(&mut f, 0.5);
+    let (xp, yp) = (pct(&mut x, 0.5), pct(&mut y, 0.5));
+    println!(
+        "interleaved: floor p50 {}  p99 {}",
+        us(fp),
+        us(pct(&mut f, 0.99))
+    );
+    println!(
+        "interleaved: this agent p50 {} (+{})  p99 {}",
+        us(xp),
+        us(xp.saturating_sub(fp)),
+        us(pct(&mut x, 0.99))
+    );
+    let zp = pct(&mut z, 0.5);
+    println!(
+        "interleaved: this agent, raw socket p50 {} (+{})",
+        us(zp),
+        us(zp.saturating_sub(fp)),
+    );
+    println!(
+        "interleaved: {other} p50 {} (+{})  p99 {}",
+        us(yp),
+        us(yp.saturating_sub(fp)),
+        us(pct(&mut y, 0.99))
+    );
+    b.close();
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 fn num_cpus() -> usize {

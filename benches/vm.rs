@@ -2,7 +2,7 @@
 //! restore to the first exec answered, p50/p99, with the QEMU backend
 //! (TCG here, KVM where it works). Prints numbers; asserts nothing.
 //!
-//!   cargo bench --bench vm [-- ITERATIONS]
+//!   cargo bench --bench vm [-- ITERATIONS] [restore]   (restore: skip cold boots)
 
 #[path = "../tests/common/vm.rs"]
 mod vm;
@@ -51,8 +51,14 @@ fn main() {
         .unwrap_or_else(|err| format!("? ({err})"));
     println!("QEMU backend: {accel}; {n} iterations each; 1 vCPU, 256 MiB (cold), template shape (restore)");
 
+    // `-- N restore` skips the cold boots.
+    let cold_n = if std::env::args().any(|a| a == "restore") {
+        0
+    } else {
+        n
+    };
     let (mut cold, mut cold_hello, mut cold_rss) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n {
+    for i in 0..cold_n {
         let cfg = e.cold_config(&format!("bench-cold-{i}"), "base", 256);
         let t = Instant::now();
         let mut v = e.backend.boot(&cfg).expect("boot");
@@ -87,8 +93,8 @@ fn main() {
         info.vcpus,
         info.mem_mib
     );
-    let (mut restore, mut first, mut exec_rtt, mut rest_rss) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut restore, mut hello, mut first, mut exec_rtt, mut rest_rss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let id = format!("bench-restore-{i}");
         let cfg = info.vm_config(&id, e.run_dir(&id), vm::VM_UID, vm::VM_GID);
@@ -97,6 +103,7 @@ fn main() {
         let mut v = e.backend.restore(&cfg, &info.dir).expect("restore");
         restore.push(t.elapsed());
         let c = connect_agent(v.as_mut(), true, Duration::from_secs(60)).expect("agent");
+        hello.push(t.elapsed());
         c.exec(
             ExecRequest {
                 argv: vec!["true".into()],
@@ -122,9 +129,12 @@ fn main() {
         drop(c);
         v.destroy().expect("destroy");
     }
-    report("cold boot to READY", &mut cold);
-    report("cold boot to first exec answered", &mut cold_hello);
+    if !cold.is_empty() {
+        report("cold boot to READY", &mut cold);
+        report("cold boot to first exec answered", &mut cold_hello);
+    }
     report("restore (QEMU up, state loaded, running)", &mut restore);
+    report("restore to hello answered (fixup applied)", &mut hello);
     report("restore to first exec answered", &mut first);
     report("exec `true` round trip (restored VM)", &mut exec_rtt);
     let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;

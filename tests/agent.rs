@@ -678,12 +678,13 @@ impl Raw {
             Kind::Hello,
             0,
             &Hello {
-                version: 1,
+                version: proto::PROTOCOL_VERSION,
                 min_version: 1,
                 nonce: 7,
                 software: "test".into(),
                 capabilities: vec![],
                 max_payload: 1 << 20,
+                restored: None,
             },
         ));
         let f = raw.next().expect("hello reply");
@@ -851,6 +852,7 @@ fn fatal_frames_close_only_their_connection() {
             software: "future".into(),
             capabilities: vec![],
             max_payload: 1024,
+            restored: None,
         },
     ))
     .unwrap();
@@ -906,7 +908,107 @@ fn host_finds_its_hello_after_stale_bytes() {
         let _ = guest.read(&mut b);
     });
     let c = agent_sandbox::agent::AgentClient::connect(host, Duration::from_secs(5)).unwrap();
-    assert_eq!(c.hello.version, 1);
+    assert_eq!(c.hello.version, proto::PROTOCOL_VERSION);
     c.close();
     t.join().unwrap();
+}
+
+fn hello(nonce: u64) -> Vec<u8> {
+    encode_json(
+        Kind::Hello,
+        0,
+        &Hello {
+            version: proto::PROTOCOL_VERSION,
+            min_version: 1,
+            nonce,
+            software: "test".into(),
+            max_payload: 1 << 20,
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn hello_mid_connection_starts_a_new_connection() {
+    // virtio-serial cannot tell the guest a new host attached (a restored
+    // guest still holds the snapshot's connection): the hello is the reset.
+    let a = TestAgent::start();
+    let mut raw = Raw::new(&a);
+    let m = marker();
+    raw.send(&encode_json(
+        Kind::Request,
+        1,
+        &Request::Exec(sh(&format!("sleep {m}; echo too-late"))),
+    ));
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&m) == 1));
+    raw.send(&hello(8));
+    // Nothing of the old connection follows the new hello reply.
+    let f = loop {
+        let f = raw.next().expect("hello reply");
+        if f.kind() == Some(Kind::Hello) {
+            break f;
+        }
+        assert_eq!(f.header.id, 1, "unexpected frame {f:?}");
+    };
+    let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+    assert_eq!((h.nonce, h.version), (8, proto::PROTOCOL_VERSION));
+    // The old connection's foreground process dies with it.
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()));
+    // Ids start afresh: 1 is free again.
+    raw.send(&encode_json(Kind::Request, 1, &Request::Ping));
+    let f = raw.next().expect("pong");
+    assert_eq!((f.kind(), f.header.id), (Some(Kind::Response), 1));
+    let r: Response = serde_json::from_slice(&f.payload).unwrap();
+    assert!(matches!(r, Response::Pong { .. }), "{r:?}");
+    // A hello that fails (no common version) ends the stream.
+    raw.send(&encode_json(
+        Kind::Hello,
+        0,
+        &Hello {
+            version: 99,
+            min_version: 50,
+            ..Default::default()
+        },
+    ));
+    let (id, e) = raw.next_error();
+    assert_eq!((id, e.code), (0, ErrorCode::Protocol));
+    assert!(raw.next().is_none(), "connection should close");
+}
+
+#[test]
+fn restore_fixup_in_hello_is_applied_before_the_answer() {
+    // A valid fixup would set the clock of the host running this test, so
+    // only the validation is exercised here: a bad fixup is refused with a
+    // connection error instead of a hello (tests/vm_qemu.rs checks the
+    // guest clock after a real restore).
+    let a = TestAgent::start();
+    let mut s = a.stream();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&encode_json(
+        Kind::Hello,
+        0,
+        &Hello {
+            version: proto::PROTOCOL_VERSION,
+            min_version: 1,
+            nonce: 3,
+            restored: Some(proto::RestoreFixup {
+                unix_time_ns: 1,
+                entropy_hex: "not hex".into(),
+            }),
+            ..Default::default()
+        },
+    ))
+    .unwrap();
+    let mut r = FrameReader::new(s);
+    let f = r.read_frame().unwrap().expect("error frame");
+    assert_eq!(f.kind(), Some(Kind::Error));
+    let e: proto::ErrorBody = serde_json::from_slice(&f.payload).unwrap();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    assert!(e.message.contains("restore fixup"), "{}", e.message);
+    assert!(r.read_frame().unwrap().is_none(), "connection should close");
+    // The host clock was not touched by the refused fixup.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    assert!(now.as_secs() > 1_000_000_000);
 }

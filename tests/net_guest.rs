@@ -394,6 +394,8 @@ fn guests_reach_only_what_their_policy_allows() {
     d.terminate(libc::SIGKILL);
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
     let key = d.key.clone();
+    // (What the crash left is for the next daemon to sweep, not for Drop.)
+    d.net_prefix = None;
     drop(d);
     assert!(
         !leftovers(&topo, &prefix).is_empty(),
@@ -443,4 +445,128 @@ fn probe_port(d: &Daemon, s: &str, addrs: &[Ipv4Addr], port: u16) -> Vec<String>
         .lines()
         .map(|l| l.trim().to_string())
         .collect()
+}
+
+/// A minimal pure-Python wheel and a PEP 503 "simple" index for it.
+fn make_index(dir: &std::path::Path) {
+    let script = r#"
+import sys, os, zipfile, hashlib, base64
+root = sys.argv[1]
+files = {
+    "tinypkg/__init__.py": "ANSWER = 42\n",
+    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append("tinypkg-0.1.dist-info/RECORD,,")
+files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
+os.makedirs(os.path.join(root, "simple", "tinypkg"))
+whl = os.path.join(root, "simple", "tinypkg", "tinypkg-0.1-py3-none-any.whl")
+with zipfile.ZipFile(whl, "w") as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+with open(os.path.join(root, "simple", "tinypkg", "index.html"), "w") as f:
+    f.write('<a href="tinypkg-0.1-py3-none-any.whl">tinypkg-0.1-py3-none-any.whl</a>\n')
+"#;
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .status()
+        .expect("run host python3");
+    assert!(st.success(), "building the index failed");
+}
+
+/// A child process killed (and reaped) on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn pip_installs_through_a_domain_allowlist() {
+    if skip_unless_root("pip_installs_through_a_domain_allowlist") || !vm_backend() {
+        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
+        return;
+    }
+    let prefix = common::daemon::unique_prefix();
+    let topo = Topology::new("pip");
+    for a in [OTHER, RESOLVER] {
+        add_internet_addr(&topo, a);
+    }
+    let _dns = DnsServer::start(
+        &topo.internet,
+        RESOLVER,
+        &[
+            ("pypi.test", Rr::A(INTERNET, 60)),
+            ("mirror.test", Rr::A(OTHER, 60)),
+        ],
+    );
+    // A package index on both "public" servers (port 8080).
+    let web = tempfile::tempdir().unwrap();
+    make_index(web.path());
+    let _http: Vec<Child> = [INTERNET, OTHER]
+        .iter()
+        .map(|a| {
+            Child(
+                std::process::Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &topo.internet,
+                        "python3",
+                        "-m",
+                        "http.server",
+                    ])
+                    .args(["8080", "--bind", &a.to_string(), "--directory"])
+                    .arg(web.path())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("start the index server"),
+            )
+        })
+        .collect();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        netns::in_ns(&topo.internet, || {
+            std::net::TcpStream::connect((OTHER, 8080)).is_ok()
+                && std::net::TcpStream::connect((INTERNET, 8080)).is_ok()
+        })
+    }));
+    let d = daemon(&topo, &prefix, None);
+    let r = d.http().post(
+        "/v1/sessions",
+        &json!({"id": "py", "template": "python",
+                "egress": {"mode": "allowlist", "domains": ["pypi.test"]}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let pip = |index: &str| {
+        let r = d.http().post(
+            "/v1/sessions/py/exec",
+            &json!({
+                "command": format!(
+                    "PIP_ROOT_USER_ACTION=ignore pip install -q --disable-pip-version-check \
+                     --retries 0 --timeout 5 --index-url http://{index}:8080/simple/ \
+                     --trusted-host {index} tinypkg && python3 -c 'import tinypkg; print(tinypkg.ANSWER)'"
+                ),
+                "timeout": 120000
+            }),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        (v["exitCode"].as_i64(), stdout_of(&v))
+    };
+    // A name not on the list: no answer, no install.
+    let (code, _) = pip("mirror.test");
+    assert_ne!(code, Some(0));
+    // The listed index: resolved, reachable, installed into the root fs.
+    let (code, out) = pip("pypi.test");
+    assert_eq!((code, out.trim()), (Some(0), "42"));
 }

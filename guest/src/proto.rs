@@ -22,7 +22,13 @@ use std::io::{self, Read};
 
 /// Protocol version spoken by this build. The hello exchange picks the
 /// highest version both sides support.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// Version 2: a hello arriving on an established connection starts a new
+/// one (the reset virtio-serial lacks), and the host's hello may carry the
+/// post-restore fixup ([`Hello::restored`]). A version 1 agent ignores the
+/// field, so a host that asked for a fixup and got version 1 back must send
+/// [`Request::Restored`] itself.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Oldest version this build still accepts.
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// First byte of every frame; a cheap guard against a desynchronised stream.
@@ -295,7 +301,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
 // Control messages
 // ---------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Hello {
     /// Highest version the sender speaks (in the agent's reply: the version chosen).
     pub version: u32,
@@ -310,6 +316,22 @@ pub struct Hello {
     pub capabilities: Vec<String>,
     /// Largest payload the sender accepts.
     pub max_payload: u32,
+    /// Host -> agent only (version >= 2): the VM was just restored from a
+    /// snapshot. The agent applies the fixup before it answers, so the
+    /// hello reply means "clock set, RNG reseeded, neighbours flushed";
+    /// a failed fixup is answered with a connection error instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<RestoreFixup>,
+}
+
+/// What a restored guest needs from the host: the saved guest resumes with
+/// the wall clock and RNG state of the moment it was saved.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RestoreFixup {
+    /// Wall clock to set, nanoseconds since the Unix epoch.
+    pub unix_time_ns: u64,
+    /// Hex-encoded random bytes to mix into the kernel RNG (at most 4096).
+    pub entropy_hex: String,
 }
 
 /// Capabilities the agent announces in its hello.
@@ -403,7 +425,9 @@ pub enum Request {
         #[serde(default = "yes")]
         overwrite: bool,
     },
-    /// Sent right after a snapshot restore.
+    /// Sent right after a snapshot restore by version 1 hosts; version 2
+    /// hosts put the same fields in their hello ([`Hello::restored`]),
+    /// which saves a round trip.
     Restored {
         /// Wall clock to set, nanoseconds since the Unix epoch.
         unix_time_ns: u64,

@@ -7,7 +7,7 @@
 use crate::proto::{
     self, channel, encode_frame, encode_json, encode_window, DecodeError, ErrorBody, ErrorCode,
     Event, ExecRequest, ExitStatus, FileStat, Frame, Header, Hello, Kind, Request, Response,
-    HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
+    RestoreFixup, HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::HashMap;
@@ -132,7 +132,27 @@ impl AgentClient {
     /// bytes an earlier client left unread (virtio-serial keeps them), so
     /// the reply is found by scanning for a hello frame with our nonce.
     pub fn connect(stream: UnixStream, timeout: Duration) -> Result<AgentClient> {
+        Self::connect_with(stream, timeout, false)
+    }
+
+    /// [`AgentClient::connect`], telling the agent whether the VM was just
+    /// restored from a snapshot. If so the hello carries the fixup
+    /// ([`restore_fixup`]); a version 2 agent applies it before it answers,
+    /// an older one gets it as a separate [`Request::Restored`].
+    pub fn connect_with(
+        stream: UnixStream,
+        timeout: Duration,
+        restored: bool,
+    ) -> Result<AgentClient> {
+        let deadline = Instant::now() + timeout;
         let nonce = random_u64();
+        // Taken last thing before the hello goes out: the guest clock is
+        // set to it.
+        let restored = if restored {
+            Some(restore_fixup()?)
+        } else {
+            None
+        };
         let hello = Hello {
             version: proto::PROTOCOL_VERSION,
             min_version: proto::MIN_PROTOCOL_VERSION,
@@ -140,6 +160,7 @@ impl AgentClient {
             software: format!("agent-sandbox/{}", env!("CARGO_PKG_VERSION")),
             capabilities: Vec::new(),
             max_payload: proto::MAX_PAYLOAD as u32,
+            restored: restored.clone(),
         };
         let mut w = stream.try_clone()?;
         w.write_all(&encode_json(Kind::Hello, proto::CONNECTION_ID, &hello))?;
@@ -169,10 +190,27 @@ impl AgentClient {
                 }
                 reader_loop(s2, r)
             })?;
-        Ok(AgentClient {
+        let client = AgentClient {
             shared,
             hello: Arc::new(reply),
-        })
+        };
+        if let Some(fix) = restored {
+            if client.hello.version < 2 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let r = client.simple(
+                    &Request::Restored {
+                        unix_time_ns: fix.unix_time_ns,
+                        entropy_hex: fix.entropy_hex,
+                    },
+                    left.max(Duration::from_secs(1)),
+                );
+                if let Err(e) = r {
+                    client.close();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(client)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -717,6 +755,23 @@ fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<Hello
             Err(e) => return Err(ClientError::Io(e)),
         }
     }
+}
+
+/// The fixup a guest needs right after a snapshot restore: the host's wall
+/// clock now and 32 fresh random bytes.
+pub fn restore_fixup() -> io::Result<RestoreFixup> {
+    let unix_time_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut entropy = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut entropy))
+        .map_err(|e| io::Error::new(e.kind(), format!("read /dev/urandom: {e}")))?;
+    Ok(RestoreFixup {
+        unix_time_ns,
+        entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect(),
+    })
 }
 
 /// A nonce, not a secret: it only has to differ between connections.

@@ -15,13 +15,20 @@ pub struct Isolated {
 }
 
 impl Isolated {
-    /// `{prefix}-i{random}` with `cfg.tap_name` owned by the configured
-    /// TAP uid/gid, loopback down, IPv6 off: a dead end for any frame.
+    /// `{prefix}-i{pid}-{random}` with `cfg.tap_name` owned by the
+    /// configured TAP uid/gid, loopback down: a dead end for any frame.
+    /// The creator's pid in the name lets [`Isolated::sweep`] tell a dead
+    /// process's leftovers from a live one's.
     pub fn create(cfg: &NetConfig) -> Result<Isolated> {
         cfg.validate()?;
         let mut last = None;
         for _ in 0..8 {
-            let name = format!("{}-i{}", cfg.prefix, super::random_id()?);
+            let name = format!(
+                "{}-i{}-{}",
+                cfg.prefix,
+                std::process::id(),
+                super::random_id()?
+            );
             match netns::create(&name, || {
                 tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)
             }) {
@@ -45,6 +52,28 @@ impl Isolated {
     }
     pub fn tap(&self) -> &str {
         &self.tap
+    }
+}
+
+impl Isolated {
+    /// Remove isolated namespaces of `prefix` whose creating process is
+    /// gone (several daemons or in-process MCP servers may share a prefix
+    /// when networking is off). Returns the names removed.
+    pub fn sweep(prefix: &str) -> Result<Vec<String>> {
+        let mut gone = Vec::new();
+        let head = format!("{prefix}-i");
+        for name in netns::list(&head)? {
+            let pid = name[head.len()..]
+                .split('-')
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                netns::delete(&name)?;
+                gone.push(name);
+            }
+        }
+        Ok(gone)
     }
 }
 

@@ -7,7 +7,6 @@ use super::{
     EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
 };
 use crate::agent::AgentClient;
-use crate::proto::Request;
 use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -123,14 +122,9 @@ impl SandboxFactory for VmSandboxFactory {
             .connect_agent(Instant::now() + self.agent_timeout)
             .map_err(|e| fail("agent socket", e.to_string()))
             .and_then(|s| {
-                AgentClient::connect(s, self.agent_timeout)
+                // After a restore the hello carries the clock/entropy fixup.
+                AgentClient::connect_with(s, self.agent_timeout, tpl.snapshot_dir.is_some())
                     .map_err(|e| fail("agent hello", e.to_string()))
-            })
-            .and_then(|agent| {
-                if tpl.snapshot_dir.is_some() {
-                    restored(&agent, self.agent_timeout).map_err(|e| fail("restore fixup", e))?;
-                }
-                Ok(agent)
             });
         match connected {
             Ok(agent) => Ok(Box::new(VmSandbox {
@@ -221,28 +215,6 @@ fn sweep_run_dirs(run_root: &std::path::Path) -> usize {
         }
     }
     n
-}
-
-/// After a snapshot restore: fresh wall clock and entropy for the guest.
-fn restored(agent: &AgentClient, timeout: Duration) -> std::result::Result<(), String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut entropy = String::with_capacity(64);
-    for _ in 0..4 {
-        entropy.push_str(&format!("{:016x}", crate::agent::random_u64()));
-    }
-    agent
-        .simple(
-            &Request::Restored {
-                unix_time_ns: now,
-                entropy_hex: entropy,
-            },
-            timeout,
-        )
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 pub struct VmSandbox {

@@ -470,15 +470,9 @@ fn sweep_network(n: &NetConfig, on: bool) {
         }
         return;
     }
-    match crate::net::netns::list(&format!("{}-i", n.prefix)) {
-        Ok(l) => {
-            for name in l {
-                match crate::net::netns::delete(&name) {
-                    Ok(()) => log::warn!("sweep: removed namespace {name}"),
-                    Err(e) => log::warn!("sweep: {e}"),
-                }
-            }
-        }
+    match Isolated::sweep(&n.prefix) {
+        Ok(l) if !l.is_empty() => log::warn!("sweep: removed namespaces {l:?}"),
+        Ok(_) => {}
         Err(e) => log::warn!("sweep: {e}"),
     }
 }

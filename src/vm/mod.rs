@@ -118,8 +118,8 @@ pub trait Vm: Send {
 }
 
 /// Connect to a VM's agent and say hello. After a restore (`restored`), the
-/// agent is first told the wall clock and given fresh entropy
-/// ([`crate::proto::Request::Restored`]): the saved guest resumes with the
+/// hello carries the wall clock and fresh entropy
+/// ([`crate::proto::Hello::restored`]): the saved guest resumes with the
 /// clock and RNG state of the moment it was saved.
 pub fn connect_agent(
     vm: &mut dyn Vm,
@@ -127,39 +127,13 @@ pub fn connect_agent(
     timeout: std::time::Duration,
 ) -> Result<crate::agent::AgentClient> {
     let deadline = Instant::now() + timeout;
+    let id = vm.id().to_string();
     let stream = vm.connect_agent(deadline)?;
     let left = deadline.saturating_duration_since(Instant::now());
-    let id = vm.id().to_string();
-    let agent_err = |what: &str, e: crate::agent::ClientError| {
-        VmError::Other(format!("VM {id}: agent {what}: {e}"))
-    };
-    let client =
-        crate::agent::AgentClient::connect(stream, left.max(std::time::Duration::from_millis(1)))
-            .map_err(|e| agent_err("hello", e))?;
-    if restored {
-        let unix_time_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut entropy = [0u8; 32];
-        fill_random(&mut entropy)
-            .map_err(|e| VmError::Other(format!("VM {id}: read entropy for the guest: {e}")))?;
-        let entropy_hex: String = entropy.iter().map(|b| format!("{b:02x}")).collect();
-        let left = deadline.saturating_duration_since(Instant::now());
-        client
-            .simple(
-                &crate::proto::Request::Restored {
-                    unix_time_ns,
-                    entropy_hex,
-                },
-                left.max(std::time::Duration::from_secs(1)),
-            )
-            .map_err(|e| agent_err("restore notice", e))?;
-    }
-    Ok(client)
-}
-
-fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+    crate::agent::AgentClient::connect_with(
+        stream,
+        left.max(std::time::Duration::from_millis(1)),
+        restored,
+    )
+    .map_err(|e| VmError::Other(format!("VM {id}: agent hello: {e}")))
 }

@@ -526,7 +526,8 @@ impl Registry {
                 );
             }
             // Detach before saving, so the saved agent is between connections
-            // as far as it can tell (restore also resets the stream).
+            // as far as it can tell (and if it has not noticed yet, the
+            // first hello after a restore starts a new connection anyway).
             client.close();
             vm.snapshot(&tmp)
         })();

@@ -25,6 +25,8 @@ pub fn unique_prefix() -> String {
 
 pub struct Daemon {
     pub child: Option<Child>,
+    /// `--net-prefix` of a VM daemon: what its namespaces are named by.
+    pub net_prefix: Option<String>,
     pub base: String,
     /// The first admin+exec+metrics key the daemon printed.
     pub key: String,
@@ -42,6 +44,11 @@ impl Daemon {
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
         let backend = super::test_backend();
+        let mut net_prefix = extra
+            .iter()
+            .position(|a| *a == "--net-prefix")
+            .and_then(|i| extra.get(i + 1))
+            .map(|p| p.to_string());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"));
         cmd.arg("serve")
             .arg("--listen")
@@ -60,8 +67,10 @@ impl Daemon {
             if !extra.contains(&"--network") {
                 cmd.args(["--network", "off"]);
             }
-            if !extra.contains(&"--net-prefix") {
-                cmd.args(["--net-prefix", &unique_prefix()]);
+            if net_prefix.is_none() {
+                let p = unique_prefix();
+                cmd.args(["--net-prefix", &p]);
+                net_prefix = Some(p);
             }
         }
         if let Ok(a) = std::env::var("AGENT_SANDBOX_TEST_ARGS") {
@@ -99,6 +108,7 @@ impl Daemon {
         );
         Daemon {
             child: Some(child),
+            net_prefix,
             base,
             key,
             dir,
@@ -168,9 +178,28 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // A clean shutdown first (it removes its sessions' VMs, namespaces
+        // and links), then force.
+        if self.child.is_some() {
+            self.terminate(libc::SIGTERM);
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // Whatever a killed daemon left under its network prefix.
+        if let Some(p) = &self.net_prefix {
+            let head = format!("{p}-");
+            for e in std::fs::read_dir("/run/netns")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&head) {
+                    let _ = Command::new("ip").args(["netns", "del", &name]).status();
+                }
+            }
         }
         // Leave no sandbox behind even if a test failed half-way.
         for pid in super::procs_with(&self.dir.path().display().to_string()) {

@@ -5,6 +5,7 @@
 //! blocking write here always completes eventually; handlers may block on
 //! the writer, the reader thread only for short error frames.
 
+use super::exec::Running;
 use super::Agent;
 use crate::proto::{
     self, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame, FrameReader, Hello, Kind,
@@ -14,6 +15,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,41 +23,53 @@ use std::sync::{Arc, Mutex};
 pub const MAX_INFLIGHT: usize = 4096;
 
 pub struct Writer {
-    out: Mutex<File>,
+    /// Shared by every logical connection on one stream: a host hello
+    /// mid-connection starts a new `Writer` on the same stream, and the
+    /// mutex keeps the old one's last frame from interleaving with it.
+    out: Arc<Mutex<File>>,
     broken: AtomicBool,
 }
 
 impl Writer {
     pub fn new(out: File) -> Writer {
+        Writer::on(Arc::new(Mutex::new(out)))
+    }
+
+    fn on(out: Arc<Mutex<File>>) -> Writer {
         Writer {
-            out: Mutex::new(out),
+            out,
             broken: AtomicBool::new(false),
         }
     }
 
     /// Writes one encoded frame. Returns false once the connection is gone.
     pub fn send(&self, frame: &[u8]) -> bool {
-        if self.broken.load(Ordering::Relaxed) {
+        if self.broken.load(Ordering::Acquire) {
             return false;
         }
         let mut out = match self.out.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        // Checked again under the lock: after a reset, no frame of the old
+        // connection may follow the new hello.
+        if self.broken.load(Ordering::Acquire) {
+            return false;
+        }
         if let Err(e) = out.write_all(frame) {
             log::debug!("connection write failed: {e}");
-            self.broken.store(true, Ordering::Relaxed);
+            self.broken.store(true, Ordering::Release);
             return false;
         }
         true
     }
 
     pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Relaxed)
+        self.broken.load(Ordering::Acquire)
     }
 
     pub fn mark_broken(&self) {
-        self.broken.store(true, Ordering::Relaxed);
+        self.broken.store(true, Ordering::Release);
     }
 
     pub fn json<T: serde::Serialize>(&self, kind: Kind, id: u64, v: &T) -> bool {
@@ -215,28 +229,64 @@ impl Drop for Req {
     }
 }
 
-/// Runs one connection until the host goes away. `reader` and `writer` are
-/// two handles on the same stream.
+impl ConnShared {
+    fn new(writer: Writer) -> Arc<ConnShared> {
+        Arc::new(ConnShared {
+            writer: Arc::new(writer),
+            routes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Ends this logical connection: later frames of its handlers are
+    /// dropped and every request in flight is told the host is gone.
+    fn close(&self) {
+        self.writer.mark_broken();
+        let routes: Vec<Mailbox> = self.routes().drain().map(|(_, m)| m).collect();
+        for m in routes {
+            m.send(Msg::Closed);
+        }
+    }
+}
+
+/// Runs one stream until the host goes away. `reader` and `writer` are two
+/// handles on the same stream. A hello on an established connection
+/// starts a new one on the same stream: virtio-serial has no reliable
+/// reset (a restored guest still holds the connection of the host that
+/// was attached at snapshot time), so the hello is the reset.
 pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
-    let writer = Arc::new(Writer::new(writer));
-    let conn = Arc::new(ConnShared {
-        writer: writer.clone(),
-        routes: Mutex::new(HashMap::new()),
-    });
+    let out = Arc::new(Mutex::new(writer));
+    let stream_fd = reader.as_raw_fd();
     let mut frames = FrameReader::new(BufReader::with_capacity(256 * 1024, reader));
-    if let Err(e) = handshake(&mut frames, &writer) {
+    let mut conn = ConnShared::new(Writer::on(out.clone()));
+    if let Err(e) = handshake(&mut frames, &conn.writer) {
         log::info!("connection closed during hello: {e}");
-        writer.mark_broken();
+        conn.writer.mark_broken();
         return;
     }
+    // One foreground exec is pumped by this thread between frames: the
+    // process is spawned and its exit seen here, with no hop to a worker
+    // thread on the exec round trip (the hot path).
+    let mut inline: Option<Running> = None;
     loop {
+        if let Some(run) = inline.as_mut() {
+            // Frames already buffered come first; else wait for either.
+            let stream_ready = !frames.get_mut().buffer().is_empty() || run.step(Some(stream_fd));
+            if run.done() {
+                if let Some(r) = inline.take() {
+                    r.finish();
+                }
+            }
+            if !stream_ready {
+                continue;
+            }
+        }
         let frame = match frames.read_frame() {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => {
                 log::info!("closing connection: {e}");
                 if !matches!(e, proto::DecodeError::Io(_) | proto::DecodeError::Truncated) {
-                    writer.error(
+                    conn.writer.error(
                         proto::CONNECTION_ID,
                         &ErrorBody::new(ErrorCode::Protocol, e.to_string()),
                     );
@@ -244,12 +294,30 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
                 break;
             }
         };
-        dispatch(agent, &conn, frame);
+        if frame.kind() == Some(Kind::Hello) {
+            log::info!("hello on an established connection: starting a new one");
+            offload(agent, &mut inline);
+            conn.close();
+            conn = ConnShared::new(Writer::on(out.clone()));
+            if let Err(e) = answer_hello(&frame, &conn.writer) {
+                log::info!("connection closed during hello: {e}");
+                break;
+            }
+            continue;
+        }
+        if let Some(run) = dispatch(agent, &conn, frame, inline.is_none()) {
+            inline = Some(run);
+        }
     }
-    writer.mark_broken();
-    let routes: Vec<Mailbox> = conn.routes().drain().map(|(_, m)| m).collect();
-    for m in routes {
-        m.send(Msg::Closed);
+    offload(agent, &mut inline);
+    conn.close();
+}
+
+/// Hands the exec this thread pumps to a worker (the connection is ending;
+/// the worker sees the close and answers or kills accordingly).
+fn offload(agent: &Arc<Agent>, inline: &mut Option<Running>) {
+    if let Some(run) = inline.take() {
+        agent.pool.execute(Box::new(move || run.run_to_end()));
     }
 }
 
@@ -274,6 +342,12 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         );
         return Err("first frame was not hello".into());
     }
+    answer_hello(&f, writer)
+}
+
+/// Negotiates the version, applies a restore fixup the hello carries, and
+/// answers. On error the host got an error frame and the connection ends.
+fn answer_hello(f: &Frame, writer: &Writer) -> Result<(), String> {
     let h: Hello = match serde_json::from_slice(&f.payload) {
         Ok(h) => h,
         Err(e) => {
@@ -301,6 +375,15 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         );
         return Err("version mismatch".into());
     }
+    // Before the answer: once the host has it, the guest must already run
+    // on the host's clock with a reseeded RNG.
+    if let Some(fix) = &h.restored {
+        if let Err(mut e) = super::init::restored(fix.unix_time_ns, &fix.entropy_hex) {
+            e.message = format!("restore fixup in hello: {}", e.message);
+            writer.error(proto::CONNECTION_ID, &e);
+            return Err(e.message);
+        }
+    }
     let reply = Hello {
         version,
         min_version: proto::MIN_PROTOCOL_VERSION,
@@ -308,6 +391,7 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
         software: format!("sandbox-agent/{}", env!("CARGO_PKG_VERSION")),
         capabilities: proto::CAPABILITIES.iter().map(|s| s.to_string()).collect(),
         max_payload: proto::MAX_PAYLOAD as u32,
+        restored: None,
     };
     if !writer.json(Kind::Hello, proto::CONNECTION_ID, &reply) {
         return Err("write failed".into());
@@ -321,7 +405,14 @@ fn conn_error(conn: &ConnShared, code: ErrorCode, msg: String, id: u64) {
     conn.writer.error(proto::CONNECTION_ID, &e);
 }
 
-fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
+/// Handles one frame. A foreground exec started inline (allowed when
+/// `inline_free`) is returned for the caller to pump.
+fn dispatch(
+    agent: &Arc<Agent>,
+    conn: &Arc<ConnShared>,
+    f: Frame,
+    inline_free: bool,
+) -> Option<Running> {
     let id = f.header.id;
     let Some(kind) = f.kind() else {
         conn_error(
@@ -330,11 +421,11 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
             format!("unknown frame kind {}", f.header.kind),
             id,
         );
-        return;
+        return None;
     };
     let channel = f.header.channel;
     match kind {
-        Kind::Request => start_request(agent, conn, id, &f.payload),
+        Kind::Request => return start_request(agent, conn, id, &f.payload, inline_free),
         Kind::Data | Kind::Eof | Kind::Window | Kind::Cancel => {
             let msg = match kind {
                 Kind::Data => Msg::Data {
@@ -350,7 +441,7 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
                             "window frame payload must be 4 bytes".into(),
                             id,
                         );
-                        return;
+                        return None;
                     };
                     Msg::Window {
                         channel,
@@ -366,12 +457,8 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
                 mb.send(msg);
             }
         }
-        Kind::Hello => conn_error(
-            conn,
-            ErrorCode::Protocol,
-            "hello already exchanged on this connection".into(),
-            id,
-        ),
+        // `serve` handles it: a hello restarts the connection.
+        Kind::Hello => {}
         Kind::Response | Kind::Event | Kind::Error => conn_error(
             conn,
             ErrorCode::Protocol,
@@ -379,9 +466,16 @@ fn dispatch(agent: &Arc<Agent>, conn: &Arc<ConnShared>, f: Frame) {
             id,
         ),
     }
+    None
 }
 
-fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &[u8]) {
+fn start_request(
+    agent: &Arc<Agent>,
+    conn: &Arc<ConnShared>,
+    id: u64,
+    payload: &[u8],
+    inline_free: bool,
+) -> Option<Running> {
     if id == proto::CONNECTION_ID {
         conn_error(
             conn,
@@ -389,7 +483,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             "request id 0 is reserved".into(),
             id,
         );
-        return;
+        return None;
     }
     let req: Request = match serde_json::from_slice(payload) {
         Ok(r) => r,
@@ -409,7 +503,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     id,
                 );
             }
-            return;
+            return None;
         }
     };
     if conn.routes().contains_key(&id) {
@@ -419,7 +513,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             format!("request id {id} is already in flight"),
             id,
         );
-        return;
+        return None;
     }
     // Requests that only touch in-memory state are answered inline.
     match &req {
@@ -431,7 +525,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     uptime_ms: agent.started.elapsed().as_millis() as u64,
                 },
             );
-            return;
+            return None;
         }
         Request::ListProcs => {
             conn.writer.json(
@@ -441,7 +535,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     procs: agent.procs.list(),
                 },
             );
-            return;
+            return None;
         }
         _ => {}
     }
@@ -450,7 +544,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
             Ok(w) => Some(Arc::new(w)),
             Err(e) => {
                 conn.writer.error(id, &ErrorBody::from_io(&e, "exec"));
-                return;
+                return None;
             }
         }
     } else {
@@ -467,7 +561,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                 format!("request id {id} is already in flight"),
                 id,
             );
-            return;
+            return None;
         }
         if routes.len() >= MAX_INFLIGHT {
             drop(routes);
@@ -478,7 +572,7 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
                     format!("more than {MAX_INFLIGHT} requests in flight on this connection"),
                 ),
             );
-            return;
+            return None;
         }
         routes.insert(id, mailbox.clone());
     }
@@ -488,8 +582,15 @@ fn start_request(agent: &Arc<Agent>, conn: &Arc<ConnShared>, id: u64, payload: &
         rx,
         done: false,
     };
+    let (req, waker) = match (req, waker) {
+        (Request::Exec(e), Some(w)) if inline_free && !e.background => {
+            return super::exec::start(agent, r, mailbox, w, e);
+        }
+        other => other,
+    };
     let agent2 = agent.clone();
     agent.pool.execute(Box::new(move || {
         super::handle(&agent2, r, req, mailbox, waker);
     }));
+    None
 }

@@ -182,14 +182,94 @@ fn open_stdio(agent: &Agent, e: &ExecRequest) -> std::io::Result<Stdio> {
     })
 }
 
-pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>, e: ExecRequest) {
+/// Runs an exec request to the end on the calling thread.
+pub fn run(agent: &Arc<Agent>, req: Req, mailbox: Mailbox, waker: Arc<Waker>, e: ExecRequest) {
+    if let Some(r) = start(agent, req, mailbox, waker, e) {
+        r.run_to_end();
+    }
+}
+
+/// A started exec whose process is being pumped. The connection reader
+/// drives one foreground exec itself ([`Running::step`]), which keeps the
+/// thread hop to a worker off the exec round trip; anything else runs on a
+/// worker ([`Running::run_to_end`]).
+pub struct Running {
+    pump: Pump,
+    req: Req,
+    pfds: Vec<libc::pollfd>,
+    slots: Vec<usize>,
+}
+
+/// Poll slot of a descriptor the caller of [`Running::step`] adds.
+const SLOT_EXTRA: usize = usize::MAX - 1;
+
+impl Running {
+    pub fn run_to_end(mut self) {
+        while !self.pump.done() {
+            self.step(None);
+        }
+        self.finish();
+    }
+
+    /// Waits once for the process's descriptors, its mailbox and `extra`
+    /// (readable), and handles what is ready. Returns whether `extra` is.
+    pub fn step(&mut self, extra: Option<RawFd>) -> bool {
+        let timeout = self.pump.poll_set(true, &mut self.pfds, &mut self.slots);
+        if let Some(fd) = extra {
+            self.pfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            self.slots.push(SLOT_EXTRA);
+        }
+        self.pump
+            .wait_and_handle(&mut self.pfds, &self.slots, timeout, Some(&mut self.req))
+    }
+
+    pub fn done(&self) -> bool {
+        self.pump.done()
+    }
+
+    /// Answers the request once the process is done.
+    pub fn finish(mut self) {
+        self.pump.conclude();
+        let proc = self.pump.proc.clone();
+        if self.pump.cancelled {
+            self.req.fail(ErrorBody::new(
+                ErrorCode::Cancelled,
+                "cancelled; process group killed",
+            ));
+        } else if let Some(st) = lock(&proc.state).exit.clone() {
+            self.req.respond(&Response::Exited(st));
+        }
+        self.pump.agent.procs.finished(&proc);
+    }
+}
+
+/// Spawns the process of an exec request. A foreground exec is returned
+/// for the caller to pump; a background one is answered at once and pumped
+/// here to the end (`None`), as is a request that fails.
+pub fn start(
+    agent: &Arc<Agent>,
+    mut req: Req,
+    mailbox: Mailbox,
+    waker: Arc<Waker>,
+    e: ExecRequest,
+) -> Option<Running> {
     let prep = match prepare(agent, &e) {
         Ok(p) => p,
-        Err(err) => return req.fail(err),
+        Err(err) => {
+            req.fail(err);
+            return None;
+        }
     };
     let mut io = match open_stdio(agent, &e) {
         Ok(io) => io,
-        Err(err) => return req.fail(ErrorBody::from_io(&err, "exec stdio")),
+        Err(err) => {
+            req.fail(ErrorBody::from_io(&err, "exec stdio"));
+            return None;
+        }
     };
     let spec = SpawnSpec {
         path: &prep.path,
@@ -205,10 +285,11 @@ pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>
     let pid = match spawn(&spec) {
         Ok(pid) => pid,
         Err(err) => {
-            return req.fail(ErrorBody::new(
+            req.fail(ErrorBody::new(
                 ErrorCode::SpawnFailed,
                 format!("cannot start {}: {err}", prep.argv_str[0]),
-            ))
+            ));
+            return None;
         }
     };
     io.child.clear();
@@ -257,22 +338,19 @@ pub fn run(agent: &Arc<Agent>, mut req: Req, mailbox: Mailbox, waker: Arc<Waker>
     if e.background {
         req.respond(&Response::Started { proc: proc.id, pid });
         drop(req);
-        pump.run(None);
-    } else {
-        if e.notify_start || e.pty.is_some() {
-            req.event(&Event::Started { proc: proc.id, pid });
-        }
-        pump.run(Some(&mut req));
-        if pump.cancelled {
-            req.fail(ErrorBody::new(
-                ErrorCode::Cancelled,
-                "cancelled; process group killed",
-            ));
-        } else if let Some(st) = lock(&proc.state).exit.clone() {
-            req.respond(&Response::Exited(st));
-        }
+        pump.run();
+        agent.procs.finished(&proc);
+        return None;
     }
-    agent.procs.finished(&proc);
+    if e.notify_start || e.pty.is_some() {
+        req.event(&Event::Started { proc: proc.id, pid });
+    }
+    Some(Running {
+        pump,
+        req,
+        pfds: Vec::with_capacity(5),
+        slots: Vec::with_capacity(5),
+    })
 }
 
 struct Pump {
@@ -308,106 +386,138 @@ impl Pump {
         }
     }
 
-    /// `direct`: the foreground request output goes to (with flow control);
-    /// `None` for background processes, whose output goes to the ring.
-    fn run(&mut self, mut direct: Option<&mut Req>) {
+    /// Pumps a background process to the end (output goes to its ring).
+    fn run(&mut self) {
         let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
         let mut slots: Vec<usize> = Vec::with_capacity(4);
-        loop {
-            let outs_open = self.outs.iter().any(Option::is_some);
-            if self.exit.is_some() && !outs_open {
-                break;
-            }
-            pfds.clear();
-            slots.clear();
-            pfds.push(libc::pollfd {
-                fd: self.waker.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            slots.push(usize::MAX);
-            for (i, o) in self.outs.iter().enumerate() {
-                if let Some(fd) = o {
-                    if direct.is_none() || self.credit[i] > 0 {
-                        pfds.push(libc::pollfd {
-                            fd: fd.as_raw_fd(),
-                            events: libc::POLLIN,
-                            revents: 0,
-                        });
-                        slots.push(i);
-                    }
-                }
-            }
-            if let (Some(fd), None) = (&self.pidfd, self.exit) {
-                pfds.push(libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-                slots.push(3);
-            }
-            if let Some(fd) = &self.stdin {
-                if !self.stdin_q.is_empty() {
-                    pfds.push(libc::pollfd {
-                        fd: fd.as_raw_fd(),
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    });
-                    slots.push(2);
-                }
-            }
-            let now = Instant::now();
-            let mut timeout = self.deadline.map(|d| d.saturating_duration_since(now));
-            if let Some(t) = self.exited_at {
-                // Process gone: output still in flight gets a short grace.
-                let g = (t + PTY_DRAIN_GRACE).saturating_duration_since(now);
-                timeout = Some(timeout.map_or(g, |x| x.min(g)));
-            }
-            let ready = match sys::poll(&mut pfds, timeout) {
-                Ok(n) => n,
-                Err(e) => {
-                    log::error!("proc {}: {e}", self.proc.id);
-                    self.kill();
-                    std::thread::sleep(Duration::from_millis(10));
-                    0
-                }
-            };
-            if ready > 0 {
-                for (k, p) in pfds.iter().enumerate() {
-                    if p.revents == 0 {
-                        continue;
-                    }
-                    match slots[k] {
-                        usize::MAX => {
-                            self.waker.drain();
-                            self.drain_mailbox(direct.as_deref_mut());
-                        }
-                        2 => self.write_stdin(),
-                        3 => self.reap_pidfd(),
-                        i => {
-                            if !self.read_out(i, direct.as_deref_mut()) {
-                                self.cancelled = true;
-                                self.kill();
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(d) = self.deadline {
-                if Instant::now() >= d {
-                    self.timed_out = true;
-                    self.deadline = None;
-                    self.kill();
-                }
-            }
-            if let Some(t) = self.exited_at {
-                self.drain_after_exit(t, direct.as_deref_mut());
-            }
+        while !self.done() {
+            let timeout = self.poll_set(false, &mut pfds, &mut slots);
+            self.wait_and_handle(&mut pfds, &slots, timeout, None);
         }
+        self.conclude();
+    }
+
+    /// The process has exited and its output is drained.
+    fn done(&self) -> bool {
+        self.exit.is_some() && !self.outs.iter().any(Option::is_some)
+    }
+
+    /// Records the exit status for listings and attachers.
+    fn conclude(&mut self) {
         let status = exit_status(self.exit.unwrap_or(0), self.proc.started, self.timed_out);
         let mut st = lock(&self.proc.state);
         st.exit = Some(status);
         st.notify_attachers();
+    }
+
+    /// Fills the poll set; returns the poll timeout. `direct`: output goes
+    /// to the foreground request (with flow control), not to the ring.
+    fn poll_set(
+        &self,
+        direct: bool,
+        pfds: &mut Vec<libc::pollfd>,
+        slots: &mut Vec<usize>,
+    ) -> Option<Duration> {
+        pfds.clear();
+        slots.clear();
+        pfds.push(libc::pollfd {
+            fd: self.waker.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        slots.push(usize::MAX);
+        for (i, o) in self.outs.iter().enumerate() {
+            if let Some(fd) = o {
+                if !direct || self.credit[i] > 0 {
+                    pfds.push(libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    slots.push(i);
+                }
+            }
+        }
+        if let (Some(fd), None) = (&self.pidfd, self.exit) {
+            pfds.push(libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            slots.push(3);
+        }
+        if let Some(fd) = &self.stdin {
+            if !self.stdin_q.is_empty() {
+                pfds.push(libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+                slots.push(2);
+            }
+        }
+        let now = Instant::now();
+        let mut timeout = self.deadline.map(|d| d.saturating_duration_since(now));
+        if let Some(t) = self.exited_at {
+            // Process gone: output still in flight gets a short grace.
+            let g = (t + PTY_DRAIN_GRACE).saturating_duration_since(now);
+            timeout = Some(timeout.map_or(g, |x| x.min(g)));
+        }
+        timeout
+    }
+
+    /// One poll over `pfds` and the handling of what is ready. Returns
+    /// whether the caller's extra descriptor ([`SLOT_EXTRA`]) is ready.
+    fn wait_and_handle(
+        &mut self,
+        pfds: &mut [libc::pollfd],
+        slots: &[usize],
+        timeout: Option<Duration>,
+        mut direct: Option<&mut Req>,
+    ) -> bool {
+        let mut extra = false;
+        let ready = match sys::poll(pfds, timeout) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("proc {}: {e}", self.proc.id);
+                self.kill();
+                std::thread::sleep(Duration::from_millis(10));
+                0
+            }
+        };
+        if ready > 0 {
+            for (k, p) in pfds.iter().enumerate() {
+                if p.revents == 0 {
+                    continue;
+                }
+                match slots[k] {
+                    usize::MAX => {
+                        self.waker.drain();
+                        self.drain_mailbox(direct.as_deref_mut());
+                    }
+                    SLOT_EXTRA => extra = true,
+                    2 => self.write_stdin(),
+                    3 => self.reap_pidfd(),
+                    i => {
+                        if !self.read_out(i, direct.as_deref_mut()) {
+                            self.cancelled = true;
+                            self.kill();
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(d) = self.deadline {
+            if Instant::now() >= d {
+                self.timed_out = true;
+                self.deadline = None;
+                self.kill();
+            }
+        }
+        if let Some(t) = self.exited_at {
+            self.drain_after_exit(t, direct);
+        }
+        extra
     }
 
     fn reap_pidfd(&mut self) {
