@@ -669,7 +669,43 @@ impl Line {
     }
 }
 
-extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+/// For a forbidden `open`/`openat`, the path it asked for (from the
+/// saved registers: x86_64 passes arguments in rdi, rsi, ...).
+#[cfg(target_arch = "x86_64")]
+fn push_open_path(l: &mut Line, nr: i32, ctx: *mut libc::c_void) {
+    let reg = match i64::from(nr) {
+        libc::SYS_open => libc::REG_RDI,
+        libc::SYS_openat => libc::REG_RSI,
+        _ => return,
+    };
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: for SA_SIGINFO handlers the third argument is the interrupted
+    // context; the register holds the pointer the thread passed to open,
+    // a NUL-terminated string in this process (read at most 96 bytes).
+    unsafe {
+        let uc = ctx as *const libc::ucontext_t;
+        let p = (*uc).uc_mcontext.gregs[reg as usize] as *const u8;
+        if p.is_null() {
+            return;
+        }
+        l.push(b" path \"");
+        for i in 0..96 {
+            let b = *p.add(i);
+            if b == 0 {
+                break;
+            }
+            l.push(&[b]);
+        }
+        l.push(b"\"");
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn push_open_path(_: &mut Line, _: i32, _: *mut libc::c_void) {}
+
+extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // siginfo for SIGSYS: signo, errno, code (12 bytes + 4 padding), then
     // `void *_call_addr; int _syscall; unsigned _arch;`.
     // SAFETY: the kernel passes a valid siginfo_t for SA_SIGINFO handlers.
@@ -685,7 +721,9 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     l.push(syscall_name(i64::from(nr)).as_bytes());
     l.push(b" (");
     l.num(nr.max(0) as u64);
-    l.push(b") on ");
+    l.push(b")");
+    push_open_path(&mut l, nr, ctx);
+    l.push(b" on ");
     l.push(
         ThreadKind::from_u8(kind)
             .map_or("unfiltered", |k| k.name())
