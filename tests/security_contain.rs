@@ -167,13 +167,14 @@ fn attacks_in_one_session_are_contained() {
         "victim",
         "cat /sys/fs/cgroup/sandbox/pids.max /sys/fs/cgroup/sandbox/memory.max \
          /proc/1/oom_score_adj /proc/self/oom_score_adj; grep -c sandbox /proc/self/cgroup; \
-         ulimit -n; ulimit -Hn",
+         ulimit -n; ulimit -Hn; awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo",
     );
     eprintln!("FIGURE limits: {}", limits.replace('\n', " "));
     let l: Vec<&str> = limits.lines().collect();
     assert_eq!(l[0], "4096", "pids.max: {limits}");
     let mem_max: u64 = l[1].parse().expect("memory.max is a number");
-    assert!(mem_max < 256 << 20 && mem_max > 128 << 20, "{limits}");
+    let total: u64 = l[7].parse().expect("MemTotal");
+    assert!(mem_max < total && mem_max >= total / 2, "{limits}");
     assert_eq!(l[2], "-1000", "agent oom_score_adj: {limits}");
     assert_eq!(l[3], "0", "user oom_score_adj: {limits}");
     assert_eq!(
@@ -182,18 +183,34 @@ fn attacks_in_one_session_are_contained() {
     );
     assert_eq!((l[5], l[6]), ("1024", "65536"), "{limits}");
 
-    // Fork bomb: stops at pids.max; the exec's timeout kills the group.
+    // Fork bomb: stops at pids.max (or memory.max); the sandbox cgroup's
+    // CPU share keeps the agent responsive; the exec's timeout kills the
+    // group (the bomb's processes never leave it: bash -c has no job
+    // control). The leader waits, or the exec would end at once and leave
+    // the bomb running detached (see docs/security.md).
     let v = attack(&d, "fork bomb", || {
         exec(
             &h,
             "victim",
-            json!({ "argv": ["bash", "-c", ":(){ :|:& };:"], "timeout": 20_000 }),
+            json!({ "argv": ["bash", "-c", ":(){ :|:& };: ; sleep 60"], "timeout": 20_000 }),
         )
     });
     assert_eq!(v["timedOut"], true, "{v}");
     assert_eq!(v["signal"], "SIGKILL", "{v}");
-    let ev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/pids.events");
-    assert!(cg_field(&ev, "max") > 0, "pids.max was never hit: {ev}");
+    // Under TCG the bomb may run into memory.max (a bash is ~0.5 MiB of
+    // page tables, stack and dirty data) before pids.max: either stops it.
+    let pev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/pids.events");
+    let mev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/memory.events");
+    eprintln!(
+        "FIGURE fork bomb: pids.max hit {} times, OOM kills {}",
+        cg_field(&pev, "max"),
+        cg_field(&mev, "oom_kill")
+    );
+    assert!(
+        cg_field(&pev, "max") > 0 || cg_field(&mev, "oom_kill") > 0,
+        "the bomb hit no limit: {pev} {mev}"
+    );
+    let oom_before = cg_field(&mev, "oom_kill");
     assert!(
         wait_until(Duration::from_secs(60), || {
             sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/pids.current")
@@ -216,7 +233,10 @@ fn attacks_in_one_session_are_contained() {
     assert_eq!(v["signal"], "SIGKILL", "{v}");
     assert_eq!(v["timedOut"], false, "{v}");
     let ev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/memory.events");
-    assert!(cg_field(&ev, "oom_kill") >= 1, "no OOM kill recorded: {ev}");
+    assert!(
+        cg_field(&ev, "oom_kill") > oom_before,
+        "no OOM kill recorded: {ev}"
+    );
 
     // Disk filler: the writable layer (root overlay and /workspace share
     // it) ends in ENOSPC, not in memory exhaustion.

@@ -238,6 +238,13 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
     // limit files; the root cgroup is exempt from "no internal processes",
     // so the agent may stay there.
     write_file("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory")?;
+    // With the cpu controller the whole sandbox cgroup competes as one
+    // entity (cpu.weight 100, like one nice-0 task) with each agent thread:
+    // thousands of runnable user processes cannot starve the agent. Best
+    // effort: without it the limits above still hold.
+    if let Err(e) = write_file("/sys/fs/cgroup/cgroup.subtree_control", "+cpu") {
+        log::warn!("{e}");
+    }
     match std::fs::create_dir(USER_CGROUP) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
