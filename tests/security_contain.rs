@@ -344,6 +344,40 @@ fn attacks_in_one_session_are_contained() {
 
     // The victim still answers, with a working shell.
     assert_eq!(sh(&h, "victim", "echo alive").trim(), "alive");
+
+    // Last, the classic detached bomb: the exec ends at once and the bomb
+    // runs on in the background at the limits. The agent keeps answering
+    // (file requests, clear exec errors); the way out is a new session.
+    let v = exec(
+        &h,
+        "victim",
+        json!({ "argv": ["bash", "-c", ":(){ :|:& };:"], "timeout": 10_000 }),
+    );
+    assert_eq!(v["exitCode"], 0, "{v}");
+    attack(&d, "detached fork bomb", || {
+        std::thread::sleep(Duration::from_secs(20));
+        let t0 = Instant::now();
+        let r = h.get("/v1/sessions/victim/files/stat?path=/etc/hostname");
+        eprintln!(
+            "FIGURE detached bomb: file stat answered {} in {:.1?}",
+            r.status,
+            t0.elapsed()
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let t0 = Instant::now();
+        let r = h.post(
+            "/v1/sessions/victim/exec",
+            &json!({ "argv": ["true"], "timeout": 30_000 }),
+        );
+        eprintln!(
+            "FIGURE detached bomb: exec answered {} in {:.1?}: {}",
+            r.status,
+            t0.elapsed(),
+            r.text()
+        );
+    });
+    let r = h.delete("/v1/sessions/victim");
+    assert!(r.status < 300, "delete: {}", r.text());
 }
 
 /// Everything of ours that could leak, for a state dir and the sandbox ids
@@ -529,21 +563,41 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     let baseline = net_and_cgroup_objects();
     let mut d = Daemon::start(&[]);
     let first = d.pid();
+    let key = d.key.clone();
     let h = d.http();
     create(&h, "one");
     create(&h, "two");
     // One of them mid-exec.
-    let h2 = h.clone();
+    // Raw HTTP: the daemon dies under this request, which the test client
+    // would treat as a test failure.
+    let (addr, k) = (
+        h.base.trim_start_matches("http://").to_string(),
+        key.clone(),
+    );
     let inflight = std::thread::spawn(move || {
-        let r = h2.post(
-            "/v1/sessions/one/exec",
-            &json!({ "command": "sleep 300", "timeout": 600_000 }),
+        use std::io::Write;
+        let body = json!({ "command": "sleep 300", "timeout": 600_000 }).to_string();
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let _ = write!(
+            s,
+            "POST /v1/sessions/one/exec HTTP/1.1\r\nHost: {addr}\r\nX-API-Key: {k}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         );
-        r.status
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
     });
     std::thread::sleep(Duration::from_secs(2));
     let vmms = qemu_pids(&d);
     assert_eq!(vmms.len(), 2, "{vmms:?}");
+    // The leak check sees live sandboxes (it is not vacuous).
+    let live = leftovers(&d.state_dir(), &[d.pid()], &baseline);
+    assert!(
+        live.iter().filter(|l| l.starts_with("process ")).count() == 2
+            && live.iter().filter(|l| l.starts_with("run dir ")).count() == 2,
+        "{live:?}"
+    );
     d.terminate(libc::SIGKILL);
     let _ = inflight.join();
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().expect("tempdir"));
@@ -562,12 +616,22 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     );
     assert!(left.is_empty(), "left behind after restart: {left:?}");
     for p in vmms {
-        assert!(!Path::new(&format!("/proc/{p}")).exists(), "VMM {p} alive");
+        // Gone or a zombie on its way to being reaped by init.
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+            }),
+            "VMM {p} alive"
+        );
     }
-    // The restarted daemon serves.
-    create(&d2.http(), "three");
+    // The restarted daemon serves (with the key file it found).
+    let h2 = d2.http().with_key(&key);
+    create(&h2, "three");
     assert_eq!(
-        stdout_of(&exec(&d2.http(), "three", json!({ "command": "echo up" }))).trim(),
+        stdout_of(&exec(&h2, "three", json!({ "command": "echo up" }))).trim(),
         "up"
     );
 }

@@ -226,12 +226,16 @@ fn fork_into(limits: Option<&UserLimits>) -> io::Result<libc::pid_t> {
         }
     };
     if pid < 0 {
-        let what = if limits.is_some() {
-            "clone3 into the sandbox cgroup"
-        } else {
-            "fork"
+        let err = io::Error::last_os_error();
+        let what = match (limits.is_some(), err.raw_os_error()) {
+            // The pids controller answers EAGAIN at pids.max.
+            (true, Some(libc::EAGAIN)) => {
+                "clone3 into the sandbox cgroup: its process limit (pids.max) is reached"
+            }
+            (true, _) => "clone3 into the sandbox cgroup",
+            (false, _) => "fork",
         };
-        return Err(ctx(io::Error::last_os_error(), what));
+        return Err(ctx(err, what));
     }
     Ok(pid)
 }
