@@ -260,6 +260,19 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(USER_CGROUP)
         .map_err(|e| ctx(e, &format!("open {USER_CGROUP}")))?;
+    // Each exec gets a child cgroup here (its own CPU share and OOM group,
+    // see spawn::ExecCgroup); without these controllers, all execs share
+    // the sandbox cgroup.
+    let per_exec = match write_file(
+        &format!("{USER_CGROUP}/cgroup.subtree_control"),
+        "+memory +cpu",
+    ) {
+        Ok(()) => Some(std::path::PathBuf::from(USER_CGROUP)),
+        Err(e) => {
+            log::warn!("{e}; execs share one cgroup");
+            None
+        }
+    };
     log::info!(
         "user processes: cgroup {USER_CGROUP}, pids.max {pids}, memory.max {} MiB, nofile {}",
         c.mem_max >> 20,
@@ -267,6 +280,7 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
     );
     Ok(super::spawn::UserLimits {
         cgroup: dir.into(),
+        per_exec,
         nofile: (c.nofile.min(1024), c.nofile),
         nproc: c.pids_max.unwrap_or(libc::RLIM_INFINITY),
     })

@@ -21,6 +21,8 @@ use std::sync::OnceLock;
 pub struct UserLimits {
     /// The sandbox cgroup's directory (`pids.max`, `memory.max`).
     pub cgroup: OwnedFd,
+    /// Its path, when each exec gets a child cgroup of its own there.
+    pub per_exec: Option<std::path::PathBuf>,
     /// RLIMIT_NOFILE (soft, hard).
     pub nofile: (u64, u64),
     /// RLIMIT_NPROC; only binds non-root users (root bypasses it), which
@@ -40,6 +42,67 @@ pub fn user_limits() -> Option<&'static UserLimits> {
     LIMITS.get()
 }
 
+/// One exec's own cgroup below the sandbox cgroup: its process tree gets
+/// one CPU share (a fork bomb cannot starve the next exec), an OOM kills
+/// the whole tree (`memory.oom.group`), and a timeout or cancel kills every
+/// process in it (`cgroup.kill`), even those that left the process group.
+/// Removed when dropped; while detached descendants keep it populated it
+/// waits in [`BUSY`] and is retried at each later spawn.
+pub struct ExecCgroup {
+    path: std::path::PathBuf,
+}
+
+static BUSY: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl ExecCgroup {
+    fn create(parent: &std::path::Path) -> io::Result<(ExecCgroup, OwnedFd)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        retry_busy();
+        let n = NEXT_CG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = parent.join(format!("x{n}"));
+        std::fs::create_dir(&path).map_err(|e| ctx(e, &format!("mkdir {}", path.display())))?;
+        let cg = ExecCgroup { path };
+        let oom = cg.path.join("memory.oom.group");
+        std::fs::write(&oom, "1").map_err(|e| ctx(e, &format!("write {}", oom.display())))?;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&cg.path)
+            .map_err(|e| ctx(e, &format!("open {}", cg.path.display())))?;
+        Ok((cg, dir.into()))
+    }
+
+    /// SIGKILL to every process in the cgroup.
+    pub fn kill(&self) {
+        let f = self.path.join("cgroup.kill");
+        if let Err(e) = std::fs::write(&f, "1") {
+            log::warn!("write {}: {e}", f.display());
+        }
+    }
+}
+
+impl Drop for ExecCgroup {
+    fn drop(&mut self) {
+        if std::fs::remove_dir(&self.path).is_err() {
+            let mut busy = match BUSY.lock() {
+                Ok(b) => b,
+                Err(p) => p.into_inner(),
+            };
+            busy.push(std::mem::take(&mut self.path));
+        }
+    }
+}
+
+/// Removes exec cgroups whose last process has gone.
+fn retry_busy() {
+    let mut busy = match BUSY.lock() {
+        Ok(b) => b,
+        Err(p) => p.into_inner(),
+    };
+    busy.retain(|p| std::fs::remove_dir(p).is_err_and(|e| e.kind() != io::ErrorKind::NotFound));
+}
+
 pub struct SpawnSpec<'a> {
     pub path: &'a CStr,
     pub argv: &'a [CString],
@@ -54,9 +117,10 @@ pub struct SpawnSpec<'a> {
     pub gid: Option<u32>,
 }
 
-/// Returns the child's pid. The child leads its own process group (or
-/// session, with a PTY), so signals reach everything it starts.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<i32> {
+/// Returns the child's pid (and its cgroup, with user limits). The child
+/// leads its own process group (or session, with a PTY), so signals reach
+/// everything it starts.
+pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, Option<ExecCgroup>)> {
     let mut argv: Vec<*mut libc::c_char> = spec
         .argv
         .iter()
@@ -72,10 +136,23 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<i32> {
     // posix_spawn cannot change identity or claim a controlling terminal
     // (TIOCSCTTY), so those children take the fork path.
     let limits = user_limits();
+    let (cg, cg_fd) = match limits.and_then(|l| l.per_exec.as_deref()) {
+        Some(parent) => match ExecCgroup::create(parent) {
+            Ok((cg, fd)) => (Some(cg), Some(fd)),
+            // The sandbox cgroup itself cannot take processes once it has
+            // child controllers: no fallback.
+            Err(e) => return Err(e),
+        },
+        None => (None, None),
+    };
     if spec.uid.is_some() || spec.gid.is_some() || spec.pty || limits.is_some() {
-        fork_exec(spec, &argv, &envp, limits)
+        let target = cg_fd
+            .as_ref()
+            .map(AsRawFd::as_raw_fd)
+            .or(limits.map(|l| l.cgroup.as_raw_fd()));
+        fork_exec(spec, &argv, &envp, limits, target).map(|pid| (pid, cg))
     } else {
-        posix_spawn(spec, &argv, &envp)
+        posix_spawn(spec, &argv, &envp).map(|pid| (pid, None))
     }
 }
 
@@ -200,18 +277,18 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// CLONE_VM: the child gets a copy-on-write copy of this thread's stack, so
 /// the raw syscall returns into it exactly like fork() (which is also why no
 /// glibc atfork handlers run: the child makes only async-signal-safe calls).
-fn fork_into(limits: Option<&UserLimits>) -> io::Result<libc::pid_t> {
-    let pid = match limits {
+fn fork_into(limits: Option<&UserLimits>, cgroup: Option<RawFd>) -> io::Result<libc::pid_t> {
+    let pid = match limits.and(cgroup) {
         None => {
             // SAFETY: see fork_exec: the child only calls async-signal-safe
             // functions before exec.
             unsafe { libc::fork() }
         }
-        Some(l) => {
+        Some(fd) => {
             let args = CloneArgs {
                 flags: CLONE_INTO_CGROUP,
                 exit_signal: libc::SIGCHLD as u64,
-                cgroup: l.cgroup.as_raw_fd() as u64,
+                cgroup: fd as u64,
                 ..Default::default()
             };
             // SAFETY: args is a valid clone_args of the given size; without
@@ -249,6 +326,7 @@ fn fork_exec(
     argv: &[*mut libc::c_char],
     envp: &[*mut libc::c_char],
     limits: Option<&UserLimits>,
+    cgroup: Option<RawFd>,
 ) -> io::Result<i32> {
     // Exec failure is reported through a close-on-exec pipe: EOF means the
     // exec succeeded, 4 bytes are the child's errno.
@@ -281,7 +359,7 @@ fn fork_exec(
         ]
     });
     let oom_path = c"/proc/self/oom_score_adj";
-    let pid = fork_into(limits)?;
+    let pid = fork_into(limits, cgroup)?;
     if pid == 0 {
         // Child.
         unsafe {
