@@ -341,12 +341,15 @@ fn attacks_in_one_session_are_contained() {
         "the flood survived its client's disconnect"
     );
 
-    // The victim still answers, with a working shell.
-    assert_eq!(sh(&h, "victim", "echo alive").trim(), "alive");
+    // The victim still answers, with a working shell, and the per-exec
+    // cgroups of everything above are gone (only this exec's own is left).
+    let cgs = sh(&h, "victim", "ls -d /sys/fs/cgroup/sandbox/x* | wc -l");
+    assert_eq!(cgs.trim(), "1", "exec cgroups left behind");
 
     // Last, the classic detached bomb: the exec ends at once and the bomb
-    // runs on in the background at the limits. The agent keeps answering
-    // (file requests, clear exec errors); the way out is a new session.
+    // runs on in the background, in that exec's cgroup. The agent keeps
+    // answering, and a new exec runs in a cgroup of its own with its own
+    // CPU share.
     let v = exec(
         &h,
         "victim",
@@ -374,6 +377,8 @@ fn attacks_in_one_session_are_contained() {
             t0.elapsed(),
             r.text()
         );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["exitCode"], 0, "{}", r.text());
     });
     let r = h.delete("/v1/sessions/victim");
     assert!(r.status < 300, "delete: {}", r.text());

@@ -265,7 +265,7 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
     // the sandbox cgroup.
     let per_exec = match write_file(
         &format!("{USER_CGROUP}/cgroup.subtree_control"),
-        "+memory +cpu",
+        "+memory +cpu +pids",
     ) {
         Ok(()) => Some(std::path::PathBuf::from(USER_CGROUP)),
         Err(e) => {
@@ -281,6 +281,9 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
     Ok(super::spawn::UserLimits {
         cgroup: dir.into(),
         per_exec,
+        // One exec may use 15/16 of the processes, so a bomb leaves the
+        // next command room to run (and to kill it).
+        exec_pids_max: c.pids_max.map(|n| n - n / 16),
         nofile: (c.nofile.min(1024), c.nofile),
         nproc: c.pids_max.unwrap_or(libc::RLIM_INFINITY),
     })

@@ -23,6 +23,9 @@ pub struct UserLimits {
     pub cgroup: OwnedFd,
     /// Its path, when each exec gets a child cgroup of its own there.
     pub per_exec: Option<std::path::PathBuf>,
+    /// pids.max of each exec's cgroup: below the sandbox's, so one runaway
+    /// exec leaves room for the next.
+    pub exec_pids_max: Option<u64>,
     /// RLIMIT_NOFILE (soft, hard).
     pub nofile: (u64, u64),
     /// RLIMIT_NPROC; only binds non-root users (root bypasses it), which
@@ -56,7 +59,10 @@ static BUSY: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(V
 static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ExecCgroup {
-    fn create(parent: &std::path::Path) -> io::Result<(ExecCgroup, OwnedFd)> {
+    fn create(
+        parent: &std::path::Path,
+        pids_max: Option<u64>,
+    ) -> io::Result<(ExecCgroup, OwnedFd)> {
         use std::os::unix::fs::OpenOptionsExt;
         retry_busy();
         let n = NEXT_CG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -65,6 +71,11 @@ impl ExecCgroup {
         let cg = ExecCgroup { path };
         let oom = cg.path.join("memory.oom.group");
         std::fs::write(&oom, "1").map_err(|e| ctx(e, &format!("write {}", oom.display())))?;
+        if let Some(n) = pids_max {
+            let f = cg.path.join("pids.max");
+            std::fs::write(&f, n.to_string())
+                .map_err(|e| ctx(e, &format!("write {}", f.display())))?;
+        }
         let dir = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
@@ -136,8 +147,8 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, Option<ExecCgroup>)> {
     // posix_spawn cannot change identity or claim a controlling terminal
     // (TIOCSCTTY), so those children take the fork path.
     let limits = user_limits();
-    let (cg, cg_fd) = match limits.and_then(|l| l.per_exec.as_deref()) {
-        Some(parent) => match ExecCgroup::create(parent) {
+    let (cg, cg_fd) = match limits.and_then(|l| Some((l.per_exec.as_deref()?, l.exec_pids_max))) {
+        Some((parent, pids)) => match ExecCgroup::create(parent, pids) {
             Ok((cg, fd)) => (Some(cg), Some(fd)),
             // The sandbox cgroup itself cannot take processes once it has
             // child controllers: no fallback.
