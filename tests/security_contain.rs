@@ -343,8 +343,17 @@ fn attacks_in_one_session_are_contained() {
 
     // The victim still answers, with a working shell, and the per-exec
     // cgroups of everything above are gone (only this exec's own is left).
-    let cgs = sh(&h, "victim", "ls -d /sys/fs/cgroup/sandbox/x* | wc -l");
-    assert_eq!(cgs.trim(), "1", "exec cgroups left behind");
+    assert!(
+        wait_until(Duration::from_secs(20), || sh(
+            &h,
+            "victim",
+            "ls -d /sys/fs/cgroup/sandbox/x* | wc -l"
+        )
+        .trim()
+            == "1"),
+        "exec cgroups left behind: {}",
+        sh(&h, "victim", "ls -d /sys/fs/cgroup/sandbox/x*")
+    );
 
     // Last, the classic detached bomb: the exec ends at once and the bomb
     // runs on in the background, in that exec's cgroup. The agent keeps
