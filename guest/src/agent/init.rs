@@ -250,6 +250,21 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(ctx(e, &format!("mkdir {USER_CGROUP}"))),
     }
+    // kernel.threads-max (from RAM: ~3900 at 512 MiB) counts every task,
+    // the agent's threads included: keep it above pids.max, or users at
+    // their limit would leave the agent unable to start a thread.
+    if let Some(n) = c.pids_max {
+        let want = n + 1024;
+        let cur = std::fs::read_to_string("/proc/sys/kernel/threads-max")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if cur < want {
+            if let Err(e) = write_file("/proc/sys/kernel/threads-max", &want.to_string()) {
+                log::warn!("{e}");
+            }
+        }
+    }
     let pids = c.pids_max.map_or("max".to_string(), |n| n.to_string());
     write_file(&format!("{USER_CGROUP}/pids.max"), &pids)?;
     write_file(&format!("{USER_CGROUP}/memory.max"), &c.mem_max.to_string())?;
