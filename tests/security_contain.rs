@@ -391,8 +391,18 @@ fn attacks_in_one_session_are_contained() {
             t0.elapsed(),
             r.text()
         );
+        // It runs in a cgroup of its own, so it gets CPU; but the bomb
+        // holds the sandbox at memory.max, and a freshly forked child
+        // (still the agent's size until it execs) may be the OOM victim.
+        // Either way the answer is prompt and says what happened.
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.json()["exitCode"], 0, "{}", r.text());
+        let v = r.json();
+        assert!(
+            v["exitCode"] == 0 || v["signal"] == "SIGKILL",
+            "{}",
+            r.text()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(30));
     });
     let r = h.delete("/v1/sessions/victim");
     assert!(r.status < 300, "delete: {}", r.text());
