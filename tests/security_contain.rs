@@ -447,7 +447,8 @@ fn embedded_pid(name: &str) -> Option<i32> {
     name.match_indices("asbx-").find_map(|(i, m)| {
         let rest = &name[i + m.len()..];
         let (num, _) = rest.split_once('-')?;
-        num.parse().ok()
+        // Sandbox ids are `asbx-<pid>-…` or `asbx-i<pid>-…`.
+        num.strip_prefix('i').unwrap_or(num).parse().ok()
     })
 }
 
@@ -517,6 +518,7 @@ fn vmm_kill_9_mid_exec() {
     let baseline = net_and_cgroup_objects();
     let d = Daemon::start(&[]);
     let h = d.http();
+    eprintln!("daemon pid: {}", d.pid());
     create(&h, "doomed");
     let before = qemu_pids(&d);
     create(&h, "other");
@@ -574,7 +576,8 @@ fn vmm_kill_9_mid_exec() {
     h.delete("/v1/sessions/other");
     let left = {
         let mut left = Vec::new();
-        wait_until(Duration::from_secs(10), || {
+        // Network teardown may finish in the background (seen: ~12 s).
+        wait_until(Duration::from_secs(30), || {
             left = leftovers(&d.state_dir(), &[d.pid()], &baseline);
             left.is_empty()
         });
@@ -633,8 +636,9 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     let t0 = Instant::now();
     let d2 = Daemon::start_in(dir, &[]);
     let pids = [first, d2.pid()];
+    eprintln!("daemon pids: {pids:?}");
     let mut left = Vec::new();
-    wait_until(Duration::from_secs(15), || {
+    wait_until(Duration::from_secs(30), || {
         left = leftovers(&d2.state_dir(), &pids, &baseline);
         left.is_empty()
     });
