@@ -5,10 +5,29 @@ use super::registry::Manager;
 use super::{lock, Cmd, Session, State};
 use crate::api::errors::ApiError;
 use crate::sandbox::Sandbox;
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How often an idle session checks that its sandbox is still there. A VMM
+/// that dies (killed, crashed, OOM on the host) closes the agent
+/// connection; in-flight calls fail at once, this catches idle sessions.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
+
+/// The sandbox went away under the session: mark it failed, drop it from
+/// the registry (later requests get 404, or a fresh session on the seed
+/// routes) and let the caller's loop destroy what is left of it.
+fn died(mgr: &Manager, session: &Arc<Session>) {
+    log::error!(
+        "session {}/{}: sandbox died (agent connection lost); destroying it",
+        session.owner,
+        session.id
+    );
+    mgr.metrics.error("sandbox_died");
+    *lock(&session.state) = State::Failed("sandbox died (agent connection lost)".into());
+    mgr.forget(session);
+}
 
 /// Session threads do little work of their own; a small stack keeps the
 /// per-session memory low.
@@ -90,7 +109,18 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
         sandbox.id(),
         t0.elapsed()
     );
-    for cmd in rx.iter() {
+    loop {
+        let cmd = match rx.recv_timeout(LIVENESS_CHECK) {
+            Ok(cmd) => cmd,
+            Err(RecvTimeoutError::Timeout) => {
+                if sandbox.agent().is_closed() {
+                    died(&mgr, &session);
+                    break;
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         match cmd {
             Cmd::Call(req, reply) => {
                 let r = sandbox
@@ -98,6 +128,10 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
                     .call(&req)
                     .map_err(|e| ApiError::from_agent(e, "start request"));
                 let _ = reply.send(r);
+                if sandbox.agent().is_closed() {
+                    died(&mgr, &session);
+                    break;
+                }
             }
             Cmd::SetEgress(policy, reply) => {
                 let r = sandbox

@@ -282,8 +282,8 @@ pub fn start(
         gid: e.gid,
     };
     let started = Instant::now();
-    let pid = match spawn(&spec) {
-        Ok(pid) => pid,
+    let (pid, cgroup) = match spawn(&spec) {
+        Ok(r) => r,
         Err(err) => {
             req.fail(ErrorBody::new(
                 ErrorCode::SpawnFailed,
@@ -317,6 +317,7 @@ pub fn start(
     let rx = req.rx.clone();
     let mut pump = Pump {
         pidfd: sys::pidfd_open(pid),
+        cgroup,
         agent: agent.clone(),
         proc: proc.clone(),
         outs: io.outs,
@@ -358,6 +359,9 @@ struct Pump {
     /// the reaper thread on the exec hot path. The reaper remains the
     /// fallback (and races harmlessly: a child is reaped exactly once).
     pidfd: Option<OwnedFd>,
+    /// The exec's own cgroup (PID 1 with user limits): removed with the
+    /// pump, killed with the group.
+    cgroup: Option<super::spawn::ExecCgroup>,
     agent: Arc<Agent>,
     proc: Arc<Proc>,
     outs: [Option<OwnedFd>; 2],
@@ -383,6 +387,9 @@ impl Pump {
     fn kill(&self) {
         if let Err(e) = kill_group(self.proc.pid, libc::SIGKILL) {
             log::warn!("proc {}: {e}", self.proc.id);
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
         }
     }
 

@@ -4,8 +4,12 @@
 //! Kernel command line keys (all optional):
 //! `sandbox.ip=ADDR/PREFIX sandbox.gw=ADDR sandbox.dns=ADDR[,ADDR]
 //!  sandbox.hostname=NAME sandbox.overlay_size=SIZE sandbox.tmp_size=SIZE
-//!  sandbox.workspace=PATH sandbox.listen=unix:..|vsock:PORT|serial:NAME`
-//! (SIZE in tmpfs syntax: `512m`, `50%`).
+//!  sandbox.workspace=PATH sandbox.listen=unix:..|vsock:PORT|serial:NAME
+//!  sandbox.pids_max=N|max sandbox.mem_reserve=BYTES sandbox.nofile=N`
+//! (SIZE in tmpfs syntax: `512m`, `50%`; BYTES like `64m`, `1g`).
+//!
+//! `/workspace` is a directory of the overlay root, so `overlay_size` caps
+//! it and the root's writable layer together (the template's `disk_mib`).
 
 use super::sys::{cstring, ctx, cvt};
 use crate::proto::{ErrorBody, ErrorCode};
@@ -102,6 +106,7 @@ pub fn setup() -> Cmdline {
         NOSUID_NODEV | libc::MS_NOEXEC,
         "",
     );
+    confine_users(&cmd);
     let ws = cmd.get("workspace").unwrap_or("/workspace");
     if let Err(e) = std::fs::create_dir_all(ws) {
         log::warn!("workspace {ws}: {e}");
@@ -131,6 +136,172 @@ pub fn setup() -> Cmdline {
         let _ = std::fs::write("/etc/resolv.conf", body);
     }
     cmd
+}
+
+/// Where user processes run: a cgroup below the root, whose limits leave
+/// the agent (in the root cgroup, unlimited) room to keep answering.
+pub const USER_CGROUP: &str = "/sys/fs/cgroup/sandbox";
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
+/// Memory kept out of the users' reach for the agent, the kernel and the
+/// page cache of the root image.
+pub const DEFAULT_MEM_RESERVE: u64 = 48 << 20;
+pub const DEFAULT_NOFILE: u64 = 65536;
+
+/// `64m`, `1g`, `4096k`, plain bytes.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()?.to_ascii_lowercase() {
+        'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' => (&s[..s.len() - 1], 1 << 20),
+        'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+fn mem_total() -> io::Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").map_err(|e| ctx(e, "/proc/meminfo"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
+}
+
+fn write_file(path: &str, value: &str) -> io::Result<()> {
+    std::fs::write(path, value).map_err(|e| ctx(e, &format!("write {value:?} to {path}")))
+}
+
+/// The limits user processes live under, from the command line (defaults
+/// otherwise). Pure, for tests.
+pub struct Confinement {
+    pub pids_max: Option<u64>,
+    pub mem_max: u64,
+    pub nofile: u64,
+}
+
+pub fn confinement(cmd: &Cmdline, mem_total: u64) -> Confinement {
+    let pids_max = match cmd.get("pids_max") {
+        Some("max") => None,
+        Some(v) => Some(v.parse().unwrap_or_else(|_| {
+            log::warn!("sandbox.pids_max={v:?} is not a number; using {DEFAULT_PIDS_MAX}");
+            DEFAULT_PIDS_MAX
+        })),
+        None => Some(DEFAULT_PIDS_MAX),
+    };
+    let reserve = cmd
+        .get("mem_reserve")
+        .and_then(parse_bytes)
+        .unwrap_or(DEFAULT_MEM_RESERVE);
+    // Never hand users less than half the machine, whatever the reserve.
+    let mem_max = mem_total.saturating_sub(reserve).max(mem_total / 2);
+    let nofile = cmd
+        .get("nofile")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_NOFILE);
+    Confinement {
+        pids_max,
+        mem_max,
+        nofile,
+    }
+}
+
+/// Puts user processes under limits the agent itself is outside of: the
+/// agent is never the OOM victim (oom_score_adj -1000) and stays in the
+/// unlimited root cgroup, so a fork bomb or a memory hog stops at the
+/// sandbox cgroup's pids.max / memory.max while the agent keeps answering.
+/// On failure user processes run unconfined (logged): a sandbox without
+/// limits is still a sandbox, the VM is the boundary.
+fn confine_users(cmd: &Cmdline) {
+    if let Err(e) = write_file("/proc/self/oom_score_adj", "-1000") {
+        log::warn!("{e}");
+    }
+    // Room for many concurrent execs (each holds a few pipes).
+    let own = libc::rlimit {
+        rlim_cur: DEFAULT_NOFILE,
+        rlim_max: DEFAULT_NOFILE,
+    };
+    // SAFETY: valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &own) } < 0 {
+        log::warn!("setrlimit NOFILE: {}", io::Error::last_os_error());
+    }
+    match user_cgroup(cmd) {
+        Ok(l) => super::spawn::set_user_limits(l),
+        Err(e) => log::error!("user processes run without limits: {e}"),
+    }
+}
+
+fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let c = confinement(cmd, mem_total()?);
+    // Controllers must be enabled in the parent before the child has
+    // limit files; the root cgroup is exempt from "no internal processes",
+    // so the agent may stay there.
+    write_file("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory")?;
+    // With the cpu controller the whole sandbox cgroup competes as one
+    // entity (cpu.weight 100, like one nice-0 task) with each agent thread:
+    // thousands of runnable user processes cannot starve the agent. Best
+    // effort: without it the limits above still hold.
+    if let Err(e) = write_file("/sys/fs/cgroup/cgroup.subtree_control", "+cpu") {
+        log::warn!("{e}");
+    }
+    match std::fs::create_dir(USER_CGROUP) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx(e, &format!("mkdir {USER_CGROUP}"))),
+    }
+    // kernel.threads-max (from RAM: ~3900 at 512 MiB) counts every task,
+    // the agent's threads included: keep it above pids.max, or users at
+    // their limit would leave the agent unable to start a thread.
+    if let Some(n) = c.pids_max {
+        let want = n + 1024;
+        let cur = std::fs::read_to_string("/proc/sys/kernel/threads-max")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if cur < want {
+            if let Err(e) = write_file("/proc/sys/kernel/threads-max", &want.to_string()) {
+                log::warn!("{e}");
+            }
+        }
+    }
+    let pids = c.pids_max.map_or("max".to_string(), |n| n.to_string());
+    write_file(&format!("{USER_CGROUP}/pids.max"), &pids)?;
+    write_file(&format!("{USER_CGROUP}/memory.max"), &c.mem_max.to_string())?;
+    // No swap device exists; if one is added it must not extend the limit.
+    let _ = std::fs::write(format!("{USER_CGROUP}/memory.swap.max"), "0");
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(USER_CGROUP)
+        .map_err(|e| ctx(e, &format!("open {USER_CGROUP}")))?;
+    // Each exec gets a child cgroup here (its own CPU share and OOM group,
+    // see spawn::ExecCgroup); without these controllers, all execs share
+    // the sandbox cgroup.
+    let per_exec = match write_file(
+        &format!("{USER_CGROUP}/cgroup.subtree_control"),
+        "+memory +cpu +pids",
+    ) {
+        Ok(()) => Some(std::path::PathBuf::from(USER_CGROUP)),
+        Err(e) => {
+            log::warn!("{e}; execs share one cgroup");
+            None
+        }
+    };
+    log::info!(
+        "user processes: cgroup {USER_CGROUP}, pids.max {pids}, memory.max {} MiB, nofile {}",
+        c.mem_max >> 20,
+        c.nofile
+    );
+    Ok(super::spawn::UserLimits {
+        cgroup: dir.into(),
+        per_exec,
+        // One exec may use 15/16 of the processes, so a bomb leaves the
+        // next command room to run (and to kill it).
+        exec_pids_max: c.pids_max.map(|n| n - n / 16),
+        nofile: (c.nofile.min(1024), c.nofile),
+        nproc: c.pids_max.unwrap_or(libc::RLIM_INFINITY),
+    })
 }
 
 /// Turns the read-only root into an overlay whose upper layer is a
@@ -406,5 +577,45 @@ pub mod net {
             unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("64m"), Some(64 << 20));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("12k"), Some(12 << 10));
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("m"), None);
+        assert_eq!(parse_bytes("-1m"), None);
+        assert_eq!(parse_bytes("99999999999999999g"), None);
+    }
+
+    #[test]
+    fn confinement_defaults_and_overrides() {
+        let total = 240 << 20;
+        let c = confinement(&Cmdline::parse("quiet"), total);
+        assert_eq!(c.pids_max, Some(DEFAULT_PIDS_MAX));
+        assert_eq!(c.mem_max, total - DEFAULT_MEM_RESERVE);
+        assert_eq!(c.nofile, DEFAULT_NOFILE);
+        let c = confinement(
+            &Cmdline::parse("sandbox.pids_max=100 sandbox.mem_reserve=16m sandbox.nofile=4096"),
+            total,
+        );
+        assert_eq!(c.pids_max, Some(100));
+        assert_eq!(c.mem_max, total - (16 << 20));
+        assert_eq!(c.nofile, 4096);
+        assert_eq!(
+            confinement(&Cmdline::parse("sandbox.pids_max=max"), total).pids_max,
+            None
+        );
+        // A reserve larger than the machine still leaves users half of it.
+        let c = confinement(&Cmdline::parse("sandbox.mem_reserve=1g"), total);
+        assert_eq!(c.mem_max, total / 2);
     }
 }

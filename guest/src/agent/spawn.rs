@@ -1,6 +1,10 @@
 //! Starting processes. `posix_spawn` (vfork-based in glibc) for the common
 //! case because exec latency is the product's hot path; `fork` only when the
-//! child must change uid/gid, which posix_spawn cannot do.
+//! child must change uid/gid, which posix_spawn cannot do. As the VM's init
+//! the agent confines user processes (see [`UserLimits`]): then every child
+//! is started with `clone3(CLONE_INTO_CGROUP)`, which places it in the
+//! sandbox cgroup atomically (glibc 2.36's posix_spawn cannot, and moving it
+//! after the fact races with its first fork).
 //!
 //! We never call `wait` here: the agent's single reaper owns every child
 //! (it must, as PID 1), so std::process::Command, which waits on exec
@@ -11,6 +15,104 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::OnceLock;
+
+/// Limits every user process starts under (set once by init, PID 1 only).
+pub struct UserLimits {
+    /// The sandbox cgroup's directory (`pids.max`, `memory.max`).
+    pub cgroup: OwnedFd,
+    /// Its path, when each exec gets a child cgroup of its own there.
+    pub per_exec: Option<std::path::PathBuf>,
+    /// pids.max of each exec's cgroup: below the sandbox's, so one runaway
+    /// exec leaves room for the next.
+    pub exec_pids_max: Option<u64>,
+    /// RLIMIT_NOFILE (soft, hard).
+    pub nofile: (u64, u64),
+    /// RLIMIT_NPROC; only binds non-root users (root bypasses it), which
+    /// is why the cgroup's pids.max is the real fork-bomb limit.
+    pub nproc: u64,
+}
+
+static LIMITS: OnceLock<UserLimits> = OnceLock::new();
+
+pub fn set_user_limits(l: UserLimits) {
+    if LIMITS.set(l).is_err() {
+        log::warn!("user limits set twice; keeping the first");
+    }
+}
+
+pub fn user_limits() -> Option<&'static UserLimits> {
+    LIMITS.get()
+}
+
+/// One exec's own cgroup below the sandbox cgroup: its process tree gets
+/// one CPU share (a fork bomb cannot starve the next exec), an OOM kills
+/// the whole tree (`memory.oom.group`), and a timeout or cancel kills every
+/// process in it (`cgroup.kill`), even those that left the process group.
+/// Removed when dropped; while detached descendants keep it populated it
+/// waits in [`BUSY`] and is retried at each later spawn.
+pub struct ExecCgroup {
+    path: std::path::PathBuf,
+}
+
+static BUSY: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl ExecCgroup {
+    fn create(
+        parent: &std::path::Path,
+        pids_max: Option<u64>,
+    ) -> io::Result<(ExecCgroup, OwnedFd)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        retry_busy();
+        let n = NEXT_CG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = parent.join(format!("x{n}"));
+        std::fs::create_dir(&path).map_err(|e| ctx(e, &format!("mkdir {}", path.display())))?;
+        let cg = ExecCgroup { path };
+        let oom = cg.path.join("memory.oom.group");
+        std::fs::write(&oom, "1").map_err(|e| ctx(e, &format!("write {}", oom.display())))?;
+        if let Some(n) = pids_max {
+            let f = cg.path.join("pids.max");
+            std::fs::write(&f, n.to_string())
+                .map_err(|e| ctx(e, &format!("write {}", f.display())))?;
+        }
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&cg.path)
+            .map_err(|e| ctx(e, &format!("open {}", cg.path.display())))?;
+        Ok((cg, dir.into()))
+    }
+
+    /// SIGKILL to every process in the cgroup.
+    pub fn kill(&self) {
+        let f = self.path.join("cgroup.kill");
+        if let Err(e) = std::fs::write(&f, "1") {
+            log::warn!("write {}: {e}", f.display());
+        }
+    }
+}
+
+impl Drop for ExecCgroup {
+    fn drop(&mut self) {
+        if std::fs::remove_dir(&self.path).is_err() {
+            let mut busy = match BUSY.lock() {
+                Ok(b) => b,
+                Err(p) => p.into_inner(),
+            };
+            busy.push(std::mem::take(&mut self.path));
+        }
+    }
+}
+
+/// Removes exec cgroups whose last process has gone.
+fn retry_busy() {
+    let mut busy = match BUSY.lock() {
+        Ok(b) => b,
+        Err(p) => p.into_inner(),
+    };
+    busy.retain(|p| std::fs::remove_dir(p).is_err_and(|e| e.kind() != io::ErrorKind::NotFound));
+}
 
 pub struct SpawnSpec<'a> {
     pub path: &'a CStr,
@@ -26,9 +128,10 @@ pub struct SpawnSpec<'a> {
     pub gid: Option<u32>,
 }
 
-/// Returns the child's pid. The child leads its own process group (or
-/// session, with a PTY), so signals reach everything it starts.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<i32> {
+/// Returns the child's pid (and its cgroup, with user limits). The child
+/// leads its own process group (or session, with a PTY), so signals reach
+/// everything it starts.
+pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, Option<ExecCgroup>)> {
     let mut argv: Vec<*mut libc::c_char> = spec
         .argv
         .iter()
@@ -43,10 +146,24 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<i32> {
     envp.push(ptr::null_mut());
     // posix_spawn cannot change identity or claim a controlling terminal
     // (TIOCSCTTY), so those children take the fork path.
-    if spec.uid.is_some() || spec.gid.is_some() || spec.pty {
-        fork_exec(spec, &argv, &envp)
+    let limits = user_limits();
+    let (cg, cg_fd) = match limits.and_then(|l| Some((l.per_exec.as_deref()?, l.exec_pids_max))) {
+        Some((parent, pids)) => match ExecCgroup::create(parent, pids) {
+            Ok((cg, fd)) => (Some(cg), Some(fd)),
+            // The sandbox cgroup itself cannot take processes once it has
+            // child controllers: no fallback.
+            Err(e) => return Err(e),
+        },
+        None => (None, None),
+    };
+    if spec.uid.is_some() || spec.gid.is_some() || spec.pty || limits.is_some() {
+        let target = cg_fd
+            .as_ref()
+            .map(AsRawFd::as_raw_fd)
+            .or(limits.map(|l| l.cgroup.as_raw_fd()));
+        fork_exec(spec, &argv, &envp, limits, target).map(|pid| (pid, cg))
     } else {
-        posix_spawn(spec, &argv, &envp)
+        posix_spawn(spec, &argv, &envp).map(|pid| (pid, None))
     }
 }
 
@@ -148,13 +265,79 @@ fn posix_spawn(
     }
 }
 
+/// `struct clone_args` up to `cgroup` (CLONE_ARGS_SIZE_VER2, Linux 5.7).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// fork(), or with limits a fork straight into the sandbox cgroup. No
+/// CLONE_VM: the child gets a copy-on-write copy of this thread's stack, so
+/// the raw syscall returns into it exactly like fork() (which is also why no
+/// glibc atfork handlers run: the child makes only async-signal-safe calls).
+fn fork_into(limits: Option<&UserLimits>, cgroup: Option<RawFd>) -> io::Result<libc::pid_t> {
+    let pid = match limits.and(cgroup) {
+        None => {
+            // SAFETY: see fork_exec: the child only calls async-signal-safe
+            // functions before exec.
+            unsafe { libc::fork() }
+        }
+        Some(fd) => {
+            let args = CloneArgs {
+                flags: CLONE_INTO_CGROUP,
+                exit_signal: libc::SIGCHLD as u64,
+                cgroup: fd as u64,
+                ..Default::default()
+            };
+            // SAFETY: args is a valid clone_args of the given size; without
+            // CLONE_VM the child continues on its own copy of the stack.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &args as *const CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                ) as libc::pid_t
+            }
+        }
+    };
+    if pid < 0 {
+        let err = io::Error::last_os_error();
+        let what = match (limits.is_some(), err.raw_os_error()) {
+            // The pids controller answers EAGAIN at pids.max.
+            (true, Some(libc::EAGAIN)) => {
+                "clone3 into the sandbox cgroup: its process limit (pids.max) is reached"
+            }
+            (true, _) => "clone3 into the sandbox cgroup",
+            (false, _) => "fork",
+        };
+        return Err(ctx(err, what));
+    }
+    Ok(pid)
+}
+
 /// fork + exec for children that change identity or need a controlling
-/// terminal. Between fork and exec only async-signal-safe calls are made;
-/// everything is prepared before the fork.
+/// terminal, and for every child once user limits are set. Between fork and
+/// exec only async-signal-safe calls are made; everything is prepared before
+/// the fork.
 fn fork_exec(
     spec: &SpawnSpec,
     argv: &[*mut libc::c_char],
     envp: &[*mut libc::c_char],
+    limits: Option<&UserLimits>,
+    cgroup: Option<RawFd>,
 ) -> io::Result<i32> {
     // Exec failure is reported through a close-on-exec pipe: EOF means the
     // exec succeeded, 4 bytes are the child's errno.
@@ -168,12 +351,26 @@ fn fork_exec(
     // SAFETY: valid sigset pointer.
     unsafe { libc::sigemptyset(&mut empty) };
     let wr_fd = wr.as_raw_fd();
-    // SAFETY: the child runs only async-signal-safe libc calls on memory
-    // prepared before the fork, then execs or _exits.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(ctx(io::Error::last_os_error(), "fork"));
-    }
+    let rlimits = limits.map(|l| {
+        [
+            (
+                libc::RLIMIT_NOFILE,
+                libc::rlimit {
+                    rlim_cur: l.nofile.0,
+                    rlim_max: l.nofile.1,
+                },
+            ),
+            (
+                libc::RLIMIT_NPROC,
+                libc::rlimit {
+                    rlim_cur: l.nproc,
+                    rlim_max: l.nproc,
+                },
+            ),
+        ]
+    });
+    let oom_path = c"/proc/self/oom_score_adj";
+    let pid = fork_into(limits, cgroup)?;
     if pid == 0 {
         // Child.
         unsafe {
@@ -217,6 +414,20 @@ fn fork_exec(
             }
             if libc::chdir(spec.cwd.as_ptr()) < 0 {
                 fail(wr_fd);
+            }
+            if let Some(rl) = &rlimits {
+                for (res, lim) in rl {
+                    if libc::setrlimit(*res, lim) < 0 {
+                        fail(wr_fd);
+                    }
+                }
+                // The agent runs at -1000 (never the OOM victim) and children
+                // inherit it: undo that, or a memory hog could not be killed.
+                let fd = libc::open(oom_path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                    fail(wr_fd);
+                }
+                libc::close(fd);
             }
             if let Some(gid) = spec.gid {
                 if libc::setgroups(0, ptr::null()) < 0 || libc::setgid(gid) < 0 {
