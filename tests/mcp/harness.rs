@@ -259,6 +259,10 @@ impl Daemon {
         let mut child = Command::new(exe())
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(backend_args(dir.path()))
+            // No network for test VMs (only tests with their own uplink
+            // namespace turn it on), and a prefix of its own.
+            .args(["--network", "off", "--net-prefix"])
+            .arg(super::common::daemon::unique_prefix())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
