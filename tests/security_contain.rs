@@ -415,7 +415,12 @@ fn attacks_in_one_session_are_contained() {
 /// cgroups asbx-*). Other tests on this machine may create objects with the
 /// same prefix concurrently: the baseline keeps theirs out where names
 /// carry no sandbox id (links, the shared nft table).
-fn leftovers(state_dir: &Path, daemon_pids: &[i32], baseline: &[String]) -> Vec<String> {
+fn leftovers(
+    state_dir: &Path,
+    daemon_pids: &[i32],
+    baseline: &[String],
+    prefix: &str,
+) -> Vec<String> {
     let mut out = Vec::new();
     let run = state_dir.join("run");
     let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_agent-sandbox")).ok();
@@ -433,14 +438,25 @@ fn leftovers(state_dir: &Path, daemon_pids: &[i32], baseline: &[String]) -> Vec<
         }
     }
     out.extend(
-        net_and_cgroup_objects()
+        net_and_cgroup_objects(prefix)
             .into_iter()
             .filter(|o| !baseline.contains(o))
+            // A live daemon's own snapshot namespace (`{prefix}-s<pid>-…`)
+            // lives as long as it does.
+            .filter(|o| {
+                !snapshot_ns_pid(o, prefix)
+                    .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+            })
             // A name that embeds a daemon pid (`asbx-<pid>-<n>-<rand>`) is
             // ours only if the pid is one of our daemons'.
             .filter(|o| embedded_pid(o).map_or(true, |p| daemon_pids.contains(&p))),
     );
     out
+}
+
+fn snapshot_ns_pid(o: &str, prefix: &str) -> Option<i32> {
+    let rest = o.strip_prefix(&format!("netns {prefix}-s"))?;
+    rest.split('-').next()?.parse().ok()
 }
 
 fn embedded_pid(name: &str) -> Option<i32> {
@@ -452,12 +468,14 @@ fn embedded_pid(name: &str) -> Option<i32> {
     })
 }
 
-fn net_and_cgroup_objects() -> Vec<String> {
+/// Namespaces, links and nftables tables named by the daemon's network
+/// prefix, and cgroups of our VMs, on this host.
+fn net_and_cgroup_objects(prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/run/netns") {
         for e in rd.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("asbx-") {
+            if n.starts_with(&format!("{prefix}-")) {
                 out.push(format!("netns {n}"));
             }
         }
@@ -465,7 +483,7 @@ fn net_and_cgroup_objects() -> Vec<String> {
     if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
         for e in rd.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("asbx") {
+            if n.starts_with(prefix) {
                 out.push(format!("link {n}"));
             }
         }
@@ -475,7 +493,7 @@ fn net_and_cgroup_objects() -> Vec<String> {
         .output()
     {
         for l in String::from_utf8_lossy(&o.stdout).lines() {
-            if l.split_whitespace().last() == Some("asbx") {
+            if l.split_whitespace().last() == Some(prefix) {
                 out.push(format!("nft {l}"));
             }
         }
@@ -515,8 +533,9 @@ fn vmm_kill_9_mid_exec() {
     if skip("vmm_kill_9_mid_exec") {
         return;
     }
-    let baseline = net_and_cgroup_objects();
-    let d = Daemon::start(&[]);
+    let prefix = common::daemon::unique_prefix();
+    let baseline = net_and_cgroup_objects(&prefix);
+    let d = Daemon::start(&["--net-prefix", &prefix]);
     let h = d.http();
     eprintln!("daemon pid: {}", d.pid());
     create(&h, "doomed");
@@ -578,7 +597,7 @@ fn vmm_kill_9_mid_exec() {
         let mut left = Vec::new();
         // Network teardown may finish in the background (seen: ~12 s).
         wait_until(Duration::from_secs(30), || {
-            left = leftovers(&d.state_dir(), &[d.pid()], &baseline);
+            left = leftovers(&d.state_dir(), &[d.pid()], &baseline, &prefix);
             left.is_empty()
         });
         left
@@ -591,8 +610,9 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     if skip("daemon_kill_9_then_restart_leaves_nothing") {
         return;
     }
-    let baseline = net_and_cgroup_objects();
-    let mut d = Daemon::start(&[]);
+    let prefix = common::daemon::unique_prefix();
+    let baseline = net_and_cgroup_objects(&prefix);
+    let mut d = Daemon::start(&["--net-prefix", &prefix]);
     let first = d.pid();
     let key = d.key.clone();
     let h = d.http();
@@ -623,23 +643,26 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     let vmms = qemu_pids(&d);
     assert_eq!(vmms.len(), 2, "{vmms:?}");
     // The leak check sees live sandboxes (it is not vacuous).
-    let live = leftovers(&d.state_dir(), &[d.pid()], &baseline);
+    let live = leftovers(&d.state_dir(), &[d.pid()], &baseline, &prefix);
     assert!(
         live.iter().filter(|l| l.starts_with("process ")).count() == 2
-            && live.iter().filter(|l| l.starts_with("run dir ")).count() == 2,
+            && live.iter().filter(|l| l.starts_with("run dir ")).count() == 2
+            && live.iter().filter(|l| l.starts_with("netns ")).count() == 2,
         "{live:?}"
     );
     d.terminate(libc::SIGKILL);
     let _ = inflight.join();
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().expect("tempdir"));
+    // What the crash left is for the restarted daemon to sweep.
+    d.net_prefix = None;
     drop(d);
     let t0 = Instant::now();
-    let d2 = Daemon::start_in(dir, &[]);
+    let d2 = Daemon::start_in(dir, &["--net-prefix", &prefix]);
     let pids = [first, d2.pid()];
     eprintln!("daemon pids: {pids:?}");
     let mut left = Vec::new();
     wait_until(Duration::from_secs(30), || {
-        left = leftovers(&d2.state_dir(), &pids, &baseline);
+        left = leftovers(&d2.state_dir(), &pids, &baseline, &prefix);
         left.is_empty()
     });
     eprintln!(

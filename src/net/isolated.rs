@@ -15,16 +15,26 @@ pub struct Isolated {
 }
 
 impl Isolated {
-    /// `{prefix}-i{pid}-{random}` with `cfg.tap_name` owned by the
-    /// configured TAP uid/gid, loopback down: a dead end for any frame.
-    /// The creator's pid in the name lets [`Isolated::sweep`] tell a dead
-    /// process's leftovers from a live one's.
+    /// `{prefix}-i{pid}-{random}` (a session's) with `cfg.tap_name` owned
+    /// by the configured TAP uid/gid, loopback down: a dead end for any
+    /// frame. The creator's pid in the name lets [`Isolated::sweep`] tell a
+    /// dead process's leftovers from a live one's.
     pub fn create(cfg: &NetConfig) -> Result<Isolated> {
+        Self::create_kind(cfg, 'i')
+    }
+
+    /// The same for snapshot builds: `{prefix}-s{pid}-{random}`, one per
+    /// daemon for its lifetime.
+    pub fn create_for_snapshots(cfg: &NetConfig) -> Result<Isolated> {
+        Self::create_kind(cfg, 's')
+    }
+
+    fn create_kind(cfg: &NetConfig, kind: char) -> Result<Isolated> {
         cfg.validate()?;
         let mut last = None;
         for _ in 0..8 {
             let name = format!(
-                "{}-i{}-{}",
+                "{}-{kind}{}-{}",
                 cfg.prefix,
                 std::process::id(),
                 super::random_id()?
@@ -61,12 +71,13 @@ impl Isolated {
     /// when networking is off). Returns the names removed.
     pub fn sweep(prefix: &str) -> Result<Vec<String>> {
         let mut gone = Vec::new();
-        let head = format!("{prefix}-i");
+        let head = format!("{prefix}-");
         for name in netns::list(&head)? {
-            let pid = name[head.len()..]
-                .split('-')
-                .next()
-                .and_then(|p| p.parse::<u32>().ok());
+            let rest = &name[head.len()..];
+            let Some(tagged) = rest.strip_prefix('i').or_else(|| rest.strip_prefix('s')) else {
+                continue; // a session namespace of a networked daemon
+            };
+            let pid = tagged.split('-').next().and_then(|p| p.parse::<u32>().ok());
             let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
             if !alive {
                 netns::delete(&name)?;

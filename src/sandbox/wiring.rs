@@ -153,7 +153,7 @@ fn attachment(netns: PathBuf, n: &NetConfig) -> NetAttachment {
 /// returned guard while the registry may build snapshots.
 pub fn snapshot_net(cfg: &Config, rc: &mut RegistryConfig) -> Result<Isolated> {
     let n = net_config(cfg);
-    let iso = Isolated::create(&n)
+    let iso = Isolated::create_for_snapshots(&n)
         .map_err(|e| SandboxError::Other(format!("snapshot network namespace: {e}")))?;
     rc.net = Some(attachment(iso.path(), &n));
     Ok(iso)
