@@ -34,10 +34,20 @@ fn vm_backend() -> bool {
 /// one costs its whole timeout), one `NAME RESULT` line each. A TCP probe's
 /// result is what the server wrote (the source address it saw) or BLOCKED.
 fn probe(d: &Daemon, s: &str, targets: &[(&str, Ipv4Addr)]) -> BTreeMap<String, String> {
+    probe_port(d, s, targets, PORT)
+}
+
+/// [`probe`] on another port.
+fn probe_port(
+    d: &Daemon,
+    s: &str,
+    targets: &[(&str, Ipv4Addr)],
+    port: u16,
+) -> BTreeMap<String, String> {
     let mut script = String::new();
     for (name, ip) in targets {
         script.push_str(&format!(
-            "( r=$(timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{PORT} && head -c 64 <&3' 2>/dev/null); \
+            "( r=$(timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{port} && head -c 64 <&3' 2>/dev/null); \
              echo \"{name} ${{r:-BLOCKED}}\" ) &\n"
         ));
     }
@@ -269,10 +279,13 @@ fn guests_reach_only_what_their_policy_allows() {
     let api = probe_port(
         &d,
         "a",
-        &[HOST_UPLINK, Ipv4Addr::new(172, 16, 0, 1)],
+        &[
+            ("uplink", HOST_UPLINK),
+            ("gateway", Ipv4Addr::new(172, 16, 0, 1)),
+        ],
         api_port,
     );
-    assert!(api.iter().all(|r| r == "BLOCKED"), "{api:?}");
+    assert!(api.values().all(|r| r == "BLOCKED"), "{api:?}");
 
     // The guest's resolver answers every name in `internet` mode.
     assert_eq!(
@@ -426,58 +439,17 @@ fn guests_reach_only_what_their_policy_allows() {
     assert!(left.is_empty(), "after shutdown: {left:?}");
 }
 
-/// Like [`probe`], on another port.
-fn probe_port(d: &Daemon, s: &str, addrs: &[Ipv4Addr], port: u16) -> Vec<String> {
-    let mut script = String::new();
-    for ip in addrs {
-        script.push_str(&format!(
-            "( r=$(timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{port} && head -c 64 <&3' 2>/dev/null); \
-             echo \"${{r:-BLOCKED}}\" ) &\n"
-        ));
-    }
-    script.push_str("wait\n");
-    let r = d.http().post(
-        &format!("/v1/sessions/{s}/exec"),
-        &json!({"command": script, "timeout": 30000}),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    stdout_of(&r.json())
-        .lines()
-        .map(|l| l.trim().to_string())
-        .collect()
-}
-
-/// A minimal pure-Python wheel and a PEP 503 "simple" index for it.
+/// A PEP 503 "simple" index holding one small wheel.
 fn make_index(dir: &std::path::Path) {
-    let script = r#"
-import sys, os, zipfile, hashlib, base64
-root = sys.argv[1]
-files = {
-    "tinypkg/__init__.py": "ANSWER = 42\n",
-    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
-    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = []
-for name, text in files.items():
-    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-    record.append(f"{name},sha256={digest},{len(text.encode())}")
-record.append("tinypkg-0.1.dist-info/RECORD,,")
-files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
-os.makedirs(os.path.join(root, "simple", "tinypkg"))
-whl = os.path.join(root, "simple", "tinypkg", "tinypkg-0.1-py3-none-any.whl")
-with zipfile.ZipFile(whl, "w") as z:
-    for name, text in files.items():
-        z.writestr(name, text)
-with open(os.path.join(root, "simple", "tinypkg", "index.html"), "w") as f:
-    f.write('<a href="tinypkg-0.1-py3-none-any.whl">tinypkg-0.1-py3-none-any.whl</a>\n')
-"#;
-    let st = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(dir)
-        .status()
-        .expect("run host python3");
-    assert!(st.success(), "building the index failed");
+    let pkg = dir.join("simple/tinypkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let whl = common::make_wheel(&pkg);
+    let name = whl.file_name().unwrap().to_string_lossy().into_owned();
+    std::fs::write(
+        pkg.join("index.html"),
+        format!("<a href=\"{name}\">{name}</a>\n"),
+    )
+    .unwrap();
 }
 
 /// A child process killed (and reaped) on drop.

@@ -2,6 +2,7 @@
 //! no network device. Snapshots are shared between tests (and runs) through
 //! the template registry; VMs of different tests run one at a time.
 
+mod common;
 #[path = "common/vm.rs"]
 mod vm;
 
@@ -138,41 +139,11 @@ fn python_template_prints_4() {
     v.destroy().expect("destroy");
 }
 
-/// A minimal pure-Python wheel, zipped on the host by python3.
-fn make_wheel(dir: &Path) -> std::path::PathBuf {
-    let whl = dir.join("tinypkg-0.1-py3-none-any.whl");
-    let script = r#"
-import sys, zipfile, hashlib, base64
-files = {
-    "tinypkg/__init__.py": "ANSWER = 42\n",
-    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
-    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = []
-for name, text in files.items():
-    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-    record.append(f"{name},sha256={digest},{len(text.encode())}")
-record.append("tinypkg-0.1.dist-info/RECORD,,")
-files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
-with zipfile.ZipFile(sys.argv[1], "w") as z:
-    for name, text in files.items():
-        z.writestr(name, text)
-"#;
-    let st = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(&whl)
-        .status()
-        .expect("run host python3");
-    assert!(st.success(), "building the wheel failed");
-    whl
-}
-
 #[test]
 fn pip_installs_a_local_wheel_into_the_root_fs() {
     let Some(e) = env() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
-    let whl = make_wheel(tmp.path());
+    let whl = common::make_wheel(tmp.path());
     let bytes = std::fs::read(&whl).expect("read wheel");
     let _g = serial();
     let (mut v, c) = restore(e, "python", "py-pip");

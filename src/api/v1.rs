@@ -174,9 +174,12 @@ pub fn get_network(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let s = own_session(ctx, p, params)?;
+    ok_json(network_state(&*own_session(ctx, p, params)?))
+}
+
+fn network_state(s: &Session) -> serde_json::Value {
     let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    ok_json(json!({"sessionId": s.id, "egress": e}))
+    json!({"sessionId": s.id, "egress": e})
 }
 
 /// Replace the egress policy of a running session. Answers once the new
@@ -198,10 +201,7 @@ pub fn set_network(
             .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")))
             .and_then(|_| s.set_egress(policy, wait));
         match r {
-            Ok(()) => {
-                let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                Reply::Json(200, json!({"sessionId": s.id, "egress": e}))
-            }
+            Ok(()) => Reply::Json(200, network_state(&s)),
             Err(e) => e.into(),
         }
     })))

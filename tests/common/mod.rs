@@ -195,3 +195,33 @@ pub fn remove_daemon_cgroups(state_dir: &Path) {
         let _ = std::fs::remove_dir(&parent);
     }
 }
+
+/// A minimal pure-Python wheel, zipped on the host by python3.
+pub fn make_wheel(dir: &std::path::Path) -> std::path::PathBuf {
+    let whl = dir.join("tinypkg-0.1-py3-none-any.whl");
+    let script = r#"
+import sys, zipfile, hashlib, base64
+files = {
+    "tinypkg/__init__.py": "ANSWER = 42\n",
+    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append("tinypkg-0.1.dist-info/RECORD,,")
+files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+"#;
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&whl)
+        .status()
+        .expect("run host python3");
+    assert!(st.success(), "building the wheel failed");
+    whl
+}
