@@ -96,6 +96,14 @@ fn create(d: &Daemon, id: &str, egress: serde_json::Value) {
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
+/// A networked session's namespace (`{prefix}-{6 hex}`), not an isolated
+/// one (`{prefix}-i<pid>-…`, `{prefix}-s<pid>-…` for snapshot builds).
+fn is_session_ns(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|id| id.len() == 6 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Everything of ours with this prefix: namespaces, links and nftables
 /// tables in the test host namespace.
 fn leftovers(topo: &Topology, prefix: &str) -> Vec<String> {
@@ -223,7 +231,7 @@ fn guests_reach_only_what_their_policy_allows() {
     let b_ns = sh(&["ip", "netns", "list"])
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&format!("{prefix}-")) && !n.starts_with(&format!("{prefix}-i")))
+        .filter(|n| is_session_ns(n, &prefix))
         .map(str::to_string)
         .collect::<Vec<_>>();
     assert_eq!(b_ns.len(), 2, "session namespaces: {b_ns:?}");
@@ -396,7 +404,10 @@ fn guests_reach_only_what_their_policy_allows() {
     common::wait_until(Duration::from_secs(10), || {
         leftovers(&topo, &prefix)
             .iter()
-            .filter(|l| l.starts_with("netns") && !l.contains(&format!("{prefix}-i")))
+            .filter(|l| {
+                l.strip_prefix("netns ")
+                    .is_some_and(|n| is_session_ns(n, &prefix))
+            })
             .count()
             == 1
     });
@@ -424,7 +435,8 @@ fn guests_reach_only_what_their_policy_allows() {
     assert!(
         left.iter().all(|l| l.starts_with("table")
             || l.starts_with("route")
-            || l.contains(&format!("{prefix}-i"))),
+            || l.strip_prefix("netns ")
+                .is_some_and(|n| !is_session_ns(n, &prefix))),
         "after the sweep: {left:?}"
     );
     // The new daemon's sessions work.
