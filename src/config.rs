@@ -55,8 +55,11 @@ pub struct Config {
     /// `Origin` values the MCP endpoint accepts (browsers); empty = none.
     pub mcp_allowed_origins: Vec<String>,
     /// Per-session networking (namespace, veth, TAP, NAT, egress policy);
-    /// `None`: VMs boot without a network device.
+    /// `None`: sessions have no network (their NIC leads nowhere).
     pub network: Option<NetConfig>,
+    /// Name prefix of the namespaces made while networking is off (the
+    /// isolated NICs); with networking on, `network.prefix` rules.
+    pub net_prefix: Option<String>,
     /// Sandbox backend: `qemu`, `firecracker`, or `local-process`
     /// (development only: no isolation).
     pub backend: String,
@@ -145,6 +148,7 @@ impl Default for Config {
             default_disk_mib: 1024,
             mcp_allowed_origins: Vec::new(),
             network: None,
+            net_prefix: None,
             backend: "qemu".into(),
             agent_bin: None,
             mcp_http: true,

@@ -329,6 +329,7 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
     if !a.mcp_allowed_origin.is_empty() {
         c.mcp_allowed_origins = a.mcp_allowed_origin.clone();
     }
+    c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend == "local-process" {
         None
     } else {

@@ -116,7 +116,10 @@ pub fn host_resolvers() -> Vec<std::net::SocketAddr> {
 /// The network settings every VM is booted with, networking on or off: a
 /// snapshot fixes the guest's NIC and address, so all sessions share them.
 pub fn net_config(cfg: &Config) -> NetConfig {
-    let mut n = cfg.network.clone().unwrap_or_default();
+    let mut n = cfg.network.clone().unwrap_or_else(|| NetConfig {
+        prefix: cfg.net_prefix.clone().unwrap_or_else(|| "asbx".into()),
+        ..NetConfig::default()
+    });
     n.tap_uid = Some(VM_UID);
     n.tap_gid = Some(VM_GID);
     n
