@@ -214,8 +214,15 @@ pub fn drop_to(needs: &[Need]) -> Result<Dropped, HardenError> {
 
     // Bounding first: dropping from it needs CAP_SETPCAP in the effective
     // set, which goes away below. Done with prctl over every capability the
-    // kernel knows, including ones newer than the caps crate.
-    for nr in 0..=cap_last_cap() {
+    // kernel knows, including ones newer than the caps crate. An
+    // unprivileged process (no CAP_SETPCAP) cannot and need not: it holds
+    // nothing, and no_new_privs keeps an exec from gaining anything.
+    let can_bound = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)
+        .map_err(|e| err("read effective", e))?;
+    if !can_bound {
+        log::info!("capabilities: unprivileged (no CAP_SETPCAP); bounding set left as is");
+    }
+    for nr in (0..=cap_last_cap()).filter(|_| can_bound) {
         if keep_mask & (1u64 << nr) != 0 {
             continue;
         }
