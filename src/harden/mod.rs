@@ -153,6 +153,15 @@ fn no_new_privs() -> Result<(), HardenError> {
 /// no_new_privs, SIGSYS handler, the baseline filter, the thread broker.
 pub fn apply(opts: &Options) -> Result<Report, HardenError> {
     require_single_threaded("harden::apply")?;
+    // glibc gives threads their own malloc arenas, and shrinking one reads
+    // /proc/sys/vm/overcommit_memory (openat) the first time, on whatever
+    // thread gets there: a filtered thread would be killed for it (seen on
+    // an agent-reader thread). One arena for all threads never does.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt with integer arguments, before any other thread.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let nofile = apply_rlimits(opts.nofile)?;
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
