@@ -247,6 +247,8 @@ pub struct Daemon {
     pub base: String,
     pub key: String,
     pub dir: tempfile::TempDir,
+    /// Its `--net-prefix`: the namespaces it makes are named by it.
+    pub net_prefix: String,
 }
 
 impl Daemon {
@@ -256,13 +258,13 @@ impl Daemon {
             .tempdir()
             .expect("tempdir");
         let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
+        let net_prefix = super::common::daemon::unique_prefix();
         let mut child = Command::new(exe())
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(backend_args(dir.path()))
             // No network for test VMs (only tests with their own uplink
             // namespace turn it on), and a prefix of its own.
-            .args(["--network", "off", "--net-prefix"])
-            .arg(super::common::daemon::unique_prefix())
+            .args(["--network", "off", "--net-prefix", &net_prefix])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -288,6 +290,7 @@ impl Daemon {
             base,
             key,
             dir,
+            net_prefix,
         };
         assert!(
             !d.base.is_empty() && !d.key.is_empty(),
@@ -341,6 +344,18 @@ impl Drop for Daemon {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         super::common::remove_daemon_cgroups(self.dir.path());
+        // A killed daemon leaves its isolated namespaces mounted.
+        let head = format!("{}-", self.net_prefix);
+        for e in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&head) {
+                let _ = Command::new("ip").args(["netns", "del", &name]).status();
+            }
+        }
     }
 }
 
