@@ -12,6 +12,27 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// The first API key and the listening URL a starting `serve` prints on
+/// stdout (empty if it exits first); stdout is drained from then on so the
+/// daemon never blocks on it.
+pub fn read_banner(child: &mut Child) -> (String, String) {
+    let out = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(out).lines();
+    let (mut key, mut base) = (String::new(), String::new());
+    for line in lines.by_ref() {
+        let line = line.expect("read daemon stdout");
+        if let Some(k) = line.split("API key: ").nth(1) {
+            key = k.trim().to_string();
+        }
+        if let Some(u) = line.split("listening on ").nth(1) {
+            base = u.trim().to_string();
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    (key, base)
+}
+
 /// `t` + 5 hex digits, unique per test process and call.
 pub fn unique_prefix() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -85,22 +106,7 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("spawn agent-sandbox serve");
-        let out = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(out).lines();
-        let mut key = String::new();
-        let mut base = String::new();
-        for line in lines.by_ref() {
-            let line = line.expect("read daemon stdout");
-            if let Some(k) = line.split("API key: ").nth(1) {
-                key = k.trim().to_string();
-            }
-            if let Some(u) = line.split("listening on ").nth(1) {
-                base = u.trim().to_string();
-                break;
-            }
-        }
-        // Keep draining stdout so the daemon never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
+        let (key, base) = read_banner(&mut child);
         assert!(
             !base.is_empty(),
             "daemon did not start; log:\n{}",

@@ -12,7 +12,6 @@
 //! mcp flags from `AGENT_SANDBOX_TEST_ARGS`.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -271,20 +270,7 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("spawn agent-sandbox serve");
-        let out = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(out).lines();
-        let (mut key, mut base) = (String::new(), String::new());
-        for line in lines.by_ref() {
-            let line = line.expect("daemon stdout");
-            if let Some(k) = line.split("API key: ").nth(1) {
-                key = k.trim().to_string();
-            }
-            if let Some(u) = line.split("listening on ").nth(1) {
-                base = u.trim().to_string();
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
+        let (key, base) = super::common::daemon::read_banner(&mut child);
         let d = Daemon {
             child: Some(child),
             base,
