@@ -52,6 +52,7 @@ in
     , egress
     , mcpHttp
     , network
+    , vmIds ? null
     }: {
       inherit listen backend network;
       state_dir = stateDir;
@@ -66,5 +67,5 @@ in
       default_mem_mib = defaultMemMib;
       egress = { inherit (egress) mode rules domains; };
       mcp_http = mcpHttp;
-    };
+    } // (if vmIds == null then { } else { vm_ids = { inherit (vmIds) first count; }; });
 }

@@ -130,6 +130,24 @@ in
       description = "Guest RAM (MiB) of a session that asks for none.";
     };
 
+    vmIds = {
+      first = mkOption {
+        type = types.ints.between 1000 4294967293;
+        default = 2000000000;
+        description = ''
+          First of the uids/gids VMs run as (the snapshot builder's); each
+          session's VMM runs as one of the next `count - 1`, its own for the
+          session's life. Must not overlap any user, group or subordinate id
+          range on the host.
+        '';
+      };
+      count = mkOption {
+        type = types.ints.between 2 16777216;
+        default = 65536;
+        description = "How many ids the range holds (more than maxSessions).";
+      };
+    };
+
     maxSessions = mkOption {
       type = types.ints.positive;
       default = 16;
@@ -219,7 +237,7 @@ in
       inherit (built) templatesDir;
     }) // cli.settings {
       inherit listen stateDir;
-      inherit (cfg) backend maxSessions idleTimeout defaultVcpus defaultMemMib egress network;
+      inherit (cfg) backend maxSessions idleTimeout defaultVcpus defaultMemMib egress network vmIds;
       keysFile = if cfg.keysFile != null then keysCredential else "${stateDir}/keys.json";
       mcpHttp = cfg.mcpHttp.enable;
     });

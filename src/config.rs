@@ -71,6 +71,8 @@ pub struct Config {
     pub default_egress: EgressPolicy,
     /// Guest images and VMM binaries.
     pub artifacts: Artifacts,
+    /// uids/gids VMMs run as: one per session (see `vm::ids`).
+    pub vm_ids: crate::vm::ids::IdRange,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -154,6 +156,7 @@ impl Default for Config {
             mcp_http: true,
             default_egress: EgressPolicy::default(),
             artifacts: Artifacts::default(),
+            vm_ids: crate::vm::ids::IdRange::default(),
         }
     }
 }
@@ -248,6 +251,14 @@ impl Config {
         if let Some(n) = &self.network {
             n.validate().map_err(|e| format!("network: {e}"))?;
         }
+        self.vm_ids.validate()?;
+        if (self.vm_ids.sessions() as usize) < self.max_sessions {
+            return Err(format!(
+                "vm_ids.count {}: fewer session ids than max_sessions {} (one id is the \
+                 snapshot builder's)",
+                self.vm_ids.count, self.max_sessions
+            ));
+        }
         Ok(())
     }
 }
@@ -298,6 +309,7 @@ pub struct FileConfig {
     pub qemu: Option<PathBuf>,
     pub firecracker: Option<PathBuf>,
     pub jailer: Option<PathBuf>,
+    pub vm_ids: Option<crate::vm::ids::IdRange>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -402,6 +414,7 @@ impl FileConfig {
             mcp_allowed_origins => c.mcp_allowed_origins,
             egress => c.default_egress,
             images => c.artifacts.images,
+            vm_ids => c.vm_ids,
         );
         set_secs!(
             idle_timeout_secs => c.idle_timeout,
@@ -474,6 +487,7 @@ impl FileConfig {
             qemu: a.qemu.clone(),
             firecracker: a.firecracker.clone(),
             jailer: a.jailer.clone(),
+            vm_ids: Some(c.vm_ids),
         }
     }
 }

@@ -231,6 +231,10 @@ struct ServeArgs {
     /// two daemons on one host need different ones.
     #[arg(long)]
     net_prefix: Option<String>,
+    /// uids/gids of VMs, `FIRST:COUNT`: the first is the snapshot builder's,
+    /// each session's VMM gets one of the others for its life [2000000000:65536].
+    #[arg(long, value_parser = agent_sandbox::vm::ids::IdRange::parse)]
+    vm_ids: Option<agent_sandbox::vm::ids::IdRange>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -319,6 +323,7 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
         rate_burst => c.rate_burst,
         reap_interval => c.reap_interval,
         write_timeout => c.write_timeout,
+        vm_ids => c.vm_ids,
     );
     if a.agent_bin.is_some() {
         c.agent_bin = a.agent_bin.clone();
@@ -580,15 +585,14 @@ fn harden_daemon(
     // Unprivileged (development): the spawner can only start programs as
     // the daemon's own uid.
     let (uids, gids) = if root {
-        (
-            wiring::VM_UID..=wiring::VM_UID,
-            wiring::VM_GID..=wiring::VM_GID,
-        )
+        let r = cfg.vm_ids;
+        (r.first..=r.last(), r.first..=r.last())
     } else {
         (euid..=euid, egid..=egid)
     };
     let policy = spawner::Policy {
         programs,
+        // (the first id: the snapshot builder's, never a session's)
         tool_uid: *uids.start(),
         tool_gid: *gids.start(),
         uids,

@@ -849,7 +849,8 @@ fn boot_snapshot_restore_send_exactly_the_spec_valid_requests() {
             .permissions()
             .mode()
             & 0o777,
-        0o440
+        0o444,
+        "root's, read-only to every VM uid"
     );
 
     let pid = vm.pid().expect("pid");

@@ -173,7 +173,14 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         eprintln!("SKIP: needs root (capabilities, spawner, cgroups)");
         return;
     }
-    let d = Daemon::start(&[]);
+    // Its own range of VM ids: each session's VMM must get one of them.
+    let (first, count) = (1_500_000_000u32, 8u32);
+    let d = Daemon::start(&[
+        "--vm-ids",
+        &format!("{first}:{count}"),
+        "--max-sessions",
+        "4",
+    ]);
     let pid = d.pid();
     let vm = common::daemon::vm_backend();
     let log = d.log();
@@ -219,7 +226,51 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
             .find(|p| comm(*p).starts_with("qemu"))
             .unwrap_or_else(|| panic!("no QEMU among the spawner's children {kids:?}"));
         let st = status_of(&format!("/proc/{qemu}/status"));
-        assert!(field(&st, "Uid").starts_with("65534"), "QEMU uid: {st:?}");
+        // Real, effective, saved and fs uid (and gid) are the session's own.
+        let ids = |st: &[(String, String)], k: &str| -> Vec<u32> {
+            field(st, k)
+                .split_whitespace()
+                .map(|v| v.parse().expect("id"))
+                .collect()
+        };
+        let uid = ids(&st, "Uid")[0];
+        assert!(
+            (first + 1..first + count).contains(&uid),
+            "QEMU uid {uid} outside the session ids of {first}:{count}"
+        );
+        assert_eq!(ids(&st, "Uid"), vec![uid; 4], "{st:?}");
+        assert_eq!(ids(&st, "Gid"), vec![uid; 4], "{st:?}");
+        assert_eq!(field(&st, "Groups"), "", "no supplementary groups");
+        // Its run dir (named on its command line) is its own.
+        let cmd = std::fs::read(format!("/proc/{qemu}/cmdline")).expect("cmdline");
+        let cmd = String::from_utf8_lossy(&cmd);
+        let run = d.state_dir().join("run");
+        let owned: Vec<u32> = std::fs::read_dir(&run)
+            .expect("run root")
+            .flatten()
+            .filter(|e| cmd.contains(&*e.path().to_string_lossy()))
+            .map(|e| std::os::unix::fs::MetadataExt::uid(&e.metadata().expect("stat")))
+            .collect();
+        assert_eq!(
+            owned,
+            vec![uid],
+            "owner of QEMU's run dir under {}",
+            run.display()
+        );
+        // A second session's VMM runs under another uid of the range.
+        let id2 = create_session(&d);
+        assert_eq!(exec(&d, &id2, "echo second"), "second\n");
+        let qemu2 = children_of(spawner)
+            .into_iter()
+            .find(|p| *p != qemu && comm(*p).starts_with("qemu"))
+            .expect("second QEMU");
+        let uid2 = ids(&status_of(&format!("/proc/{qemu2}/status")), "Uid")[0];
+        assert!(
+            (first + 1..first + count).contains(&uid2) && uid2 != uid,
+            "second VMM uid {uid2} (first's {uid})"
+        );
+        let r = d.http().delete(&format!("/v1/sessions/{id2}"));
+        assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(field(&st, "NoNewPrivs"), "1");
         assert_eq!(field(&st, "Seccomp"), "2", "QEMU runs under filters");
         assert_eq!(hex(field(&st, "CapEff")), 0, "QEMU has no capabilities");

@@ -98,6 +98,7 @@ assert check (keyed.settings.keys_file == "/run/credentials/agent-sandbox.servic
 assert check (keyed.unit.serviceConfig.LoadCredential == [ "keys:/run/secrets/keys.json" ]) "LoadCredential";
 assert check (builtins.attrNames keyed.settings.images == [ "base" ]) "templates select images";
 assert check (keyed.settings.max_sessions == 99) "settings override options";
+assert check (dflt.settings.vm_ids == { first = 2000000000; count = 65536; }) "VM id range";
 assert check ((unIf keyed.body.networking.firewall.allowedTCPPorts) == [ 3000 ]) "openFirewall";
 assert check (all (map (t: t.assertion) keyed.body.assertions)) "assertions hold for known templates";
 assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "nope" ]; }).body.assertions))) "unknown template is refused";

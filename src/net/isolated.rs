@@ -20,16 +20,25 @@ impl Isolated {
     /// frame. The creator's pid in the name lets [`Isolated::sweep`] tell a
     /// dead process's leftovers from a live one's.
     pub fn create(cfg: &NetConfig) -> Result<Isolated> {
-        Self::create_kind(cfg, 'i')
+        Self::create_kind(cfg, 'i', (cfg.tap_uid, cfg.tap_gid))
+    }
+
+    /// [`Isolated::create`] with the TAP owned by the VM's own `uid:gid`.
+    pub fn create_for(cfg: &NetConfig, owner: (u32, u32)) -> Result<Isolated> {
+        Self::create_kind(cfg, 'i', (Some(owner.0), Some(owner.1)))
     }
 
     /// The same for snapshot builds: `{prefix}-s{pid}-{random}`, one per
     /// daemon for its lifetime.
     pub fn create_for_snapshots(cfg: &NetConfig) -> Result<Isolated> {
-        Self::create_kind(cfg, 's')
+        Self::create_kind(cfg, 's', (cfg.tap_uid, cfg.tap_gid))
     }
 
-    fn create_kind(cfg: &NetConfig, kind: char) -> Result<Isolated> {
+    fn create_kind(
+        cfg: &NetConfig,
+        kind: char,
+        (uid, gid): (Option<u32>, Option<u32>),
+    ) -> Result<Isolated> {
         cfg.validate()?;
         let mut last = None;
         for _ in 0..8 {
@@ -39,9 +48,7 @@ impl Isolated {
                 std::process::id(),
                 super::random_id()?
             );
-            match netns::create(&name, || {
-                tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)
-            }) {
+            match netns::create(&name, || tap::create_persistent(&cfg.tap_name, uid, gid)) {
                 Ok(_) => {
                     return Ok(Isolated {
                         name,

@@ -296,7 +296,18 @@ impl Net {
     /// verified before it returns. On failure nothing of it remains.
     /// Takes a [`NetPolicy`] or a bare [`EgressPolicy`] (by value or reference).
     pub fn create_session(&self, policy: impl Into<NetPolicy>) -> Result<SessionNet> {
-        self.create_session_inner(&policy.into(), None)
+        self.create_session_inner(&policy.into(), None, None)
+    }
+
+    /// [`Net::create_session`] with the TAP owned by `uid:gid` (the VM's
+    /// own ids: a VMM that opens the TAP itself, like Firecracker, runs as
+    /// them) instead of the configured `tap_uid`/`tap_gid`.
+    pub fn create_session_for(
+        &self,
+        policy: impl Into<NetPolicy>,
+        owner: (u32, u32),
+    ) -> Result<SessionNet> {
+        self.create_session_inner(&policy.into(), None, Some(owner))
     }
 
     /// Test hook: like [`Net::create_session`] but fail on purpose after
@@ -308,16 +319,21 @@ impl Net {
         policy: impl Into<NetPolicy>,
         step: u8,
     ) -> Result<SessionNet> {
-        self.create_session_inner(&policy.into(), Some(step))
+        self.create_session_inner(&policy.into(), Some(step), None)
     }
 
-    fn create_session_inner(&self, policy: &NetPolicy, fault: Option<u8>) -> Result<SessionNet> {
+    fn create_session_inner(
+        &self,
+        policy: &NetPolicy,
+        fault: Option<u8>,
+        owner: Option<(u32, u32)>,
+    ) -> Result<SessionNet> {
         self.inner.check_policy(policy)?;
         let slot = self.alloc_slot()?;
         let mut last = None;
         for _ in 0..8 {
             let id = random_id()?;
-            match self.try_create(slot, &id, policy, fault) {
+            match self.try_create(slot, &id, policy, fault, owner) {
                 // A namespace of that name exists (another daemon, a leftover):
                 // try another id.
                 Err(NetError::Io { source, what })
@@ -339,6 +355,7 @@ impl Net {
         id: &str,
         policy: &NetPolicy,
         fault: Option<u8>,
+        owner: Option<(u32, u32)>,
     ) -> Result<SessionNet> {
         let cfg = &self.inner.cfg;
         let p = &cfg.prefix;
@@ -355,7 +372,7 @@ impl Net {
             ctl: Mutex::new(None),
             done: false,
         };
-        match self.setup(&mut s, policy, fault) {
+        match self.setup(&mut s, policy, fault, owner) {
             Ok(()) => Ok(s),
             Err(e) => {
                 // Synchronous here, so that an error means nothing remains.
@@ -367,7 +384,13 @@ impl Net {
         }
     }
 
-    fn setup(&self, s: &mut SessionNet, policy: &NetPolicy, fault: Option<u8>) -> Result<()> {
+    fn setup(
+        &self,
+        s: &mut SessionNet,
+        policy: &NetPolicy,
+        fault: Option<u8>,
+        owner: Option<(u32, u32)>,
+    ) -> Result<()> {
         let injected = |step: u8| -> Result<()> {
             if fault == Some(step) {
                 return Err(NetError::invalid(format!(
@@ -396,7 +419,11 @@ impl Net {
             b.create_table(&table);
             nft.commit(b)?;
             verify(&mut nft, &table, &nsn)?;
-            tap::create_persistent(&cfg.tap_name, cfg.tap_uid, cfg.tap_gid)?;
+            let (uid, gid) = match owner {
+                Some((u, g)) => (Some(u), Some(g)),
+                None => (cfg.tap_uid, cfg.tap_gid),
+            };
+            tap::create_persistent(&cfg.tap_name, uid, gid)?;
             Ok((rtnl, nft))
         })
         .map_err(|e| match e {

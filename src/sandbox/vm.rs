@@ -7,6 +7,7 @@ use super::{
     EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
 };
 use crate::agent::AgentClient;
+use crate::vm::ids::{IdLease, VmIds};
 use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,8 +38,14 @@ pub trait TemplateSource: Send + Sync {
 /// Per-session networking (implemented over `crate::net`).
 pub trait NetProvider: Send + Sync {
     /// Namespace + links + firewall for sandbox `id`, fail-closed: returns
-    /// only once the rules are installed and verified.
-    fn setup(&self, id: &str, egress: &EgressPolicy) -> Result<Box<dyn NetLease>>;
+    /// only once the rules are installed and verified. The TAP belongs to
+    /// `owner` (the VM's uid/gid).
+    fn setup(
+        &self,
+        id: &str,
+        egress: &EgressPolicy,
+        owner: (u32, u32),
+    ) -> Result<Box<dyn NetLease>>;
     fn sweep_orphans(&self) -> Result<usize> {
         Ok(0)
     }
@@ -63,9 +70,8 @@ pub struct VmSandboxFactory {
     pub run_root: PathBuf,
     /// Where per-VM cgroups live (swept at start).
     pub cgroup_parent: Option<PathBuf>,
-    /// Unprivileged ids the VMM runs as.
-    pub uid: u32,
-    pub gid: u32,
+    /// The uid/gid each VMM runs as: its own, leased for the session.
+    pub ids: VmIds,
     pub agent_timeout: Duration,
 }
 
@@ -87,9 +93,11 @@ impl SandboxFactory for VmSandboxFactory {
         let tpl = self
             .templates
             .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
+        let lease = self.ids.acquire().map_err(|e| fail("vm uid", e))?;
+        let owner = (lease.uid, lease.gid);
         let t_net = Instant::now();
         let mut net = match &self.net {
-            Some(n) => Some(n.setup(&spec.id, &spec.egress)?),
+            Some(n) => Some(n.setup(&spec.id, &spec.egress, owner)?),
             None => None,
         };
         let net_took = net.as_ref().map(|_| t_net.elapsed());
@@ -101,8 +109,8 @@ impl SandboxFactory for VmSandboxFactory {
             mem_mib: tpl.mem_mib,
             cmdline_extra: tpl.cmdline_extra,
             net: net.as_ref().map(|n| n.attachment()),
-            uid: self.uid,
-            gid: self.gid,
+            uid: lease.uid,
+            gid: lease.gid,
             run_dir: self.run_root.join(&spec.id),
         };
         let booted = match &tpl.snapshot_dir {
@@ -112,6 +120,7 @@ impl SandboxFactory for VmSandboxFactory {
         let mut vm = match booted {
             Ok(vm) => vm,
             Err(e) => {
+                // A failed start removes its VMM (the backends' contract).
                 if let Some(n) = net.as_mut() {
                     let _ = n.teardown();
                 }
@@ -134,9 +143,12 @@ impl SandboxFactory for VmSandboxFactory {
                 agent,
                 destroyed: false,
                 net_took,
+                ids: Some(lease),
             })),
             Err(e) => {
-                let _ = vm.destroy();
+                if vm.destroy().is_err() {
+                    lease.leak();
+                }
                 if let Some(n) = net.as_mut() {
                     let _ = n.teardown();
                 }
@@ -224,6 +236,8 @@ pub struct VmSandbox {
     agent: AgentClient,
     destroyed: bool,
     net_took: Option<Duration>,
+    /// The VMM's uid/gid: free for another VM once this one is gone.
+    ids: Option<IdLease>,
 }
 
 impl Sandbox for VmSandbox {
@@ -246,6 +260,12 @@ impl Sandbox for VmSandbox {
             what: "destroy vm",
             msg: e.to_string(),
         });
+        match (self.ids.take(), vm.is_ok()) {
+            (Some(l), true) => drop(l),
+            // Its VMM may still run: the uid must not go to another VM.
+            (Some(l), false) => l.leak(),
+            (None, _) => {}
+        }
         let net = match self.net.as_mut() {
             Some(n) => n.teardown(),
             None => Ok(()),

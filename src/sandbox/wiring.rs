@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::harden::spawner::SpawnerClient;
 use crate::net::{Isolated, Net, NetConfig, SessionNet};
 use crate::vm::firecracker::FirecrackerBackend;
+use crate::vm::ids::VmIds;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
 use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
@@ -17,9 +18,28 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Uid/gid VMMs run as (nobody), unless configured otherwise.
-pub const VM_UID: u32 = 65534;
-pub const VM_GID: u32 = 65534;
+/// The ids of snapshot-making VMs and the default TAP owner: the first of
+/// the configured range as root; an unprivileged daemon's VMs run as
+/// itself (its spawner can start nothing else).
+pub fn builder_ids(cfg: &Config) -> (u32, u32) {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if euid == 0 {
+        cfg.vm_ids.builder()
+    } else {
+        (euid, egid)
+    }
+}
+
+/// The pool sessions lease their VMM's uid/gid from (see `vm::ids`).
+pub fn vm_ids(cfg: &Config) -> Result<VmIds> {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if euid != 0 {
+        return Ok(VmIds::shared(euid, egid));
+    }
+    VmIds::host(cfg.vm_ids).map_err(SandboxError::Other)
+}
 
 /// What the hardened daemon hands the backends: its spawner (the only way
 /// it can start processes) and the cgroup parent per-VM cgroups go under.
@@ -120,8 +140,9 @@ pub fn net_config(cfg: &Config) -> NetConfig {
         prefix: cfg.net_prefix.clone().unwrap_or_else(|| "asbx".into()),
         ..NetConfig::default()
     });
-    n.tap_uid = Some(VM_UID);
-    n.tap_gid = Some(VM_GID);
+    let (uid, gid) = builder_ids(cfg);
+    n.tap_uid = Some(uid);
+    n.tap_gid = Some(gid);
     n
 }
 
@@ -194,8 +215,7 @@ pub fn registry_config(cfg: &Config) -> RegistryConfig {
     for (t, p) in &cfg.artifacts.images {
         rc.pinned_rootfs.insert(t.clone(), p.clone());
     }
-    rc.uid = VM_UID;
-    rc.gid = VM_GID;
+    (rc.uid, rc.gid) = builder_ids(cfg);
     rc.default_vcpus = cfg.default_vcpus;
     rc.default_mem_mib = cfg.default_mem_mib;
     let n = net_config(cfg);
@@ -381,11 +401,16 @@ impl NetProvider for SessionNets {
             .map_err(|e| SandboxError::Other(format!("closing the network: {e}")))
     }
 
-    fn setup(&self, id: &str, egress: &EgressPolicy) -> Result<Box<dyn NetLease>> {
+    fn setup(
+        &self,
+        id: &str,
+        egress: &EgressPolicy,
+        owner: (u32, u32),
+    ) -> Result<Box<dyn NetLease>> {
         let policy = egress.to_net().map_err(SandboxError::Other)?;
         let net = self
             .net
-            .create_session(policy)
+            .create_session_for(policy, owner)
             .map_err(|e| SandboxError::Failed {
                 id: id.to_string(),
                 what: "network",
@@ -432,8 +457,13 @@ struct IsolatedLease {
 }
 
 impl NetProvider for NoNetwork {
-    fn setup(&self, id: &str, _egress: &EgressPolicy) -> Result<Box<dyn NetLease>> {
-        let iso = Isolated::create(&self.cfg).map_err(|e| SandboxError::Failed {
+    fn setup(
+        &self,
+        id: &str,
+        _egress: &EgressPolicy,
+        owner: (u32, u32),
+    ) -> Result<Box<dyn NetLease>> {
+        let iso = Isolated::create_for(&self.cfg, owner).map_err(|e| SandboxError::Failed {
             id: id.to_string(),
             what: "isolated network namespace",
             msg: e.to_string(),
@@ -518,8 +548,7 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         net: Some(net),
         run_root,
         cgroup_parent: host.cgroup_parent.clone(),
-        uid: VM_UID,
-        gid: VM_GID,
+        ids: vm_ids(cfg)?,
         agent_timeout: Duration::from_secs(60),
     }))
 }

@@ -501,14 +501,16 @@ impl FcVm {
             })?;
             let _ = fs::remove_file(&src);
         }
-        // Restored VMs hard-link these files: make them read-only to the VM
-        // user so no VMM can write into the template others restore from.
+        // Restored VMs hard-link these files, each VM under its own uid and
+        // gid: root's and read-only to all, so no VMM can write into the
+        // template others restore from. (A snapshot holds a freshly booted
+        // template, no session's data: like the images, not a secret.)
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
-            jailer::chown(dst, 0, self.cfg.gid)?;
+            jailer::chown(dst, 0, 0)?;
         }
         use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(dst, fs::Permissions::from_mode(0o440)).map_err(|e| VmError::Io {
+        fs::set_permissions(dst, fs::Permissions::from_mode(0o444)).map_err(|e| VmError::Io {
             backend: NAME,
             what: format!("chmod {}", dst.display()),
             source: e,

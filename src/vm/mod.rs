@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod doctor;
 pub mod firecracker;
 pub mod http;
+pub mod ids;
 pub mod jailer;
 pub mod launch;
 pub mod qemu;
