@@ -277,13 +277,13 @@ fn attacks_in_one_session_are_contained() {
         sh(&h, "victim", &format!("rm -f {target}"));
     }
 
-    // Buffered flood: truncated at max_output (16 MiB) and said so; the
-    // timeout ends the writer.
+    // Buffered 10 GB flood: truncated at max_output (16 MiB) and said so;
+    // the timeout ends the writer.
     let v = attack(&d, "stdout flood (buffered)", || {
         exec(
             &h,
             "victim",
-            json!({ "argv": ["yes", "flood"], "timeout": 15_000 }),
+            json!({ "command": "head -c 10G /dev/zero | tr '\\0' y", "timeout": 15_000 }),
         )
     });
     assert_eq!(v["truncated"], true, "not truncated");
