@@ -241,6 +241,31 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         assert_eq!(ids(&st, "Uid"), vec![uid; 4], "{st:?}");
         assert_eq!(ids(&st, "Gid"), vec![uid; 4], "{st:?}");
         assert_eq!(field(&st, "Groups"), "", "no supplementary groups");
+        // File-size and open-file limits, as the jailer gives Firecracker.
+        let limits = std::fs::read_to_string(format!("/proc/{qemu}/limits")).expect("limits");
+        let limit = |name: &str| -> Vec<String> {
+            limits
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|r| r.split_whitespace().take(2).map(String::from).collect())
+                .unwrap_or_default()
+        };
+        // The VM's memory (the template snapshot's shape) from `-m <N>M`.
+        let args: Vec<String> = std::fs::read(format!("/proc/{qemu}/cmdline"))
+            .expect("cmdline")
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let mem_mib: u64 = args
+            .iter()
+            .position(|a| a == "-m")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|m| m.strip_suffix('M'))
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no -m in {args:?}"));
+        let fsize = ((mem_mib + 64) << 20).to_string();
+        assert_eq!(limit("Max file size"), [fsize.clone(), fsize], "{limits}");
+        assert_eq!(limit("Max open files"), ["1024", "1024"], "{limits}");
         // Its run dir (named on its command line) is its own.
         let cmd = std::fs::read(format!("/proc/{qemu}/cmdline")).expect("cmdline");
         let cmd = String::from_utf8_lossy(&cmd);
@@ -284,7 +309,7 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         );
         let mut limits = Vec::new();
         for (file, want) in [
-            ("memory.max", ((256 + 256) << 20_u64).to_string()),
+            ("memory.max", ((mem_mib + 256) << 20).to_string()),
             ("pids.max", "256".to_string()),
             ("cpu.max", "100000 100000".to_string()),
         ] {

@@ -12,7 +12,7 @@ mod common;
 
 use agent_sandbox::harden::caps;
 use agent_sandbox::harden::spawner::{
-    fork_spawner, Policy, Program, SpawnError, SpawnRequest, SpawnerClient,
+    fork_spawner, Policy, ProcLimits, Program, SpawnError, SpawnRequest, SpawnerClient,
 };
 use agent_sandbox::harden::Mode;
 use agent_sandbox::vm::jailer::Spawner as _;
@@ -143,6 +143,41 @@ fn main() {
         }
         if st.code != Some(7) {
             return Err(format!("status {st:?}, want code 7"));
+        }
+        Ok(())
+    });
+
+    t.check("applies_file_size_and_open_file_limits", || {
+        let (out_r, out_w) = pipe();
+        // Both the soft and hard limits, and a write past the file size
+        // limit fails (SIGXFSZ ignored, so dd reports EFBIG).
+        let mut req = sh(&format!(
+            "ulimit -S -f; ulimit -H -f; ulimit -S -n; ulimit -H -n; trap '' XFSZ; \
+             dd if=/dev/zero of={witness}.big bs=1024 count=200 2>/dev/null && echo wrote; \
+             stat -c %s {witness}.big; rm -f {witness}.big"
+        ));
+        req.uid = NOBODY;
+        req.gid = NOBODY;
+        req.cwd = Some("/tmp".into());
+        req.fds = vec![1];
+        req.limits = ProcLimits {
+            fsize: Some(100 * 1024),
+            nofile: Some(64),
+        };
+        let child = client
+            .spawn(&req, &[out_w.as_fd()])
+            .map_err(|e| e.to_string())?;
+        drop(out_w);
+        let out = read_all(out_r);
+        child
+            .wait_until(Instant::now() + Duration::from_secs(10))
+            .map_err(|e| e.to_string())?
+            .ok_or("no exit within 10 s")?;
+        // dash's ulimit -f counts 512-byte blocks; dd fails (no "wrote")
+        // and the file stops at the limit.
+        let want = "200\n200\n64\n64\n102400\n";
+        if out != want {
+            return Err(format!("stdout {out:?}, want {want:?}"));
         }
         Ok(())
     });

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::jailer::{self, DirectSpawner, Output, Pidfd};
 use super::{Result, VmError};
-use crate::harden::spawner::{Child as SpawnedChild, SpawnRequest, SpawnerClient};
+use crate::harden::spawner::{Child as SpawnedChild, ProcLimits, SpawnRequest, SpawnerClient};
 
 const NAME: &str = "launch";
 
@@ -35,6 +35,8 @@ pub struct Launch {
     pub gid: u32,
     /// cgroup v2 directory the process starts in.
     pub cgroup: Option<PathBuf>,
+    /// File-size and open-file limits.
+    pub limits: ProcLimits,
 }
 
 /// A started VMM. Dropping it does not kill it (the owner's teardown does).
@@ -137,6 +139,7 @@ impl Launcher for SpawnerClient {
                 .transpose()?,
             fds: fds.iter().map(|(_, t)| *t).collect(),
             new_process_group: true,
+            limits: l.limits,
         };
         let pass: Vec<BorrowedFd<'_>> = fds.iter().map(|(f, _)| *f).collect();
         let child = self
@@ -229,7 +232,7 @@ impl Launcher for Direct {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .env_clear();
-        let (uid, gid) = (l.uid, l.gid);
+        let (uid, gid, limits) = (l.uid, l.gid, l.limits);
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: the closure only makes async-signal-safe syscalls on fds
@@ -262,6 +265,9 @@ impl Launcher for Direct {
                     if libc::dup2(staged[i], *target) < 0 {
                         return Err(io::Error::last_os_error());
                     }
+                }
+                if !limits.apply() {
+                    return Err(io::Error::last_os_error());
                 }
                 if libc::geteuid() == 0 {
                     if libc::setgroups(0, std::ptr::null()) != 0

@@ -34,6 +34,7 @@ use super::launch::{self, Launch, Launcher, VmmProcess};
 use super::qmp::Qmp;
 use super::snapshot::{self, Manifest};
 use super::{Backend, Result, Vm, VmConfig, VmError};
+use crate::harden::spawner::ProcLimits;
 
 const NAME: &str = "qemu";
 
@@ -536,6 +537,16 @@ struct ArgvSpec<'a> {
     mem: &'a Path,
     tap_fd: Option<RawFd>,
     incoming: bool,
+}
+
+/// QEMU's file-size and open-file limits (as the jailer gives Firecracker):
+/// the largest file it writes is its guest memory file (sized at start);
+/// the device state of a snapshot is small (RAM stays out of it).
+pub fn qemu_limits(mem_mib: u32) -> ProcLimits {
+    ProcLimits {
+        fsize: Some((u64::from(mem_mib) << 20) + (64 << 20)),
+        nofile: Some(1024),
+    }
 }
 
 /// QEMU option values are comma-separated: a literal comma is doubled.
@@ -1146,6 +1157,7 @@ impl QemuVm {
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             cgroup: self.cgroup.clone(),
+            limits: qemu_limits(self.cfg.mem_mib),
         };
         let mut fds: Vec<(BorrowedFd<'_>, RawFd)> = vec![(wr.as_fd(), 1), (wr.as_fd(), 2)];
         fds.extend_from_slice(pass);

@@ -71,6 +71,48 @@ pub struct SpawnRequest {
     /// takes every process the program starts.
     #[serde(default)]
     pub new_process_group: bool,
+    /// Resource limits set (soft = hard) before exec.
+    #[serde(default)]
+    pub limits: ProcLimits,
+}
+
+/// Resource limits of a started program. Lowering a limit needs no
+/// privilege, so the spawner applies whatever it is asked (up to the hard
+/// limits it has itself).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcLimits {
+    /// `RLIMIT_FSIZE`: the largest file it may write, bytes.
+    #[serde(default)]
+    pub fsize: Option<u64>,
+    /// `RLIMIT_NOFILE`: open files.
+    #[serde(default)]
+    pub nofile: Option<u64>,
+}
+
+impl ProcLimits {
+    /// In a forked child before exec (async-signal-safe: setrlimit only).
+    /// Returns false with errno set on failure.
+    ///
+    /// # Safety
+    /// Plain syscalls; meant for a child between fork and exec.
+    pub unsafe fn apply(&self) -> bool {
+        for (res, v) in [
+            (libc::RLIMIT_FSIZE, self.fsize),
+            (libc::RLIMIT_NOFILE, self.nofile),
+        ] {
+            if let Some(v) = v {
+                let l = libc::rlimit {
+                    rlim_cur: v,
+                    rlim_max: v,
+                };
+                if libc::setrlimit(res, &l) != 0 {
+                    return false;
+                }
+            }
+        }
+        true
+    }
 }
 
 /// A program the spawner may run.

@@ -286,6 +286,7 @@ const STEPS: &[&str] = &[
     "setuid",
     "execve",
     "prctl(PR_SET_PDEATHSIG)",
+    "setrlimit",
 ];
 
 /// Everything the child needs, allocated before fork.
@@ -302,6 +303,7 @@ struct Prepared {
     uid: u32,
     gid: u32,
     new_process_group: bool,
+    limits: super::ProcLimits,
 }
 
 fn cstr(s: &str, what: &str) -> Result<CString, String> {
@@ -365,6 +367,7 @@ impl Prepared {
             uid: req.uid,
             gid: req.gid,
             new_process_group: req.new_process_group,
+            limits: req.limits,
         })
     }
 
@@ -455,6 +458,9 @@ impl Prepared {
                 if libc::chdir(cwd.as_ptr()) != 0 {
                     fail(6);
                 }
+            }
+            if !self.limits.apply() {
+                fail(12);
             }
             if libc::geteuid() == 0 && (self.uid != 0 || self.gid != 0) {
                 if libc::setgroups(0, std::ptr::null()) != 0 {
