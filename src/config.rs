@@ -73,6 +73,9 @@ pub struct Config {
     pub artifacts: Artifacts,
     /// uids/gids VMMs run as: one per session (see `vm::ids`).
     pub vm_ids: crate::vm::ids::IdRange,
+    /// `io.max` rule (`rbps=... wbps=... riops=... wiops=...`) of each VM's
+    /// cgroup on the disks of the state and image directories.
+    pub vm_io_max: Option<String>,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -157,6 +160,7 @@ impl Default for Config {
             default_egress: EgressPolicy::default(),
             artifacts: Artifacts::default(),
             vm_ids: crate::vm::ids::IdRange::default(),
+            vm_io_max: None,
         }
     }
 }
@@ -252,6 +256,9 @@ impl Config {
             n.validate().map_err(|e| format!("network: {e}"))?;
         }
         self.vm_ids.validate()?;
+        if let Some(r) = &self.vm_io_max {
+            crate::vm::cgroup::validate_io_rule(r).map_err(|e| format!("vm_io_max: {e}"))?;
+        }
         if (self.vm_ids.sessions() as usize) < self.max_sessions {
             return Err(format!(
                 "vm_ids.count {}: fewer session ids than max_sessions {} (one id is the \
@@ -310,6 +317,7 @@ pub struct FileConfig {
     pub firecracker: Option<PathBuf>,
     pub jailer: Option<PathBuf>,
     pub vm_ids: Option<crate::vm::ids::IdRange>,
+    pub vm_io_max: Option<String>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -441,6 +449,7 @@ impl FileConfig {
             qemu => c.artifacts.qemu,
             firecracker => c.artifacts.firecracker,
             jailer => c.artifacts.jailer,
+            vm_io_max => c.vm_io_max,
         );
     }
 
@@ -488,6 +497,7 @@ impl FileConfig {
             firecracker: a.firecracker.clone(),
             jailer: a.jailer.clone(),
             vm_ids: Some(c.vm_ids),
+            vm_io_max: c.vm_io_max.clone(),
         }
     }
 }

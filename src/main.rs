@@ -235,6 +235,11 @@ struct ServeArgs {
     /// each session's VMM gets one of the others for its life [2000000000:65536].
     #[arg(long, value_parser = agent_sandbox::vm::ids::IdRange::parse)]
     vm_ids: Option<agent_sandbox::vm::ids::IdRange>,
+    /// io.max rule of each VM's cgroup, e.g. `wbps=104857600 wiops=2000`
+    /// (rbps, wbps, riops, wiops), on the disks of the state and image
+    /// directories, where the cgroup v2 `io` controller exists [none].
+    #[arg(long)]
+    vm_io_max: Option<String>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -333,6 +338,9 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
     }
     if !a.mcp_allowed_origin.is_empty() {
         c.mcp_allowed_origins = a.mcp_allowed_origin.clone();
+    }
+    if a.vm_io_max.is_some() {
+        c.vm_io_max = a.vm_io_max.clone();
     }
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend == "local-process" {
@@ -570,6 +578,10 @@ fn harden_daemon(
                 if let Some(p) = agent_sandbox::vm::cgroup::daemon_parent(&cfg.state_dir) {
                     let missing = agent_sandbox::vm::cgroup::prepare_parent(&p)
                         .map_err(|e| format!("cgroup parent: {e}"))?;
+                    let missing: Vec<&str> = missing
+                        .into_iter()
+                        .filter(|c| *c != "io" || cfg.vm_io_max.is_some())
+                        .collect();
                     if !missing.is_empty() {
                         log::warn!(
                             "cgroup v2 at {} does not offer {}: VMs get their own cgroup but those limits are NOT enforced (controllers bound to cgroup v1?)",

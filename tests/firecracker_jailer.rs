@@ -192,6 +192,20 @@ fn argv_uses_only_documented_flags_with_the_right_values() {
 
     let argv = strs(&build_argv(&cfg, &spec(None)).unwrap());
     assert!(!argv.iter().any(|a| a == "--netns"));
+
+    // An io.max rule (vm_io_max) becomes one --cgroup per disk.
+    let cfg = JailerConfig {
+        io_max: vec!["253:0 wbps=1048576".into(), "8:0 wbps=1048576".into()],
+        ..JailerConfig::default()
+    };
+    let argv = strs(&build_argv(&cfg, &spec(None)).unwrap());
+    let (flags, _) = parse_jailer(&argv);
+    let io: Vec<&str> = flags
+        .iter()
+        .filter_map(|(k, v)| (k == "--cgroup").then_some(v.as_deref()).flatten())
+        .filter(|v| v.starts_with("io."))
+        .collect();
+    assert_eq!(io, ["io.max=253:0 wbps=1048576", "io.max=8:0 wbps=1048576"]);
 }
 
 #[test]

@@ -180,6 +180,8 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         &format!("{first}:{count}"),
         "--max-sessions",
         "4",
+        "--vm-io-max",
+        "wbps=104857600 wiops=4000",
     ]);
     let pid = d.pid();
     let vm = common::daemon::vm_backend();
@@ -323,6 +325,22 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
                     cg.display()
                 ),
             }
+        }
+        // io.max where the io controller exists: the rule on the disk of
+        // the state dir (the kernel prints every key).
+        match std::fs::read_to_string(cg.join("io.max")) {
+            Ok(v) => {
+                assert!(
+                    v.contains("wbps=104857600") && v.contains("wiops=4000"),
+                    "io.max of {}: {v:?}",
+                    cg.display()
+                );
+                limits.push("io.max");
+            }
+            Err(_) => eprintln!(
+                "NOTE: {} has no io.max (io controller not in cgroup v2 here): limit not checked",
+                cg.display()
+            ),
         }
         eprintln!("cgroup {} limits checked: {limits:?}", cg.display());
         let r = d.http().delete(&format!("/v1/sessions/{id}"));

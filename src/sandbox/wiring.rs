@@ -104,6 +104,20 @@ fn snapshot_state(cfg: &Config) -> PathBuf {
         .unwrap_or_else(|| cfg_cache_dir(cfg))
 }
 
+/// `io.max` lines for `vm_io_max` on the disks VMMs use: the state dir
+/// (run dirs with memory files, jails), the image cache and snapshots.
+fn io_max(cfg: &Config) -> Vec<String> {
+    let Some(rule) = &cfg.vm_io_max else {
+        return Vec::new();
+    };
+    let (cache, snaps) = (cfg_cache_dir(cfg), snapshot_state(cfg));
+    let lines = crate::vm::cgroup::io_max_lines(rule, &[&cfg.state_dir, &cache, &snaps]);
+    if lines.is_empty() {
+        log::warn!("vm_io_max: no block device under the state or image directories; not applied");
+    }
+    lines
+}
+
 /// The interface of the main table's default route (lowest metric), from
 /// `/proc/net/route` of the daemon's namespace.
 pub fn default_uplink() -> Option<String> {
@@ -237,6 +251,7 @@ pub fn qemu_config(cfg: &Config) -> QemuConfig {
     if let Some(q) = &cfg.artifacts.qemu {
         qc.binary = q.clone();
     }
+    qc.io_max = io_max(cfg);
     qc
 }
 
@@ -263,6 +278,7 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
         jc.firecracker_bin = p;
     }
     jc.chroot_base = cfg.state_dir.join("jail");
+    jc.io_max = io_max(cfg);
     if let Some(root) = crate::vm::jailer::cgroup2_mount() {
         jc.cgroup_root = root;
     }

@@ -19,8 +19,8 @@ use super::{Result, VmError};
 
 const NAME: &str = "cgroup";
 
-/// Controllers the per-VM limits need.
-pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
+/// Controllers the per-VM limits need (`io` only with an `io.max` rule).
+pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
 
 /// QEMU's own memory beyond guest RAM (device emulation, TCG translation
 /// cache, page tables): measured ~100-125 MiB RSS for a 256 MiB TCG guest.
@@ -39,6 +39,9 @@ pub struct Limits {
     /// `memory.max` in bytes: guest RAM + [`MEMORY_OVERHEAD_MIB`].
     pub memory_max: u64,
     pub pids_max: u64,
+    /// `io.max` lines, one per block device (`MAJ:MIN rbps=... wbps=...`),
+    /// see [`io_max_lines`].
+    pub io_max: Vec<String>,
 }
 
 impl Limits {
@@ -48,19 +51,77 @@ impl Limits {
             cpu_period_us: 100_000,
             memory_max: (u64::from(mem_mib) + MEMORY_OVERHEAD_MIB) << 20,
             pids_max: PIDS_MAX,
+            io_max: Vec::new(),
         }
     }
 
-    fn files(&self) -> [(&'static str, String); 3] {
-        [
+    fn files(&self) -> Vec<(&'static str, String)> {
+        let mut f = vec![
             (
                 "cpu.max",
                 format!("{} {}", self.cpu_quota_us, self.cpu_period_us),
             ),
             ("memory.max", self.memory_max.to_string()),
             ("pids.max", self.pids_max.to_string()),
-        ]
+        ];
+        // io.max takes one device per write.
+        f.extend(self.io_max.iter().map(|l| ("io.max", l.clone())));
+        f
     }
+}
+
+/// Checks an `io.max` rule without its device: `rbps=`, `wbps=`, `riops=`,
+/// `wiops=` with a number or `max`, each at most once.
+pub fn validate_io_rule(rule: &str) -> std::result::Result<(), String> {
+    let mut seen = Vec::new();
+    for tok in rule.split_whitespace() {
+        let (k, v) = tok
+            .split_once('=')
+            .ok_or_else(|| format!("io.max rule {rule:?}: {tok:?} is not KEY=VALUE"))?;
+        if !["rbps", "wbps", "riops", "wiops"].contains(&k) || seen.contains(&k) {
+            return Err(format!(
+                "io.max rule {rule:?}: {k:?} is not one of rbps, wbps, riops, wiops (once each)"
+            ));
+        }
+        if v != "max" && v.parse::<u64>().map_or(true, |n| n == 0) {
+            return Err(format!(
+                "io.max rule {rule:?}: {k}={v} must be a positive number or max"
+            ));
+        }
+        seen.push(k);
+    }
+    if seen.is_empty() {
+        return Err("io.max rule is empty".into());
+    }
+    Ok(())
+}
+
+/// The whole disk (`MAJ:MIN`) holding `path`'s filesystem: io.max takes
+/// disks, not partitions. `None` for filesystems without one (tmpfs,
+/// overlay, network file systems).
+pub fn disk_of(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(path).ok()?.dev();
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    if maj == 0 {
+        return None;
+    }
+    let sys = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    if !sys.join("partition").exists() {
+        return sys.exists().then(|| format!("{maj}:{min}"));
+    }
+    // .../block/vda/vda1 -> .../block/vda/dev
+    let parent = fs::canonicalize(&sys).ok()?.parent()?.join("dev");
+    Some(fs::read_to_string(parent).ok()?.trim().to_string())
+}
+
+/// `io.max` lines for `rule` on the disks under `paths` (deduplicated):
+/// where a VMM's disk traffic goes (its memory file, its images).
+pub fn io_max_lines(rule: &str, paths: &[&Path]) -> Vec<String> {
+    let mut disks: Vec<String> = paths.iter().filter_map(|p| disk_of(p)).collect();
+    disks.sort();
+    disks.dedup();
+    disks.into_iter().map(|d| format!("{d} {rule}")).collect()
 }
 
 fn io_err(what: String, source: io::Error) -> VmError {
@@ -195,6 +256,34 @@ mod tests {
         assert_eq!(l.memory_max, (512 + MEMORY_OVERHEAD_MIB) << 20);
         let f = l.files();
         assert_eq!(f[0], ("cpu.max", "200000 100000".to_string()));
+        assert_eq!(f.len(), 3, "no io.max without a rule");
+    }
+
+    #[test]
+    fn io_rules_and_disks() {
+        assert!(validate_io_rule("rbps=1048576 wbps=max riops=100").is_ok());
+        for bad in ["", "rbps", "rbps=0", "rbps=x", "foo=1", "wbps=1 wbps=2"] {
+            assert!(validate_io_rule(bad).is_err(), "{bad:?} accepted");
+        }
+        // The disk under / here (a partition's disk, or the disk itself).
+        if let Some(d) = disk_of(Path::new("/")) {
+            let dev = PathBuf::from(format!("/sys/dev/block/{d}"));
+            assert!(dev.exists(), "{d}");
+            assert!(!dev.join("partition").exists(), "{d} is a partition");
+            let lines = io_max_lines("wbps=1000", &[Path::new("/"), Path::new("/")]);
+            assert_eq!(lines, vec![format!("{d} wbps=1000")]);
+        }
+        assert_eq!(disk_of(Path::new("/proc")), None);
+        let mut l = Limits::for_vm(1, 256);
+        l.io_max = vec!["8:0 wbps=1".into(), "8:16 wbps=1".into()];
+        let f = l.files();
+        assert_eq!(
+            &f[3..],
+            &[
+                ("io.max", "8:0 wbps=1".to_string()),
+                ("io.max", "8:16 wbps=1".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub struct JailerConfig {
     pub pids_max: u32,
     /// `--resource-limit no-file`.
     pub no_file: u64,
+    /// `--cgroup io.max=<line>` each (see `cgroup::io_max_lines`).
+    pub io_max: Vec<String>,
     /// Added to the guest memory size for `--resource-limit fsize`: the
     /// largest file the VMM writes is the snapshot memory file.
     pub fsize_slack_bytes: u64,
@@ -100,6 +102,7 @@ impl Default for JailerConfig {
             mem_overhead_mib: 64,
             pids_max: 64,
             no_file: 1024,
+            io_max: Vec::new(),
             fsize_slack_bytes: 64 << 20,
         }
     }
@@ -280,6 +283,10 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
     push(&format!("memory.max={mem_max}"));
     push(&"--cgroup");
     push(&format!("pids.max={}", cfg.pids_max));
+    for line in &cfg.io_max {
+        push(&"--cgroup");
+        push(&format!("io.max={line}"));
+    }
     push(&"--resource-limit");
     push(&format!("fsize={fsize}"));
     push(&"--resource-limit");

@@ -144,6 +144,8 @@ pub struct QemuConfig {
     /// cgroup v2 directory under which each VM gets `<id>/` with its limits
     /// (`None`: no per-VM cgroup).
     pub cgroup_parent: Option<PathBuf>,
+    /// `io.max` lines of each VM's cgroup (see `cgroup::io_max_lines`).
+    pub io_max: Vec<String>,
 }
 
 impl std::fmt::Debug for dyn Launcher {
@@ -161,6 +163,7 @@ impl Default for QemuConfig {
             accel_cache: None,
             launcher: launch::direct(),
             cgroup_parent: None,
+            io_max: Vec::new(),
         }
     }
 }
@@ -438,7 +441,10 @@ impl QemuBackend {
             pass.push((s.as_fd(), STATE_FD));
         }
         if let Some(parent) = &self.cfg.cgroup_parent {
-            let limits = cgroup::Limits::for_vm(cfg.vcpus, cfg.mem_mib);
+            let limits = cgroup::Limits {
+                io_max: self.cfg.io_max.clone(),
+                ..cgroup::Limits::for_vm(cfg.vcpus, cfg.mem_mib)
+            };
             vm.cgroup = Some(cgroup::create(parent, &cfg.id, &limits)?);
         }
         vm.spawn(self.cfg.launcher.as_ref(), &self.binary(), &argv, &pass)?;
