@@ -187,11 +187,13 @@ fn attacks_in_one_session_are_contained() {
     // show pids.max biting with a lower limit (root in the guest may change
     // its own limits; they protect the session from runaway code, the VM
     // protects everyone else).
-    sh(&h, "victim", "echo 64 > /sys/fs/cgroup/sandbox/pids.max");
+    // (16, not more: on a loaded TCG host forks can take ~100 ms each, and
+    // the limit must bite well within the timeout.)
+    sh(&h, "victim", "echo 16 > /sys/fs/cgroup/sandbox/pids.max");
     let v = exec(
         &h,
         "victim",
-        json!({ "argv": ["bash", "-c", "for i in $(seq 100); do sleep 60 & done; wait"], "timeout": 10_000 }),
+        json!({ "argv": ["bash", "-c", "for i in $(seq 40); do sleep 60 & done; wait"], "timeout": 15_000 }),
     );
     sh(&h, "victim", "echo 4096 > /sys/fs/cgroup/sandbox/pids.max");
     assert_eq!(v["timedOut"], true, "{v}");
