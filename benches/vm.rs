@@ -39,6 +39,28 @@ fn rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time of all threads of `pid`: under TCG the guest's work (mostly
+/// translating code after a restore) is this, and unlike wall time it
+/// hardly depends on what else the host runs.
+fn cpu_time(pid: Option<i32>) -> Duration {
+    let Some(pid) = pid else {
+        return Duration::ZERO;
+    };
+    let mut ns = 0u64;
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in rd.flatten() {
+            if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
 fn main() {
     let n: usize = std::env::args()
         .skip(1)
@@ -95,6 +117,7 @@ fn main() {
     );
     let (mut restore, mut hello, mut first, mut exec_rtt, mut rest_rss) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut cpu_restore, mut cpu_hello, mut cpu_first) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let id = format!("bench-restore-{i}");
         let cfg = info.vm_config(&id, e.run_dir(&id), vm::VM_UID, vm::VM_GID);
@@ -102,8 +125,12 @@ fn main() {
         let t = Instant::now();
         let mut v = e.backend.restore(&cfg, &info.dir).expect("restore");
         restore.push(t.elapsed());
+        let c0 = cpu_time(v.pid());
+        cpu_restore.push(c0);
         let c = connect_agent(v.as_mut(), true, Duration::from_secs(60)).expect("agent");
         hello.push(t.elapsed());
+        let c1 = cpu_time(v.pid());
+        cpu_hello.push(c1.saturating_sub(c0));
         c.exec(
             ExecRequest {
                 argv: vec!["true".into()],
@@ -113,6 +140,7 @@ fn main() {
         )
         .expect("exec");
         first.push(t.elapsed());
+        cpu_first.push(cpu_time(v.pid()).saturating_sub(c1));
         let t2 = Instant::now();
         c.exec(
             ExecRequest {
@@ -137,6 +165,9 @@ fn main() {
     report("restore to hello answered (fixup applied)", &mut hello);
     report("restore to first exec answered", &mut first);
     report("exec `true` round trip (restored VM)", &mut exec_rtt);
+    report("QEMU CPU: start + load state", &mut cpu_restore);
+    report("QEMU CPU: hello (fixup)", &mut cpu_hello);
+    report("QEMU CPU: first exec", &mut cpu_first);
     let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;
     println!(
         "QEMU RSS after first exec: cold {} MiB, restored {} MiB",

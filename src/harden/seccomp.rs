@@ -160,6 +160,9 @@ impl ThreadKind {
                 )?;
                 netns(&mut r)?;
                 pidfd(&mut r);
+                // The sealed in-memory copy of a snapshot's RAM that
+                // restored QEMUs map (vm/qemu.rs, SnapshotMemory).
+                r.allow(&[libc::SYS_memfd_create]);
             }
             ThreadKind::Reaper => {}
             ThreadKind::AgentReader => socket_io(&mut r),

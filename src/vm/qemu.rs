@@ -6,9 +6,13 @@
 //! Guest RAM lives in a file (`memory-backend-file,share=on`) so a snapshot
 //! is the device state (`x-ignore-shared` leaves RAM out of the migration
 //! stream; tens of KiB, written in milliseconds) plus that file. A restore
-//! gets its own sparse copy of the RAM file in its run dir: QEMU opens the
-//! backing file read-write, and the pristine snapshot must not be writable
-//! by any VMM.
+//! maps the snapshot's RAM privately (`share=off`): the guest reads the
+//! snapshot's pages, its writes go to copy-on-write pages of its own, and
+//! nothing is copied per restore. QEMU 7.2 opens a RAM file read-write even
+//! for a private mapping, and the pristine snapshot must not be writable by
+//! any VMM, so QEMU gets it as a sealed memfd ([`SnapshotMemory`]): loaded
+//! once per snapshot, shared by every VM restored from it, and immutable
+//! (`F_SEAL_WRITE`, `F_SEAL_SEAL`).
 //!
 //! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
 
@@ -70,6 +74,9 @@ pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=t panic=1 root=/dev/vda 
 ///   HZ=250; it varies 4x with host load anyway) skips it. It only scales
 ///   udelay(), which virtio devices do not rely on.
 pub const TCG_CMDLINE: &str = "noapictimer lpj=163072";
+
+/// The snapshot RAM as QEMU opens it: the memfd at [`MEM_FD`].
+const SNAP_MEM_PATH: &str = "/proc/self/fd/5";
 
 /// Bytes of console output kept in memory for error messages.
 const CONSOLE_TAIL: usize = 8 * 1024;
@@ -170,6 +177,8 @@ impl Default for QemuConfig {
 
 pub struct QemuBackend {
     cfg: QemuConfig,
+    /// Sealed in-memory copies of snapshot RAM files, by path.
+    snap_mem: Mutex<std::collections::HashMap<PathBuf, Arc<SnapshotMemory>>>,
     /// Resolved accelerator (never `Auto`), once known.
     accel: Mutex<Option<Accel>>,
     version: Mutex<Option<String>>,
@@ -208,6 +217,7 @@ impl QemuBackend {
         };
         QemuBackend {
             cfg,
+            snap_mem: Mutex::new(std::collections::HashMap::new()),
             accel: Mutex::new(accel),
             version: Mutex::new(None),
             probe_kernel: Mutex::new(None),
@@ -340,6 +350,42 @@ impl QemuBackend {
         Ok(v)
     }
 
+    /// The sealed memfd holding the snapshot RAM file `path` (`len` bytes),
+    /// made on first use and reused while the file is unchanged (a rebuilt
+    /// snapshot is a new file: its first restore loads it again).
+    fn snapshot_memory(&self, path: &Path, len: u64) -> Result<Arc<SnapshotMemory>> {
+        let bad = |problem: String| VmError::BadFile {
+            path: path.to_path_buf(),
+            problem,
+            fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+        };
+        let m = fs::metadata(path).map_err(|e| bad(format!("cannot stat snapshot memory: {e}")))?;
+        if m.len() != len {
+            return Err(bad(format!(
+                "snapshot memory is {} bytes, the VM has {len}",
+                m.len()
+            )));
+        }
+        let id = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+        // Held while loading: concurrent first restores load it once.
+        let mut cache = lock(&self.snap_mem);
+        if let Some(s) = cache.get(path) {
+            if s.id == id {
+                return Ok(s.clone());
+            }
+        }
+        let t = Instant::now();
+        let s = Arc::new(SnapshotMemory::load(path, len, id)?);
+        log::info!(
+            "qemu: loaded snapshot memory {} ({} MiB of data) in {} ms",
+            path.display(),
+            s.data_bytes >> 20,
+            t.elapsed().as_millis()
+        );
+        cache.insert(path.to_path_buf(), s.clone());
+        Ok(s)
+    }
+
     /// Everything a run dir needs, or an error naming what is wrong.
     fn prepare_run_dir(cfg: &VmConfig) -> Result<()> {
         let dir = &cfg.run_dir;
@@ -400,11 +446,10 @@ impl QemuBackend {
             vmm_version: version,
             destroyed: false,
             saved: false,
+            restored: incoming.is_some(),
         };
         // From here on, dropping `vm` on error removes everything.
-        let mem = cfg.run_dir.join(MEM_FILE);
-        let mut copy = None;
-        let state = match incoming {
+        let (state, snap_mem) = match incoming {
             Some((state, snap_mem)) => {
                 let f = fs::File::open(state).map_err(|e| VmError::BadFile {
                     path: state.to_path_buf(),
@@ -412,19 +457,14 @@ impl QemuBackend {
                     fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>"
                         .into(),
                 })?;
-                let job = CopyJob::prepare(snap_mem, &mem, cfg.mem_mib as u64 * 1024 * 1024)?;
-                chown(&mem, cfg.uid, cfg.gid)?;
-                // QEMU maps the file at start but reads guest RAM only once
-                // the VM runs: copy while it starts.
-                copy = Some(
-                    std::thread::Builder::new()
-                        .name(format!("memcopy-{}", cfg.id))
-                        .spawn(move || job.run())
-                        .map_err(|e| io_err("spawn memory copy thread".into(), e))?,
-                );
-                Some(f)
+                let m = self.snapshot_memory(snap_mem, cfg.mem_mib as u64 * 1024 * 1024)?;
+                (Some(f), Some(m))
             }
-            None => None,
+            None => (None, None),
+        };
+        let mem = match snap_mem {
+            Some(_) => PathBuf::from(SNAP_MEM_PATH),
+            None => cfg.run_dir.join(MEM_FILE),
         };
         let spec = ArgvSpec {
             accel,
@@ -439,6 +479,9 @@ impl QemuBackend {
         }
         if let Some(s) = &state {
             pass.push((s.as_fd(), STATE_FD));
+        }
+        if let Some(m) = &snap_mem {
+            pass.push((m.fd.as_fd(), MEM_FD));
         }
         if let Some(parent) = &self.cfg.cgroup_parent {
             let limits = cgroup::Limits {
@@ -460,15 +503,6 @@ impl QemuBackend {
         match qmp {
             Ok(q) => vm.qmp = Some(q),
             Err(e) => return Err(vm.explain(e, "starting")),
-        }
-        if let Some(c) = copy {
-            let copied = c
-                .join()
-                .unwrap_or_else(|_| Err(VmError::Other("memory copy thread panicked".into())));
-            if let Err(e) = copied {
-                let _ = vm.destroy();
-                return Err(e);
-            }
         }
         if let (Some(_), Some((state_path, _))) = (&state, incoming) {
             if let Err(e) = vm.load_state(STATE_FD) {
@@ -598,18 +632,16 @@ fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
         format!("{}M", cfg.mem_mib),
         "-object".into(),
         format!(
-            "memory-backend-file,id=mem,size={}M,mem-path={},share=on",
+            "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
             cfg.mem_mib,
-            opt_path(spec.mem)
+            opt_path(spec.mem),
+            // A restore maps the snapshot RAM privately (module docs).
+            if spec.incoming { "off" } else { "on" }
         ),
         "-chardev".into(),
         "stdio,id=con,signal=off".into(),
         "-serial".into(),
         "chardev:con".into(),
-        "-kernel".into(),
-        cfg.kernel.display().to_string(),
-        "-append".into(),
-        cmdline(cfg, spec.accel),
         "-drive".into(),
         format!(
             "id=root,file={},format=raw,if=none,readonly=on",
@@ -631,6 +663,17 @@ fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
         "-sandbox".into(),
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
     ]);
+    // A restore needs no kernel: the running one is in the snapshot RAM.
+    // Without it QEMU skips reading and staging the ~20 MiB vmlinux
+    // (~10 ms of a TCG restore here).
+    if !spec.incoming {
+        a.extend([
+            "-kernel".into(),
+            cfg.kernel.display().to_string(),
+            "-append".into(),
+            cmdline(cfg, spec.accel),
+        ]);
+    }
     if let (Some(fd), Some(net)) = (spec.tap_fd, &cfg.net) {
         a.extend([
             "-netdev".into(),
@@ -909,6 +952,63 @@ pub fn sparse_copy(src: &Path, dst: &Path, len: u64) -> Result<()> {
     job.run()
 }
 
+/// A snapshot's RAM in a sealed memfd: QEMU maps it privately (reads share
+/// its pages, writes are copy-on-write in the VM's own memory). The seals
+/// make it immutable for every holder, including a compromised VMM that
+/// reopens it read-write through `/proc/self/fd`: no write, no resize, no
+/// shared writable mapping, no seal removed.
+pub struct SnapshotMemory {
+    fd: OwnedFd,
+    /// (dev, inode, size, mtime s, mtime ns) of the file it was loaded from.
+    id: (u64, u64, u64, i64, i64),
+    data_bytes: u64,
+}
+
+impl SnapshotMemory {
+    /// `path` must be `len` bytes long (checked by the caller).
+    fn load(path: &Path, len: u64, id: (u64, u64, u64, i64, i64)) -> Result<SnapshotMemory> {
+        let bad = |problem: String| VmError::BadFile {
+            path: path.to_path_buf(),
+            problem,
+            fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+        };
+        let src =
+            fs::File::open(path).map_err(|e| bad(format!("cannot open snapshot memory: {e}")))?;
+        // SAFETY: memfd_create with a NUL-terminated name; the fd is ours.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"agent-sandbox-snapshot-ram".as_ptr(),
+                libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io_err(
+                format!("memfd_create for {}", path.display()),
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: a new fd nobody else owns.
+        let mem = unsafe { fs::File::from_raw_fd(fd) };
+        mem.set_len(len)
+            .map_err(|e| io_err(format!("size the memfd for {}", path.display()), e))?;
+        let data_bytes = copy_extents(&src, &mem, len, path, Path::new("memfd"))?;
+        let seals =
+            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on our own fd.
+        if unsafe { libc::fcntl(mem.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(io_err(
+                format!("seal the memfd for {}", path.display()),
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(SnapshotMemory {
+            fd: mem.into(),
+            id,
+            data_bytes,
+        })
+    }
+}
+
 /// A sparse copy whose destination exists (at full size) before its data
 /// is copied, so QEMU can be starting while the data moves.
 pub struct CopyJob {
@@ -955,11 +1055,13 @@ impl CopyJob {
     }
 
     pub fn run(self) -> Result<()> {
-        copy_extents(&self.s, &self.d, self.len, &self.src, &self.dst)
+        copy_extents(&self.s, &self.d, self.len, &self.src, &self.dst).map(|_| ())
     }
 }
 
-fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) -> Result<()> {
+/// Copies the data extents of `s` to the same offsets of `d`; returns the
+/// bytes copied.
+fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) -> Result<u64> {
     let bad = |problem: String| VmError::BadFile {
         path: src.to_path_buf(),
         problem,
@@ -967,6 +1069,7 @@ fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) ->
     };
     let (sfd, dfd) = (s.as_raw_fd(), d.as_raw_fd());
     let mut off: i64 = 0;
+    let mut copied: u64 = 0;
     while (off as u64) < len {
         // SAFETY: lseek on our own fd.
         let data = unsafe { libc::lseek(sfd, off, libc::SEEK_DATA) };
@@ -993,6 +1096,24 @@ fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) ->
             let n = unsafe {
                 libc::copy_file_range(sfd, &mut so, dfd, &mut doff, (hole - so) as usize, 0)
             };
+            let n = if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EXDEV) {
+                // copy_file_range does not cross file systems (into a
+                // memfd, for one): sendfile writes at the file position.
+                // SAFETY: lseek/sendfile on our own fds and offsets.
+                unsafe {
+                    if libc::lseek(dfd, doff, libc::SEEK_SET) < 0 {
+                        -1
+                    } else {
+                        let n = libc::sendfile(dfd, sfd, &mut so, (hole - so) as usize);
+                        if n > 0 {
+                            doff += n as i64;
+                        }
+                        n
+                    }
+                }
+            } else {
+                n
+            };
             if n < 0 {
                 return Err(io_err(
                     format!("copy {} to {}", src.display(), dst.display()),
@@ -1002,10 +1123,11 @@ fn copy_extents(s: &fs::File, d: &fs::File, len: u64, src: &Path, dst: &Path) ->
             if n == 0 {
                 return Err(bad("snapshot memory shrank while being copied".into()));
             }
+            copied += n as u64;
         }
         off = hole;
     }
-    Ok(())
+    Ok(copied)
 }
 
 /// Console output of one VM: appended to `console.log` in the run dir, the
@@ -1118,10 +1240,12 @@ impl Console {
     }
 }
 
-/// Where QEMU finds the fds it is handed: the TAP (`-netdev tap,fd=`) and
-/// the snapshot state (`migrate-incoming fd:`).
+/// Where QEMU finds the fds it is handed: the TAP (`-netdev tap,fd=`), the
+/// snapshot state (`migrate-incoming fd:`) and the snapshot RAM.
 const TAP_FD: RawFd = 3;
 const STATE_FD: RawFd = 4;
+/// The snapshot RAM memfd of a restore ([`SNAP_MEM_PATH`]).
+const MEM_FD: RawFd = 5;
 
 pub struct QemuVm {
     id: String,
@@ -1137,6 +1261,8 @@ pub struct QemuVm {
     destroyed: bool,
     /// A snapshot took its RAM file: it must never run again.
     saved: bool,
+    /// Restored from a snapshot: its RAM is a private mapping, not a file.
+    restored: bool,
 }
 
 impl QemuVm {
@@ -1365,6 +1491,13 @@ impl Vm for QemuVm {
                 self.id
             )));
         }
+        if self.restored {
+            // Its RAM is copy-on-write over another snapshot's, in no file.
+            return Err(VmError::Other(format!(
+                "VM {}: was restored from a snapshot; snapshots are made from booted VMs",
+                self.id
+            )));
+        }
         fs::create_dir_all(dir)
             .map_err(|e| io_err(format!("create snapshot dir {}", dir.display()), e))?;
         // A stale manifest must not describe the files about to be replaced.
@@ -1573,14 +1706,27 @@ mod tests {
         // A comma in a path must not start a new QEMU option.
         assert!(after(&a, "-drive")[0].contains("file=/r/base,,evil.erofs,"));
         assert!(after(&a, "-drive")[0].contains("readonly=on"));
-        let append = after(&a, "-append")[0];
-        assert!(append.starts_with(DEFAULT_CMDLINE), "{append}");
-        assert!(append.contains(TCG_CMDLINE), "{append}");
-        assert!(append.ends_with("sandbox.ip=10.0.0.2/30"), "{append}");
+        // A restore runs the kernel in the snapshot RAM.
+        assert!(after(&a, "-kernel").is_empty());
+        assert!(after(&a, "-append").is_empty());
         assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7"]);
         assert!(after(&a, "-device").contains(&"virtio-net-device,netdev=n0,mac=02:00:00:00:00:01"));
         assert!(after(&a, "-device").contains(&"virtserialport,chardev=agent,name=agent"));
         assert_eq!(after(&a, "-incoming"), ["defer"]);
+        // A restore maps the snapshot RAM privately.
+        assert!(after(&a, "-object")[0].contains("share=off"));
+
+        let a = argv(&ArgvSpec {
+            accel: Accel::Tcg,
+            mem: &mem,
+            tap_fd: Some(7),
+            incoming: false,
+        });
+        assert_eq!(after(&a, "-kernel"), ["/k/vmlinux"]);
+        let append = after(&a, "-append")[0];
+        assert!(append.starts_with(DEFAULT_CMDLINE), "{append}");
+        assert!(append.contains(TCG_CMDLINE), "{append}");
+        assert!(append.ends_with("sandbox.ip=10.0.0.2/30"), "{append}");
         assert!(after(&a, "-object")[0].contains("share=on"));
 
         let a = argv(&ArgvSpec {
@@ -1594,6 +1740,7 @@ mod tests {
         assert!(!after(&a, "-append")[0].contains("lpj="));
         assert!(after(&a, "-netdev").is_empty());
         assert!(after(&a, "-incoming").is_empty());
+        assert!(after(&a, "-object")[0].contains("share=on"));
     }
 
     #[test]
@@ -1612,6 +1759,59 @@ mod tests {
         }
         match open_tap(Path::new("/nonexistent/netns"), "tap0") {
             Err(VmError::BadFile { path, .. }) => assert_eq!(path, Path::new("/nonexistent/netns")),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn snapshot_memory_is_a_sealed_copy_reloaded_when_the_file_changes() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let src = d.path().join("memory");
+        let f = fs::File::create(&src).expect("create");
+        f.set_len(16 << 20).expect("size");
+        f.write_all_at(b"guest", 3 << 20).expect("write");
+        drop(f);
+        let b = QemuBackend::new(QemuConfig::default());
+        let m = b.snapshot_memory(&src, 16 << 20).expect("load");
+        assert_eq!(m.data_bytes % 4096, 0);
+        assert!(
+            m.data_bytes < 1 << 20,
+            "holes were copied: {}",
+            m.data_bytes
+        );
+        let mem = fs::File::from(m.fd.try_clone().expect("dup"));
+        assert_eq!(mem.metadata().expect("stat").len(), 16 << 20);
+        let mut buf = [0u8; 5];
+        mem.read_exact_at(&mut buf, 3 << 20).expect("read");
+        assert_eq!(&buf, b"guest");
+        // Sealed: a VMM holding it (or reopening it read-write through
+        // /proc/self/fd) cannot change what later restores start from.
+        let rw = fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{}", mem.as_raw_fd()))
+            .expect("reopen read-write");
+        assert!(rw.write_all_at(b"evil!", 3 << 20).is_err());
+        assert!(rw.set_len(1 << 20).is_err());
+        // SAFETY: F_GET_SEALS on our own fd.
+        let seals = unsafe { libc::fcntl(mem.as_raw_fd(), libc::F_GET_SEALS) };
+        assert_ne!(seals & libc::F_SEAL_SEAL, 0);
+        // Unchanged file: the same copy; a rebuilt one: a new copy.
+        assert!(Arc::ptr_eq(
+            &m,
+            &b.snapshot_memory(&src, 16 << 20).expect("again")
+        ));
+        std::thread::sleep(Duration::from_millis(10));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&src)
+            .expect("open")
+            .write_all_at(b"other", 3 << 20)
+            .expect("write");
+        let m2 = b.snapshot_memory(&src, 16 << 20).expect("reload");
+        assert!(!Arc::ptr_eq(&m, &m2));
+        match b.snapshot_memory(&src, 32 << 20) {
+            Err(VmError::BadFile { path, .. }) => assert_eq!(path, src),
             other => panic!("{:?}", other.err()),
         }
     }

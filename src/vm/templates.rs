@@ -525,10 +525,42 @@ impl Registry {
                     t0.elapsed().as_millis()
                 );
             }
+            // The exec path every session's first request takes (argv, PATH
+            // lookup, the dynamic loader and libc, `true` itself): in the
+            // page cache of the snapshot, so a restored guest does not read
+            // and decompress them from the image under emulation.
+            let out = client
+                .exec(
+                    ExecRequest {
+                        argv: vec!["true".into()],
+                        env: t.env.clone(),
+                        timeout_ms: Some(self.cfg.warm_timeout.as_millis() as u64),
+                        ..Default::default()
+                    },
+                    1024,
+                )
+                .map_err(|e| {
+                    VmError::Other(format!("template {}: warm exec `true`: {e}", t.name))
+                })?;
+            if out.status.code != Some(0) {
+                return Err(VmError::Other(format!(
+                    "template {}: warm exec `true` failed ({:?})",
+                    t.name, out.status
+                )));
+            }
             // Detach before saving, so the saved agent is between connections
             // as far as it can tell (and if it has not noticed yet, the
             // first hello after a restore starts a new connection anyway).
             client.close();
+            // Work the guest still has queued (removing the warm commands'
+            // cgroups, RCU callbacks, the detach) would otherwise run after
+            // every restore, in front of the first request.
+            let waited = wait_idle(vm.pid(), QUIESCE);
+            log::info!(
+                "template {}: guest idle after {} ms",
+                t.name,
+                waited.as_millis()
+            );
             vm.snapshot(&tmp)
         })();
         let destroyed = vm.destroy();
@@ -554,6 +586,59 @@ impl Registry {
         );
         Ok(())
     }
+}
+
+/// How [`wait_idle`] decides a guest has settled: its VMM used less than
+/// `busy` of CPU time in `window`, at most `max` in all.
+#[derive(Debug, Clone, Copy)]
+pub struct Quiesce {
+    pub window: Duration,
+    pub busy: Duration,
+    pub max: Duration,
+}
+
+/// A TCG guest that has finished its deferred work uses ~1% of a core
+/// (timer ticks); one still tearing down cgroups uses all of it.
+pub const QUIESCE: Quiesce = Quiesce {
+    window: Duration::from_millis(100),
+    busy: Duration::from_millis(10),
+    max: Duration::from_secs(5),
+};
+
+/// Waits until the VMM `pid` is (nearly) idle, measured by the CPU time of
+/// all its threads. Returns how long it waited. Without a pid or /proc it
+/// waits one `max`/10, a fixed allowance.
+pub fn wait_idle(pid: Option<i32>, q: Quiesce) -> Duration {
+    let start = Instant::now();
+    let Some(pid) = pid else {
+        std::thread::sleep(q.max / 10);
+        return start.elapsed();
+    };
+    let Some(mut last) = cpu_time(pid) else {
+        std::thread::sleep(q.max / 10);
+        return start.elapsed();
+    };
+    while start.elapsed() < q.max {
+        std::thread::sleep(q.window);
+        let Some(now) = cpu_time(pid) else { break };
+        if now.saturating_sub(last) < q.busy {
+            break;
+        }
+        last = now;
+    }
+    start.elapsed()
+}
+
+/// CPU time of every thread of `pid` (`/proc/<pid>/task/*/schedstat`).
+fn cpu_time(pid: i32) -> Option<Duration> {
+    let mut ns: u64 = 0;
+    for e in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        // A thread may end between the listing and the read: skip it.
+        if let Ok(s) = fs::read_to_string(e.path().join("schedstat")) {
+            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(Duration::from_nanos(ns))
 }
 
 fn io_err(what: String, source: io::Error) -> VmError {
