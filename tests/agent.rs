@@ -82,6 +82,22 @@ fn exec_basics_env_cwd_stderr_and_exit_codes() {
         Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::SpawnFailed),
         other => panic!("expected spawn_failed, got {other:?}"),
     }
+    // execve itself failing (found no file, or one it may not run) is
+    // reported by the child of the vfork spawn, which is then reaped.
+    std::fs::write(a.workspace.join("not-executable"), "#!/bin/sh\n").unwrap();
+    for prog in ["/definitely/not/here", "./not-executable"] {
+        match c.exec(argv(&[prog]), MAX) {
+            Err(ClientError::Agent(e)) => {
+                assert_eq!(e.code, ErrorCode::SpawnFailed, "{prog}: {e}")
+            }
+            other => panic!("{prog}: expected spawn_failed, got {other:?}"),
+        }
+    }
+    let zombies = zombie_children(a.pid());
+    assert!(
+        zombies.is_empty(),
+        "zombies after failed spawns: {zombies:?}"
+    );
     let mut r = argv(&["true"]);
     r.cwd = Some("/nonexistent-dir".into());
     match c.exec(r, MAX) {

@@ -128,10 +128,20 @@ pub struct SpawnSpec<'a> {
     pub gid: Option<u32>,
 }
 
-/// Returns the child's pid (and its cgroup, with user limits). The child
-/// leads its own process group (or session, with a PTY), so signals reach
-/// everything it starts.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, Option<ExecCgroup>)> {
+/// A started child: its pid, its cgroup (with user limits) and, when the
+/// spawn made one, a pidfd.
+pub struct Spawned {
+    pub pid: i32,
+    pub cgroup: Option<ExecCgroup>,
+    /// Set for children started by [`vfork_spawn`]: they send no SIGCHLD,
+    /// so the reaper never sees them and the pidfd is the only way to
+    /// learn of (and reap) their exit.
+    pub pidfd: Option<OwnedFd>,
+}
+
+/// Starts the child. It leads its own process group (or session, with a
+/// PTY), so signals reach everything it starts.
+pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     let mut argv: Vec<*mut libc::c_char> = spec
         .argv
         .iter()
@@ -161,10 +171,198 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<(i32, Option<ExecCgroup>)> {
             .as_ref()
             .map(AsRawFd::as_raw_fd)
             .or(limits.map(|l| l.cgroup.as_raw_fd()));
-        fork_exec(spec, &argv, &envp, limits, target).map(|pid| (pid, cg))
+        fork_exec(spec, &argv, &envp, limits, target).map(|pid| Spawned {
+            pid,
+            cgroup: cg,
+            pidfd: None,
+        })
     } else {
-        posix_spawn(spec, &argv, &envp).map(|pid| (pid, None))
+        match vfork_spawn(spec, &argv, &envp) {
+            Ok((pid, pidfd)) => Ok(Spawned {
+                pid,
+                cgroup: None,
+                pidfd: Some(pidfd),
+            }),
+            // A kernel without CLONE_PIDFD (before 5.2).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => posix_spawn(spec, &argv, &envp)
+                .map(|pid| Spawned {
+                    pid,
+                    cgroup: None,
+                    pidfd: None,
+                }),
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// Stack of a [`vfork_spawn`] child: it only makes a few syscalls.
+const VFORK_STACK: usize = 64 * 1024;
+
+/// Signals whose disposition is not the default in this process, read once.
+/// The agent sets dispositions at startup only (Rust ignores SIGPIPE and
+/// installs SIGSEGV/SIGBUS handlers; the signals it handles are blocked and
+/// taken with sigwaitinfo), so the list stays true.
+fn non_default_signals() -> &'static [libc::c_int] {
+    static SIGS: OnceLock<Vec<libc::c_int>> = OnceLock::new();
+    SIGS.get_or_init(|| {
+        (1..libc::SIGRTMAX())
+            .filter(|&sig| {
+                // SAFETY: a query only (null new action), valid out pointer.
+                let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+                let r = unsafe { libc::sigaction(sig, ptr::null(), &mut old) };
+                r == 0 && old.sa_sigaction != libc::SIG_DFL
+            })
+            .collect()
+    })
+}
+
+/// What a [`vfork_spawn`] child reads (and writes: `errno` on failure).
+/// It shares our memory until it execs, so plain pointers suffice.
+struct VforkCtx<'a> {
+    spec: &'a SpawnSpec<'a>,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+    reset: &'static [libc::c_int],
+    empty: libc::sigset_t,
+    /// errno of the step that failed; 0 if the child reached execve.
+    err: libc::c_int,
+}
+
+/// The child half of [`vfork_spawn`]. Runs on its own stack in our address
+/// space with every signal blocked, until execve replaces it: only raw
+/// syscalls, no allocation, no locks.
+extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: arg is the VforkCtx the parent keeps alive (and does not
+    // touch) until this child has exec'ed or exited: CLONE_VFORK suspends it.
+    unsafe {
+        let ctx = &mut *(arg as *mut VforkCtx);
+        let fail = |ctx: &mut VforkCtx| -> ! {
+            ptr::write_volatile(&mut ctx.err, (*libc::__errno_location()).max(1));
+            libc::_exit(127)
+        };
+        if libc::setpgid(0, 0) < 0 {
+            fail(ctx);
+        }
+        // Move the stdio sources out of 0..3 first so that dup2 of one
+        // cannot clobber another (and dup2 onto itself would keep CLOEXEC).
+        let mut src = ctx.spec.stdio;
+        for s in src.iter_mut() {
+            if *s < 3 {
+                let n = libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, 3);
+                if n < 0 {
+                    fail(ctx);
+                }
+                *s = n;
+            }
+        }
+        for (target, &s) in src.iter().enumerate() {
+            if libc::dup2(s, target as libc::c_int) < 0 {
+                fail(ctx);
+            }
+        }
+        if libc::chdir(ctx.spec.cwd.as_ptr()) < 0 {
+            fail(ctx);
+        }
+        // execve keeps ignored signals ignored (SIGPIPE); handlers are reset
+        // by execve itself, but one could run between the unblock below and
+        // the execve, here in our memory: default them all first.
+        for &sig in ctx.reset {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, ptr::null_mut());
+        }
+        libc::sigprocmask(libc::SIG_SETMASK, &ctx.empty, ptr::null_mut());
+        libc::execve(
+            ctx.spec.path.as_ptr(),
+            ctx.argv as *const *const libc::c_char,
+            ctx.envp as *const *const libc::c_char,
+        );
+        fail(ctx)
+    }
+}
+
+/// posix_spawn done by hand, for the exec hot path: a vfork-style clone
+/// (the child borrows our memory until it execs, so no page tables are
+/// copied) that, unlike glibc's posix_spawn, does not walk all 64 signal
+/// dispositions (~130 syscalls) nor re-read RLIMIT_NOFILE per file action,
+/// returns a pidfd from the clone itself (CLONE_PIDFD: no pidfd_open), and
+/// gives the child no exit signal. Without SIGCHLD the reaper thread is not
+/// woken, so it does not race the pump for the child on a 2-CPU machine
+/// (nor steal its reap); the pump reaps through the pidfd. Reparenting
+/// restores SIGCHLD, so orphans the child leaves are still reaped.
+fn vfork_spawn(
+    spec: &SpawnSpec,
+    argv: &[*mut libc::c_char],
+    envp: &[*mut libc::c_char],
+) -> io::Result<(i32, OwnedFd)> {
+    let reset = non_default_signals();
+    let mut stack: Vec<std::mem::MaybeUninit<u8>> = Vec::with_capacity(VFORK_STACK);
+    // SAFETY: a zeroed sigset is valid storage; sigemptyset initialises it.
+    let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointer.
+    unsafe { libc::sigemptyset(&mut empty) };
+    let mut cx = VforkCtx {
+        spec,
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        reset,
+        empty,
+        err: 0,
+    };
+    // The stack grows down from the end of the buffer, 16-byte aligned.
+    let top = {
+        let end = stack.as_mut_ptr() as usize + VFORK_STACK;
+        (end & !15) as *mut libc::c_void
+    };
+    let mut pidfd: libc::c_int = -1;
+    // Every signal blocked across the clone: no handler may run in the
+    // child while it shares our memory; it sets its own mask before execve.
+    // SAFETY: valid sigset pointers.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // SAFETY: `top` is the aligned end of a live buffer of VFORK_STACK bytes
+    // that outlives the child's use of it (CLONE_VFORK returns only after
+    // the child has exec'ed or exited); ctx likewise; pidfd is a valid out
+    // pointer for CLONE_PIDFD. Exit signal 0 (the low byte of flags).
+    let pid = unsafe {
+        libc::clone(
+            vfork_child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD,
+            &mut cx as *mut VforkCtx as *mut libc::c_void,
+            &mut pidfd as *mut libc::c_int,
+        )
+    };
+    let clone_err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut()) };
+    drop(stack);
+    if pid < 0 {
+        return Err(ctx(clone_err, "clone(CLONE_VFORK)"));
+    }
+    // SAFETY: CLONE_PIDFD stored a fresh descriptor we now own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    // SAFETY: the child is done with cx (it exec'ed or exited).
+    let err = unsafe { ptr::read_volatile(&cx.err) };
+    if err != 0 {
+        // The child has _exited and sends no SIGCHLD: reap it here.
+        // SAFETY: siginfo_t is plain data; valid out pointer.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            libc::waitid(
+                3, // P_PIDFD
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::__WALL,
+            )
+        };
+        return Err(io::Error::from_raw_os_error(err));
+    }
+    Ok((pid, pidfd))
 }
 
 struct FileActions(libc::posix_spawn_file_actions_t);
