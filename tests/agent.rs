@@ -93,11 +93,34 @@ fn exec_basics_env_cwd_stderr_and_exit_codes() {
             other => panic!("{prog}: expected spawn_failed, got {other:?}"),
         }
     }
+    // The same through the identity-changing path (a vfork-style clone3).
+    let mut r = argv(&["/definitely/not/here"]);
+    r.uid = Some(65534);
+    match c.exec(r, MAX) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::SpawnFailed, "{e}"),
+        other => panic!("expected spawn_failed, got {other:?}"),
+    }
     let zombies = zombie_children(a.pid());
     assert!(
         zombies.is_empty(),
         "zombies after failed spawns: {zombies:?}"
     );
+    // uid/gid: the child takes them with raw syscalls (it shares the
+    // agent's memory until it execs).
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } == 0 {
+        let mut r = argv(&["sh", "-c", "echo $(id -u) $(id -g) $(id -G)"]);
+        r.uid = Some(65534);
+        r.gid = Some(65533);
+        let out = c.exec(r, MAX).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "65534 65533 65533"
+        );
+        // And the agent itself kept its identity.
+        let out = c.exec(argv(&["id", "-u"]), MAX).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+    }
     let mut r = argv(&["true"]);
     r.cwd = Some("/nonexistent-dir".into());
     match c.exec(r, MAX) {
