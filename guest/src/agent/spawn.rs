@@ -1,14 +1,18 @@
-//! Starting processes. `posix_spawn` (vfork-based in glibc) for the common
-//! case because exec latency is the product's hot path; `fork` only when the
-//! child must change uid/gid, which posix_spawn cannot do. As the VM's init
-//! the agent confines user processes (see [`UserLimits`]): then every child
-//! is started with `clone3(CLONE_INTO_CGROUP)`, which places it in the
-//! sandbox cgroup atomically (glibc 2.36's posix_spawn cannot, and moving it
-//! after the fact races with its first fork).
+//! Starting processes, the exec hot path. Every child is started
+//! vfork-style (it borrows our memory until it execs: no page tables
+//! copied), with a pidfd from the clone itself and no exit signal (the pump
+//! reaps it through the pidfd; the reaper thread is not woken):
+//! - [`vfork_spawn`] (glibc `clone`) for plain children;
+//! - [`vfork_exec`] (raw `clone3`) for children that change uid/gid, take
+//!   a controlling terminal, or, with the agent as the VM's init, start
+//!   under user limits ([`UserLimits`]): `CLONE_INTO_CGROUP` places them in
+//!   their cgroup atomically (moving a child afterwards races with its
+//!   first fork).
 //!
-//! We never call `wait` here: the agent's single reaper owns every child
-//! (it must, as PID 1), so std::process::Command, which waits on exec
-//! failure, is not usable.
+//! `posix_spawn` and `fork` remain as fallbacks for kernels without
+//! `CLONE_PIDFD` or `clone3`. We never `wait` for those here: the agent's
+//! single reaper owns every child that signals its exit (it must, as PID 1),
+//! so std::process::Command, which waits on exec failure, is not usable.
 
 use super::sys::{ctx, cvt};
 use std::ffi::{CStr, CString};
