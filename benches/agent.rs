@@ -5,9 +5,13 @@
 //! - ping and `true` exec round trips through the agent, p50/p99;
 //! - stdout streaming, file write and file read throughput in MiB/s.
 //!
+//! The floor, the client and the raw-socket exec are then measured again
+//! taking turns ("interleaved"), which is robust to a machine whose load
+//! moves: compare those lines with each other.
+//!
 //! Set BENCH_N to change the number of round trips (default 2000), and
-//! BENCH_BASELINE_AGENT=/path/to/sandbox-agent to compare another agent
-//! build with this one, interleaved (robust to a machine whose load moves).
+//! BENCH_BASELINE_AGENT=/path/to/sandbox-agent to add another agent build
+//! to the interleaved run.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -123,10 +127,10 @@ fn main() {
         us(exec_p50.saturating_sub(floor_p50))
     );
 
-    // The same exec with no host client threads: one thread writes the
+    // The same exec with no host client library: one thread writes the
     // request and reads the answer off the socket itself. The difference
-    // to the client figure is the host client's own hop (reader thread ->
-    // caller).
+    // to the client figure is what the client library adds (routing, and a
+    // thread hop whenever the caller cannot lead the reading itself).
     let raw_p50 = raw_exec_rtt(&a, &req, n);
     println!(
         "agent exec `true`, raw socket      p50 {}  (p50 over floor: {})",
@@ -134,9 +138,15 @@ fn main() {
         us(raw_p50.saturating_sub(floor_p50))
     );
 
-    if let Ok(other) = std::env::var("BENCH_BASELINE_AGENT") {
-        compare(&a, &c, &other, &req, n);
-    }
+    // The same three, taking turns: on a shared machine whose load moves
+    // during the run, the blocks above can each see a different machine.
+    compare(
+        &a,
+        &c,
+        std::env::var("BENCH_BASELINE_AGENT").ok().as_deref(),
+        &req,
+        n,
+    );
 
     // Streaming: 1 GiB of stdout.
     let bytes: u64 = 1 << 30;
@@ -266,37 +276,43 @@ fn raw_exec_rtt(a: &common::TestAgent, req: &ExecRequest, n: usize) -> Duration 
     pct(&mut v, 0.5)
 }
 
-/// Paired comparison with another agent binary (e.g. one built from an
-/// earlier commit): floor, this agent and that agent take turns, so a
-/// machine whose load changes during the run skews all three alike.
+/// Floor, this agent through the client, and this agent over a raw socket
+/// take turns, so a machine whose load changes during the run skews all
+/// alike. With `other` (another agent binary, e.g. one built from an
+/// earlier commit) that one takes its turn too.
 fn compare(
     a: &common::TestAgent,
     c: &agent_sandbox::agent::AgentClient,
-    other: &str,
+    other: Option<&str>,
     req: &ExecRequest,
     n: usize,
 ) {
     use std::io::BufRead;
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("agent.sock");
-    let mut child = std::process::Command::new(other)
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--workspace")
-        .arg(dir.path().join("ws"))
-        .env("SANDBOX_AGENT_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the baseline agent");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("READY");
-    let b = agent_sandbox::agent::AgentClient::connect(
-        std::os::unix::net::UnixStream::connect(&sock).expect("connect"),
-        Duration::from_secs(10),
-    )
-    .expect("hello");
+    let mut child = other.map(|other| {
+        let mut child = std::process::Command::new(other)
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--workspace")
+            .arg(dir.path().join("ws"))
+            .env("SANDBOX_AGENT_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the baseline agent");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("READY");
+        child
+    });
+    let b = child.as_ref().map(|_| {
+        agent_sandbox::agent::AgentClient::connect(
+            std::os::unix::net::UnixStream::connect(&sock).expect("connect"),
+            Duration::from_secs(10),
+        )
+        .expect("hello")
+    });
     let mut raw = RawConn::new(a, req);
     let (mut f, mut x, mut y, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let time = |cl: &agent_sandbox::agent::AgentClient| {
@@ -309,17 +325,21 @@ fn compare(
         spawn_true();
         f.push(t.elapsed());
         // Alternate which agent goes first.
-        if i % 2 == 0 {
-            x.push(time(c));
-            y.push(time(&b));
-        } else {
-            y.push(time(&b));
-            x.push(time(c));
+        match &b {
+            Some(b) if i % 2 == 1 => {
+                y.push(time(b));
+                x.push(time(c));
+            }
+            Some(b) => {
+                x.push(time(c));
+                y.push(time(b));
+            }
+            None => x.push(time(c)),
         }
         z.push(raw.exec());
     }
     let fp = pct(&mut f, 0.5);
-    let (xp, yp) = (pct(&mut x, 0.5), pct(&mut y, 0.5));
+    let (xp, zp) = (pct(&mut x, 0.5), pct(&mut z, 0.5));
     println!(
         "interleaved: floor p50 {}  p99 {}",
         us(fp),
@@ -331,21 +351,26 @@ fn compare(
         us(xp.saturating_sub(fp)),
         us(pct(&mut x, 0.99))
     );
-    let zp = pct(&mut z, 0.5);
     println!(
-        "interleaved: this agent, raw socket p50 {} (+{})",
+        "interleaved: this agent, raw socket p50 {} (+{})  p99 {}",
         us(zp),
         us(zp.saturating_sub(fp)),
+        us(pct(&mut z, 0.99))
     );
-    println!(
-        "interleaved: {other} p50 {} (+{})  p99 {}",
-        us(yp),
-        us(yp.saturating_sub(fp)),
-        us(pct(&mut y, 0.99))
-    );
-    b.close();
-    let _ = child.kill();
-    let _ = child.wait();
+    if let (Some(other), Some(b)) = (other, b) {
+        let yp = pct(&mut y, 0.5);
+        println!(
+            "interleaved: {other} p50 {} (+{})  p99 {}",
+            us(yp),
+            us(yp.saturating_sub(fp)),
+            us(pct(&mut y, 0.99))
+        );
+        b.close();
+    }
+    if let Some(child) = child.as_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 fn num_cpus() -> usize {

@@ -82,6 +82,45 @@ fn exec_basics_env_cwd_stderr_and_exit_codes() {
         Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::SpawnFailed),
         other => panic!("expected spawn_failed, got {other:?}"),
     }
+    // execve itself failing (found no file, or one it may not run) is
+    // reported by the child of the vfork spawn, which is then reaped.
+    std::fs::write(a.workspace.join("not-executable"), "#!/bin/sh\n").unwrap();
+    for prog in ["/definitely/not/here", "./not-executable"] {
+        match c.exec(argv(&[prog]), MAX) {
+            Err(ClientError::Agent(e)) => {
+                assert_eq!(e.code, ErrorCode::SpawnFailed, "{prog}: {e}")
+            }
+            other => panic!("{prog}: expected spawn_failed, got {other:?}"),
+        }
+    }
+    // The same through the identity-changing path (a vfork-style clone3).
+    let mut r = argv(&["/definitely/not/here"]);
+    r.uid = Some(65534);
+    match c.exec(r, MAX) {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::SpawnFailed, "{e}"),
+        other => panic!("expected spawn_failed, got {other:?}"),
+    }
+    let zombies = zombie_children(a.pid());
+    assert!(
+        zombies.is_empty(),
+        "zombies after failed spawns: {zombies:?}"
+    );
+    // uid/gid: the child takes them with raw syscalls (it shares the
+    // agent's memory until it execs).
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } == 0 {
+        let mut r = argv(&["sh", "-c", "echo $(id -u) $(id -g) $(id -G)"]);
+        r.uid = Some(65534);
+        r.gid = Some(65533);
+        let out = c.exec(r, MAX).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "65534 65533 65533"
+        );
+        // And the agent itself kept its identity.
+        let out = c.exec(argv(&["id", "-u"]), MAX).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+    }
     let mut r = argv(&["true"]);
     r.cwd = Some("/nonexistent-dir".into());
     match c.exec(r, MAX) {
@@ -1011,4 +1050,83 @@ fn restore_fixup_in_hello_is_applied_before_the_answer() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     assert!(now.as_secs() > 1_000_000_000);
+}
+
+/// The host client reads the socket from whichever caller is waiting (one
+/// leads, the others wait on their channels) or from its background reader
+/// when none is. Losing the agent must fail every waiting call, whoever
+/// reads, and an idle connection must notice too.
+#[test]
+fn losing_the_agent_fails_every_waiting_call_and_idle_clients_notice() {
+    let mut a = TestAgent::start();
+    let c = a.client();
+    let idle = a.client();
+    let m = marker();
+    let waiters: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            let m = m.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let r = if i % 2 == 0 {
+                    c.exec(argv(&["sleep", &m]), MAX).map(|_| ())
+                } else {
+                    let mut call = c.call(&Request::Exec(argv(&["sleep", &m]))).unwrap();
+                    // Connection loss arrives as an `unavailable` error.
+                    match call.recv_deadline(Instant::now() + Duration::from_secs(60)) {
+                        Ok(Inbound::Error(e)) => Err(ClientError::Agent(e)),
+                        Ok(m) => panic!("unexpected {m:?}"),
+                        Err(e) => Err(e),
+                    }
+                };
+                (r, t.elapsed())
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(10), || sleepers(&m) == 4));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    for w in waiters {
+        let (r, took) = w.join().unwrap();
+        assert!(r.is_err(), "a call survived the agent: {r:?}");
+        assert!(took < Duration::from_secs(20), "took {took:?}");
+    }
+    assert!(wait_until(Duration::from_secs(5), || c.is_closed() && idle.is_closed()));
+    // The agent was killed, not shut down: its sleepers are orphans now.
+    for pid in procs_with(&m) {
+        // SAFETY: signalling a test-owned process.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Timeouts hold while another caller leads the reading, and a call that
+/// timed out leaves the connection usable.
+#[test]
+fn recv_deadlines_hold_while_another_caller_reads() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    let mut long = c.call(&Request::Exec(argv(&["sleep", &m]))).unwrap();
+    let c2 = c.clone();
+    // Leads the reading for ~1.5 s while the other call times out.
+    let slow = std::thread::spawn(move || c2.exec(argv(&["sleep", "1.5"]), MAX));
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let got = long.recv_timeout(Duration::from_millis(300)).unwrap();
+    assert!(got.is_none(), "unexpected message {got:?}");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_secs(1),
+        "took {took:?}"
+    );
+    let out = slow.join().unwrap().unwrap();
+    assert_eq!(out.status.code, Some(0));
+    long.cancel().unwrap();
+    match long.finish() {
+        Err(ClientError::Agent(e)) => assert_eq!(e.code, ErrorCode::Cancelled),
+        other => panic!("expected cancelled, got {other:?}"),
+    }
+    let out = c.exec(argv(&["echo", "still here"]), MAX).unwrap();
+    assert_eq!(out.stdout, b"still here\n");
+    assert!(wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()));
 }

@@ -1,6 +1,16 @@
 //! Host side of the guest protocol: one [`AgentClient`] per VM connection,
 //! multiplexing any number of concurrent [`Call`]s over it.
 //!
+//! Reading is leader/follower: whoever holds the read token (the
+//! connection's input buffer) reads the socket and routes every frame to
+//! its call's channel. A caller waiting for its own call takes the token
+//! when it is free and reads itself, so the reply wakes it straight from
+//! the socket, with no hop through another thread (the exec round trip is
+//! the product's hot path). A background reader holds the token while no
+//! caller wants it (idle connections must still notice a closed socket,
+//! and Window frames must reach blocked writers); it yields the token as
+//! soon as a caller asks, through an eventfd.
+//!
 //! The guest is untrusted. Its frames are bounded (size, credit) and a
 //! guest that breaks the protocol loses its connection, never host memory.
 
@@ -9,11 +19,12 @@ use crate::proto::{
     Event, ExecRequest, ExitStatus, FileStat, Frame, Header, Hello, Kind, Request, Response,
     RestoreFixup, HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
 };
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -87,9 +98,54 @@ struct Shared {
     /// Bytes received from the guest, for metrics.
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// The read token: a one-slot channel holding the [`Input`] while
+    /// nobody reads. Callers and the background reader take it from here.
+    token_tx: Sender<Input>,
+    token_rx: Receiver<Input>,
+    /// Callers waiting for a message or the token. While non-zero the
+    /// background reader neither takes the token nor keeps it.
+    want: AtomicUsize,
+    want_lock: Mutex<()>,
+    want_cv: Condvar,
+    /// The background reader holds the token (so a caller must ask).
+    bg_holding: AtomicBool,
+    /// Writers blocked on send credit: only a reader brings it (Window
+    /// frames), so the background reader takes the token at once for them.
+    credit_waiters: AtomicUsize,
+    /// Wakes the background reader out of its poll to yield the token.
+    yield_fd: OwnedFd,
 }
 
 impl Shared {
+    /// Makes the background reader's poll return.
+    fn poke(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write to our eventfd. It can only fail when the
+        // counter is saturated, and then the reader is awake anyway.
+        unsafe { libc::write(self.yield_fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    fn want_begin(&self) {
+        self.want.fetch_add(1, Ordering::SeqCst);
+        if self.bg_holding.load(Ordering::SeqCst) {
+            self.poke();
+        }
+    }
+
+    fn want_end(&self) {
+        if self.want.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Under the lock, so the background reader cannot miss it
+            // between its check and its wait.
+            drop(lock(&self.want_lock));
+            self.want_cv.notify_all();
+        }
+    }
+
+    /// Hands the read token back (there is one, so the slot is free).
+    fn put_token(&self, input: Input) {
+        let _ = self.token_tx.try_send(input);
+    }
+
     fn send(&self, frame: &[u8]) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(ClientError::Closed(lock(&self.close_reason).clone()));
@@ -108,6 +164,9 @@ impl Shared {
         }
         *lock(&self.close_reason) = reason.clone();
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+        self.poke();
+        drop(lock(&self.want_lock));
+        self.want_cv.notify_all();
         let routes: Vec<Route> = lock(&self.routes).drain().map(|(_, r)| r).collect();
         for r in routes {
             let _ = r.tx.send(Inbound::Error(ErrorBody::new(
@@ -168,6 +227,20 @@ impl AgentClient {
         r.set_read_timeout(Some(timeout))?;
         let reply = find_hello(&mut r, nonce, timeout)?;
         r.set_read_timeout(None)?;
+        // SAFETY: plain syscall; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(ClientError::Io(io::Error::new(
+                io::Error::last_os_error().kind(),
+                format!(
+                    "eventfd for the agent reader: {}",
+                    io::Error::last_os_error()
+                ),
+            )));
+        }
+        // SAFETY: a fresh descriptor we own.
+        let yield_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let (token_tx, token_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared {
             writer: Mutex::new(stream),
             routes: Mutex::new(HashMap::new()),
@@ -176,7 +249,16 @@ impl AgentClient {
             close_reason: Mutex::new(String::new()),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            token_tx,
+            token_rx,
+            want: AtomicUsize::new(0),
+            want_lock: Mutex::new(()),
+            want_cv: Condvar::new(),
+            bg_holding: AtomicBool::new(false),
+            credit_waiters: AtomicUsize::new(0),
+            yield_fd,
         });
+        shared.put_token(Input::new(r));
         let s2 = shared.clone();
         std::thread::Builder::new()
             .name("agent-reader".into())
@@ -188,7 +270,7 @@ impl AgentClient {
                     log::error!("agent-reader: {e}; stopping the process");
                     std::process::abort();
                 }
-                reader_loop(s2, r)
+                background_reader(s2)
             })?;
         let client = AgentClient {
             shared,
@@ -448,27 +530,59 @@ impl Call {
     }
 
     pub fn recv(&mut self) -> Result<Inbound> {
-        if self.done {
-            return Err(ClientError::Closed("call already finished".into()));
-        }
-        let m = self
-            .rx
-            .recv()
-            .map_err(|_| ClientError::Closed("agent connection closed".into()))?;
-        self.on_recv(m)
+        self.wait(None)
     }
 
     pub fn recv_deadline(&mut self, deadline: Instant) -> Result<Inbound> {
+        self.wait(Some(deadline))
+    }
+
+    /// The next message: from the channel if someone else read it, else
+    /// read off the socket by this thread once it holds the read token.
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<Inbound> {
         if self.done {
             return Err(ClientError::Closed("call already finished".into()));
         }
-        match self.rx.recv_deadline(deadline) {
-            Ok(m) => self.on_recv(m),
-            Err(RecvTimeoutError::Timeout) => Err(ClientError::Timeout(
-                deadline.saturating_duration_since(Instant::now()),
-            )),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(ClientError::Closed("agent connection closed".into()))
+        let closed = || ClientError::Closed("agent connection closed".into());
+        loop {
+            match self.rx.try_recv() {
+                Ok(m) => return self.on_recv(m),
+                Err(TryRecvError::Disconnected) => return Err(closed()),
+                Err(TryRecvError::Empty) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(ClientError::Timeout(Duration::ZERO));
+            }
+            let shared = self.shared.clone();
+            shared.want_begin();
+            let got = match deadline {
+                None => crossbeam_channel::select! {
+                    recv(self.rx) -> m => Got::Msg(m.ok()),
+                    recv(shared.token_rx) -> t => Got::Token(t.ok()),
+                },
+                Some(d) => crossbeam_channel::select! {
+                    recv(self.rx) -> m => Got::Msg(m.ok()),
+                    recv(shared.token_rx) -> t => Got::Token(t.ok()),
+                    default(d.saturating_duration_since(Instant::now())) => Got::Timeout,
+                },
+            };
+            if !matches!(got, Got::Token(Some(_))) {
+                shared.want_end();
+            }
+            match got {
+                Got::Msg(Some(m)) => return self.on_recv(m),
+                Got::Msg(None) => return Err(closed()),
+                Got::Token(Some(mut input)) => {
+                    // Still counted in `want` while leading: the
+                    // background reader's grace starts when we are done.
+                    lead(&shared, &mut input, &self.rx, deadline);
+                    shared.put_token(input);
+                    shared.want_end();
+                    // Loop: the message is in the channel, or the deadline
+                    // passed, or the connection closed (an error is queued).
+                }
+                Got::Token(None) => return Err(closed()),
+                Got::Timeout => return Err(ClientError::Timeout(Duration::ZERO)),
             }
         }
     }
@@ -550,11 +664,15 @@ impl CallSender {
                 *avail -= n as i64;
                 return Ok(n);
             }
-            let (g, _) = self
+            self.shared.credit_waiters.fetch_add(1, Ordering::SeqCst);
+            drop(lock(&self.shared.want_lock));
+            self.shared.want_cv.notify_all();
+            let r = self
                 .send_credit
                 .cv
-                .wait_timeout(avail, Duration::from_secs(1))
-                .map_err(|_| ClientError::Closed("poisoned".into()))?;
+                .wait_timeout(avail, Duration::from_secs(1));
+            self.shared.credit_waiters.fetch_sub(1, Ordering::SeqCst);
+            let (g, _) = r.map_err(|_| ClientError::Closed("poisoned".into()))?;
             avail = g;
         }
     }
@@ -580,24 +698,268 @@ impl Drop for Call {
     }
 }
 
-fn reader_loop(shared: Arc<Shared>, stream: UnixStream) {
-    let mut r = proto::FrameReader::new(BufReader::with_capacity(256 * 1024, stream));
-    let reason = loop {
-        match r.read_frame() {
-            Ok(Some(f)) => {
-                shared
-                    .bytes_in
-                    .fetch_add((HEADER_LEN + f.payload.len()) as u64, Ordering::Relaxed);
-                if let Err(e) = route(&shared, f) {
-                    break e;
+enum Got {
+    Msg(Option<Inbound>),
+    Token(Option<Input>),
+    Timeout,
+}
+
+/// Bytes read from the guest and not yet decoded: whoever holds it (the
+/// read token) is the only reader of the socket.
+struct Input {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    /// Decoded up to here.
+    start: usize,
+}
+
+/// One read takes up to this much (a Data frame is at most 256 KiB).
+const READ_CHUNK: usize = 512 * 1024;
+
+impl Input {
+    fn new(stream: UnixStream) -> Input {
+        Input {
+            stream,
+            buf: Vec::with_capacity(READ_CHUNK),
+            start: 0,
+        }
+    }
+
+    /// The next complete frame already buffered.
+    fn decode(&mut self) -> std::result::Result<Option<Frame>, String> {
+        match proto::decode_frame(&self.buf[self.start..]) {
+            Ok(Some((f, n))) => {
+                self.start += n;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                }
+                Ok(Some(f))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// One read(2) of what the socket has (the caller polled it
+    /// readable, and nobody else reads it); `Ok(0)` at end of stream.
+    fn fill(&mut self) -> io::Result<usize> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.reserve(READ_CHUNK);
+        let spare = self.buf.spare_capacity_mut();
+        // SAFETY: reads at most spare.len() bytes into the vector's spare
+        // capacity; only the bytes the kernel wrote are then marked valid.
+        let n = unsafe {
+            libc::read(
+                self.stream.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        // SAFETY: the kernel initialised n bytes past the old length.
+        unsafe { self.buf.set_len(self.buf.len() + n) };
+        Ok(n)
+    }
+
+    /// Routes every buffered frame. An error closes the connection.
+    fn route_buffered(&mut self, shared: &Shared) -> bool {
+        loop {
+            match self.decode() {
+                Ok(Some(f)) => {
+                    shared
+                        .bytes_in
+                        .fetch_add((HEADER_LEN + f.payload.len()) as u64, Ordering::Relaxed);
+                    if let Err(e) = route(shared, f) {
+                        shared.close(e);
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(e) => {
+                    shared.close(e);
+                    return false;
                 }
             }
-            Ok(None) => break "agent closed the connection".to_string(),
-            Err(e) => break format!("{e}"),
         }
+    }
+
+    /// Reads once after `poll` said the socket is readable. False once
+    /// the connection is over.
+    fn read_more(&mut self, shared: &Shared) -> bool {
+        match self.fill() {
+            Ok(0) => {
+                shared.close("agent closed the connection".into());
+                false
+            }
+            Ok(_) => true,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                true
+            }
+            Err(e) => {
+                shared.close(format!("read: {e}"));
+                false
+            }
+        }
+    }
+}
+
+/// poll(2) on `fds` for input; EINTR counts as nothing ready.
+fn poll_in(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let ms = match timeout {
+        None => -1,
+        // Round up: a 0.4 ms wait must not become a busy loop.
+        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
     };
-    log::debug!("agent reader stopping: {reason}");
-    shared.close(reason);
+    // SAFETY: fds is a valid slice of pollfd.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(n as usize)
+}
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// A caller holding the read token: reads and routes frames until one
+/// lands in its own channel `rx`, the deadline passes or the connection
+/// ends.
+fn lead(shared: &Shared, input: &mut Input, rx: &Receiver<Inbound>, deadline: Option<Instant>) {
+    loop {
+        if !input.route_buffered(shared) || !rx.is_empty() {
+            return;
+        }
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left == Some(Duration::ZERO) {
+            return;
+        }
+        let mut fds = [pollfd(input.stream.as_raw_fd())];
+        match poll_in(&mut fds, left) {
+            Ok(0) => continue,
+            Ok(_) => {
+                if !input.read_more(shared) {
+                    return;
+                }
+            }
+            Err(e) => {
+                shared.close(format!("poll: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+/// How long the read token may lie unused before the background reader
+/// takes it: this bounds how late a frame for a call nobody is waiting on
+/// (or the end of the connection) is noticed.
+const READER_GRACE: Duration = Duration::from_millis(2);
+
+/// Holds the read token while no caller wants it, so frames for calls
+/// nobody is waiting on (Window credit, data of a busy consumer) and the
+/// end of the connection are handled promptly.
+fn background_reader(shared: Arc<Shared>) {
+    loop {
+        {
+            // Wait while callers want the token, then a grace period: a
+            // caller that comes back for its next message (the next exec of
+            // a sequence, the next chunk of a stream) takes the token
+            // without waking this thread twice. Writers waiting for credit
+            // end the grace at once.
+            let mut g = lock(&shared.want_lock);
+            let mut idle_since: Option<Instant> = None;
+            loop {
+                if shared.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                let wait = if shared.want.load(Ordering::SeqCst) > 0 {
+                    idle_since = None;
+                    // The timeout only guards against a lost wake-up.
+                    Duration::from_millis(100)
+                } else if shared.credit_waiters.load(Ordering::SeqCst) > 0 {
+                    break;
+                } else {
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    match READER_GRACE.checked_sub(since.elapsed()) {
+                        Some(left) if !left.is_zero() => left,
+                        _ => break,
+                    }
+                };
+                g = match shared.want_cv.wait_timeout(g, wait) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+            }
+        }
+        if shared.closed.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(mut input) = shared.token_rx.recv() else {
+            break;
+        };
+        shared.bg_holding.store(true, Ordering::SeqCst);
+        loop {
+            if !input.route_buffered(&shared) || shared.closed.load(Ordering::Acquire) {
+                break;
+            }
+            // Checked after `bg_holding` is set: a caller that raised
+            // `want` before that is seen here, one after it pokes us.
+            if shared.want.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            let mut fds = [
+                pollfd(input.stream.as_raw_fd()),
+                pollfd(shared.yield_fd.as_raw_fd()),
+            ];
+            match poll_in(&mut fds, None) {
+                Ok(_) => {
+                    if fds[1].revents != 0 {
+                        let mut b = [0u8; 8];
+                        // SAFETY: an 8-byte read from our eventfd.
+                        unsafe {
+                            libc::read(shared.yield_fd.as_raw_fd(), b.as_mut_ptr().cast(), 8)
+                        };
+                    }
+                    if fds[0].revents != 0 && !input.read_more(&shared) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    shared.close(format!("poll: {e}"));
+                    break;
+                }
+            }
+        }
+        shared.bg_holding.store(false, Ordering::SeqCst);
+        shared.put_token(input);
+    }
+    log::debug!(
+        "agent reader stopping: {}",
+        lock(&shared.close_reason).as_str()
+    );
 }
 
 /// Delivers one guest frame. An error closes the connection.

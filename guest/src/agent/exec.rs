@@ -282,7 +282,7 @@ pub fn start(
         gid: e.gid,
     };
     let started = Instant::now();
-    let (pid, cgroup) = match spawn(&spec) {
+    let super::spawn::Spawned { pid, cgroup, pidfd } = match spawn(&spec) {
         Ok(r) => r,
         Err(err) => {
             req.fail(ErrorBody::new(
@@ -316,7 +316,7 @@ pub fn start(
     agent.procs.register(proc.clone());
     let rx = req.rx.clone();
     let mut pump = Pump {
-        pidfd: sys::pidfd_open(pid),
+        pidfd: pidfd.or_else(|| sys::pidfd_open(pid)),
         cgroup,
         agent: agent.clone(),
         proc: proc.clone(),
@@ -530,13 +530,14 @@ impl Pump {
     fn reap_pidfd(&mut self) {
         let Some(fd) = &self.pidfd else { return };
         match sys::reap_pidfd(fd.as_raw_fd()) {
-            Some(raw) => {
+            Ok(Some(raw)) => {
                 self.agent.procs.forget_pid(self.proc.pid);
                 self.exit = Some(raw);
                 self.exited_at = Some(Instant::now());
             }
+            Ok(None) => {}
             // The reaper won the race; its message is on the way.
-            None => self.pidfd = None,
+            Err(_) => self.pidfd = None,
         }
     }
 

@@ -207,9 +207,11 @@ pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Reaps the child behind `pidfd` if it has exited. Returns its raw wait
-/// status, or `None` if it still runs or someone else reaped it.
-pub fn reap_pidfd(pidfd: RawFd) -> Option<i32> {
+/// Reaps the child behind `pidfd` if it has exited: `Ok(Some(raw wait
+/// status))`, `Ok(None)` while it runs, an error if someone else reaped it.
+/// `__WALL`: children started without an exit signal (see spawn.rs) are
+/// "clone" children to waitid and are found only with it.
+pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<i32>> {
     const P_PIDFD: libc::idtype_t = 3;
     // SAFETY: siginfo_t is plain data filled by the kernel.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -219,18 +221,21 @@ pub fn reap_pidfd(pidfd: RawFd) -> Option<i32> {
             P_PIDFD,
             pidfd as libc::id_t,
             &mut info,
-            libc::WEXITED | libc::WNOHANG,
+            libc::WEXITED | libc::WNOHANG | libc::__WALL,
         )
     };
+    if r < 0 {
+        return Err(ctx(io::Error::last_os_error(), "waitid(P_PIDFD)"));
+    }
     // SAFETY: si_pid/si_status are valid for SIGCHLD siginfo.
     let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
-    if r < 0 || pid == 0 {
-        return None;
+    if pid == 0 {
+        return Ok(None);
     }
     // Rebuild a classic wait status so one decoder serves both paths.
-    Some(match info.si_code {
+    Ok(Some(match info.si_code {
         libc::CLD_EXITED => (status & 0xff) << 8,
         libc::CLD_DUMPED => (status & 0x7f) | 0x80,
         _ => status & 0x7f,
-    })
+    }))
 }
