@@ -481,6 +481,81 @@ struct FullCtx<'a> {
     err: libc::c_int,
 }
 
+/// The steps every exec child takes between clone and exec: process group
+/// or session, stdio, controlling terminal, cwd, user limits and OOM
+/// score, identity. False (errno set) at the first that fails.
+/// Async-signal-safe; identity changes are raw syscalls (glibc's setuid()
+/// would try to broadcast the change to the agent's threads, which a vfork
+/// child is not).
+///
+/// # Safety
+/// Only in a child between clone/fork and exec.
+unsafe fn child_steps(
+    spec: &SpawnSpec<'_>,
+    rlimits: Option<&[(libc::__rlimit_resource_t, libc::rlimit); 2]>,
+) -> bool {
+    if spec.pty {
+        if libc::setsid() < 0 {
+            return false;
+        }
+    } else if libc::setpgid(0, 0) < 0 {
+        return false;
+    }
+    // Move the stdio sources out of 0..3 first so that dup2 of one cannot
+    // clobber another.
+    let mut src = spec.stdio;
+    for s in src.iter_mut() {
+        if *s < 3 {
+            let n = libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, 3);
+            if n < 0 {
+                return false;
+            }
+            *s = n;
+        }
+    }
+    for (target, &s) in src.iter().enumerate() {
+        if libc::dup2(s, target as libc::c_int) < 0 {
+            return false;
+        }
+    }
+    if spec.pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+        return false;
+    }
+    if libc::chdir(spec.cwd.as_ptr()) < 0 {
+        return false;
+    }
+    if let Some(rl) = rlimits {
+        for (res, lim) in rl {
+            if libc::setrlimit(*res, lim) < 0 {
+                return false;
+            }
+        }
+        // The agent runs at -1000 (never the OOM victim) and children
+        // inherit it: undo that, or a memory hog could not be killed.
+        let fd = libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+            return false;
+        }
+        libc::close(fd);
+    }
+    if let Some(gid) = spec.gid {
+        if libc::syscall(libc::SYS_setgroups, 0usize, ptr::null::<libc::gid_t>()) < 0
+            || libc::syscall(libc::SYS_setgid, gid as libc::c_long) < 0
+        {
+            return false;
+        }
+    }
+    if let Some(uid) = spec.uid {
+        if libc::syscall(libc::SYS_setuid, uid as libc::c_long) < 0 {
+            return false;
+        }
+    }
+    true
+}
+
 /// The child half of [`vfork_exec`]: the fork_exec child's steps, on its
 /// own stack in our address space with every signal blocked. Identity
 /// changes are raw syscalls: glibc's setuid() would try to broadcast the
@@ -495,62 +570,8 @@ extern "C" fn full_child(arg: *mut libc::c_void) -> ! {
             libc::_exit(127)
         };
         let spec = ctx.spec;
-        if spec.pty {
-            if libc::setsid() < 0 {
-                fail(ctx);
-            }
-        } else if libc::setpgid(0, 0) < 0 {
+        if !child_steps(spec, ctx.rlimits.as_ref()) {
             fail(ctx);
-        }
-        let mut src = spec.stdio;
-        for s in src.iter_mut() {
-            if *s < 3 {
-                let n = libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, 3);
-                if n < 0 {
-                    fail(ctx);
-                }
-                *s = n;
-            }
-        }
-        for (target, &s) in src.iter().enumerate() {
-            if libc::dup2(s, target as libc::c_int) < 0 {
-                fail(ctx);
-            }
-        }
-        if spec.pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-            fail(ctx);
-        }
-        if libc::chdir(spec.cwd.as_ptr()) < 0 {
-            fail(ctx);
-        }
-        if let Some(rl) = &ctx.rlimits {
-            for (res, lim) in rl {
-                if libc::setrlimit(*res, lim) < 0 {
-                    fail(ctx);
-                }
-            }
-            // The agent runs at -1000 (never the OOM victim) and children
-            // inherit it: undo that, or a memory hog could not be killed.
-            let fd = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
-            if fd < 0 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-                fail(ctx);
-            }
-            libc::close(fd);
-        }
-        if let Some(gid) = spec.gid {
-            if libc::syscall(libc::SYS_setgroups, 0usize, ptr::null::<libc::gid_t>()) < 0
-                || libc::syscall(libc::SYS_setgid, gid as libc::c_long) < 0
-            {
-                fail(ctx);
-            }
-        }
-        if let Some(uid) = spec.uid {
-            if libc::syscall(libc::SYS_setuid, uid as libc::c_long) < 0 {
-                fail(ctx);
-            }
         }
         for &sig in ctx.reset {
             let mut dfl: libc::sigaction = std::mem::zeroed();
@@ -837,7 +858,6 @@ fn fork_exec(
             ),
         ]
     });
-    let oom_path = c"/proc/self/oom_score_adj";
     let pid = fork_into(limits, cgroup)?;
     if pid == 0 {
         // Child.
@@ -853,59 +873,8 @@ fn fork_exec(
                     libc::signal(sig, libc::SIG_DFL);
                 }
             }
-            if spec.pty {
-                if libc::setsid() < 0 {
-                    fail(wr_fd);
-                }
-            } else if libc::setpgid(0, 0) < 0 {
+            if !child_steps(spec, rlimits.as_ref()) {
                 fail(wr_fd);
-            }
-            // Move the stdio sources out of 0..3 first so that dup2 of one
-            // cannot clobber another.
-            let mut src = spec.stdio;
-            for s in src.iter_mut() {
-                if *s < 3 {
-                    let n = libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, 3);
-                    if n < 0 {
-                        fail(wr_fd);
-                    }
-                    *s = n;
-                }
-            }
-            for (target, &s) in src.iter().enumerate() {
-                if libc::dup2(s, target as libc::c_int) < 0 {
-                    fail(wr_fd);
-                }
-            }
-            if spec.pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                fail(wr_fd);
-            }
-            if libc::chdir(spec.cwd.as_ptr()) < 0 {
-                fail(wr_fd);
-            }
-            if let Some(rl) = &rlimits {
-                for (res, lim) in rl {
-                    if libc::setrlimit(*res, lim) < 0 {
-                        fail(wr_fd);
-                    }
-                }
-                // The agent runs at -1000 (never the OOM victim) and children
-                // inherit it: undo that, or a memory hog could not be killed.
-                let fd = libc::open(oom_path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-                    fail(wr_fd);
-                }
-                libc::close(fd);
-            }
-            if let Some(gid) = spec.gid {
-                if libc::setgroups(0, ptr::null()) < 0 || libc::setgid(gid) < 0 {
-                    fail(wr_fd);
-                }
-            }
-            if let Some(uid) = spec.uid {
-                if libc::setuid(uid) < 0 {
-                    fail(wr_fd);
-                }
             }
             libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
             libc::execve(spec.path.as_ptr(), argv.as_ptr() as _, envp.as_ptr() as _);
