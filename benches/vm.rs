@@ -7,26 +7,11 @@
 #[path = "../tests/common/vm.rs"]
 mod vm;
 
-use agent_sandbox::proto::ExecRequest;
+mod common;
+use common::{exec_true, report};
+
 use agent_sandbox::vm::{connect_agent, Backend};
 use std::time::{Duration, Instant};
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
-fn report(name: &str, v: &mut [Duration]) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{name:<40} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   min {:>8.1} ms",
-        v.len(),
-        ms(pct(v, 0.5)),
-        ms(pct(v, 0.99)),
-        ms(pct(v, 0.0)),
-    );
-}
 
 fn rss_kib(pid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -86,14 +71,7 @@ fn main() {
         let mut v = e.backend.boot(&cfg).expect("boot");
         cold.push(t.elapsed());
         let c = connect_agent(v.as_mut(), false, Duration::from_secs(60)).expect("agent");
-        c.exec(
-            ExecRequest {
-                argv: vec!["true".into()],
-                ..Default::default()
-            },
-            1024,
-        )
-        .expect("exec");
+        exec_true(&c);
         cold_hello.push(t.elapsed());
         if let Some(pid) = v.pid() {
             cold_rss.push(rss_kib(pid));
@@ -131,25 +109,11 @@ fn main() {
         hello.push(t.elapsed());
         let c1 = cpu_time(v.pid());
         cpu_hello.push(c1.saturating_sub(c0));
-        c.exec(
-            ExecRequest {
-                argv: vec!["true".into()],
-                ..Default::default()
-            },
-            1024,
-        )
-        .expect("exec");
+        exec_true(&c);
         first.push(t.elapsed());
         cpu_first.push(cpu_time(v.pid()).saturating_sub(c1));
         let t2 = Instant::now();
-        c.exec(
-            ExecRequest {
-                argv: vec!["true".into()],
-                ..Default::default()
-            },
-            1024,
-        )
-        .expect("exec");
+        exec_true(&c);
         exec_rtt.push(t2.elapsed());
         if let Some(pid) = v.pid() {
             rest_rss.push(rss_kib(pid));

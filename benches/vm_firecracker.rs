@@ -15,46 +15,17 @@
 //! machines: no Firecracker, nested KVM that cannot boot a kernel) it says
 //! so and exits 0.
 
+mod common;
+use common::{exec_true, report};
+
 use agent_sandbox::config::Config;
 use agent_sandbox::net::Isolated;
-use agent_sandbox::proto::ExecRequest;
 use agent_sandbox::sandbox::wiring;
 use agent_sandbox::vm::connect_agent;
 use agent_sandbox::vm::ids::VmIds;
 use agent_sandbox::vm::templates::Registry;
 use agent_sandbox::vm::{NetAttachment, VmConfig};
 use std::time::{Duration, Instant};
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
-fn report(name: &str, v: &mut [Duration]) {
-    if v.is_empty() {
-        return;
-    }
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{name:<40} n={:<3} p50 {:>8.1} ms   p99 {:>8.1} ms   min {:>8.1} ms",
-        v.len(),
-        ms(pct(v, 0.5)),
-        ms(pct(v, 0.99)),
-        ms(pct(v, 0.0)),
-    );
-}
-
-fn exec_true(c: &agent_sandbox::agent::AgentClient) {
-    c.exec(
-        ExecRequest {
-            argv: vec!["true".into()],
-            ..Default::default()
-        },
-        1024,
-    )
-    .expect("exec true");
-}
 
 /// Why this host cannot run the benchmark, if it cannot.
 fn missing(cfg: &Config) -> Option<String> {

@@ -481,6 +481,26 @@ struct FullCtx<'a> {
     err: libc::c_int,
 }
 
+/// The resource limits a user process gets (prepared before the clone).
+fn rlimits_of(l: &UserLimits) -> [(libc::__rlimit_resource_t, libc::rlimit); 2] {
+    [
+        (
+            libc::RLIMIT_NOFILE,
+            libc::rlimit {
+                rlim_cur: l.nofile.0,
+                rlim_max: l.nofile.1,
+            },
+        ),
+        (
+            libc::RLIMIT_NPROC,
+            libc::rlimit {
+                rlim_cur: l.nproc,
+                rlim_max: l.nproc,
+            },
+        ),
+    ]
+}
+
 /// The steps every exec child takes between clone and exec: process group
 /// or session, stdio, controlling terminal, cwd, user limits and OOM
 /// score, identity. False (errno set) at the first that fails.
@@ -647,24 +667,7 @@ fn vfork_exec(
     let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid sigset pointer.
     unsafe { libc::sigemptyset(&mut empty) };
-    let rlimits = limits.map(|l| {
-        [
-            (
-                libc::RLIMIT_NOFILE,
-                libc::rlimit {
-                    rlim_cur: l.nofile.0,
-                    rlim_max: l.nofile.1,
-                },
-            ),
-            (
-                libc::RLIMIT_NPROC,
-                libc::rlimit {
-                    rlim_cur: l.nproc,
-                    rlim_max: l.nproc,
-                },
-            ),
-        ]
-    });
+    let rlimits = limits.map(rlimits_of);
     let mut cx = FullCtx {
         spec,
         argv: argv.as_ptr() as *const *const libc::c_char,
@@ -840,24 +843,7 @@ fn fork_exec(
     // SAFETY: valid sigset pointer.
     unsafe { libc::sigemptyset(&mut empty) };
     let wr_fd = wr.as_raw_fd();
-    let rlimits = limits.map(|l| {
-        [
-            (
-                libc::RLIMIT_NOFILE,
-                libc::rlimit {
-                    rlim_cur: l.nofile.0,
-                    rlim_max: l.nofile.1,
-                },
-            ),
-            (
-                libc::RLIMIT_NPROC,
-                libc::rlimit {
-                    rlim_cur: l.nproc,
-                    rlim_max: l.nproc,
-                },
-            ),
-        ]
-    });
+    let rlimits = limits.map(rlimits_of);
     let pid = fork_into(limits, cgroup)?;
     if pid == 0 {
         // Child.
