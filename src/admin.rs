@@ -41,6 +41,19 @@ fn images_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("images"))
 }
 
+/// RUSTFLAGS of the guest agent build for the checkout at `root`. Static:
+/// the agent is PID 1 of a root filesystem with its own libc. The checkout
+/// path is remapped so that the binary, and with it the image cache key,
+/// does not change from one clone to the next. Every build of the agent for
+/// an image (this command, the VM tests) must use exactly these, or each
+/// rebuilds the other's root filesystems.
+pub fn agent_rustflags(root: &Path) -> String {
+    format!(
+        "-C target-feature=+crt-static --remap-path-prefix={}=/agent-sandbox",
+        root.display()
+    )
+}
+
 /// Builds the static guest agent from this source checkout, if there is one.
 fn build_agent(images: &Path) -> Result<PathBuf, String> {
     let root = images
@@ -65,16 +78,7 @@ fn build_agent(images: &Path) -> Result<PathBuf, String> {
             "--target",
             target,
         ])
-        // Static: the agent is PID 1 of a root filesystem with its own libc.
-        // The checkout path is remapped so that the binary, and with it the
-        // image cache key, does not change from one clone to the next.
-        .env(
-            "RUSTFLAGS",
-            format!(
-                "-C target-feature=+crt-static --remap-path-prefix={}=/agent-sandbox",
-                root.display()
-            ),
-        )
+        .env("RUSTFLAGS", agent_rustflags(&root))
         .status()
         .map_err(|e| format!("cargo: {e}"))?;
     if !st.success() {

@@ -74,7 +74,10 @@ fn static_agent() -> Result<PathBuf, String> {
             "--target",
             triple,
         ])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env(
+            "RUSTFLAGS",
+            agent_sandbox::admin::agent_rustflags(Path::new(env!("CARGO_MANIFEST_DIR"))),
+        )
         .env("CARGO_TARGET_DIR", &target)
         .status()
         .map_err(|e| format!("run cargo: {e}"))?;
