@@ -327,7 +327,6 @@ impl Drop for Running {
 
 #[test]
 fn a_daemon_runs_from_a_config_file() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::Builder::new()
         .prefix("sbx-config-test")
         .tempdir()
@@ -360,19 +359,7 @@ fn a_daemon_runs_from_a_config_file() {
         .expect("spawn agent-sandbox serve");
     let stdout = child.stdout.take().unwrap();
     let _guard = Running(child);
-    let (mut key, mut base) = (String::new(), String::new());
-    let mut lines = BufReader::new(stdout).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(k) = line.split("API key: ").nth(1) {
-            key = k.trim().to_string();
-        }
-        if let Some(u) = line.split("listening on ").nth(1) {
-            base = u.trim().to_string();
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    let (key, base) = common::daemon::read_banner_from(stdout);
     assert!(
         !base.is_empty() && !key.is_empty(),
         "daemon did not start: {}",

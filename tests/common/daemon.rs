@@ -16,7 +16,11 @@ use std::time::{Duration, Instant};
 /// stdout (empty if it exits first); stdout is drained from then on so the
 /// daemon never blocks on it.
 pub fn read_banner(child: &mut Child) -> (String, String) {
-    let out = child.stdout.take().expect("stdout");
+    read_banner_from(child.stdout.take().expect("stdout"))
+}
+
+/// [`read_banner`] on a stdout already taken from its child.
+pub fn read_banner_from(out: std::process::ChildStdout) -> (String, String) {
     let mut lines = BufReader::new(out).lines();
     let (mut key, mut base) = (String::new(), String::new());
     for line in lines.by_ref() {
@@ -195,17 +199,7 @@ impl Drop for Daemon {
         }
         // Whatever a killed daemon left under its network prefix.
         if let Some(p) = &self.net_prefix {
-            let head = format!("{p}-");
-            for e in std::fs::read_dir("/run/netns")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&head) {
-                    let _ = Command::new("ip").args(["netns", "del", &name]).status();
-                }
-            }
+            super::remove_netns_prefixed(p);
         }
         // Leave no sandbox behind even if a test failed half-way.
         for pid in super::procs_with(&self.dir.path().display().to_string()) {

@@ -185,6 +185,24 @@ pub fn test_backend() -> String {
 /// Remove the per-VM cgroups a test daemon on `state_dir` left (a daemon
 /// killed outright cannot remove them; its next start would) and their
 /// per-daemon parent.
+/// Deletes every named network namespace `{prefix}-*` (what a killed
+/// daemon with that `--net-prefix` left).
+pub fn remove_netns_prefixed(prefix: &str) {
+    let head = format!("{prefix}-");
+    for e in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&head) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &name])
+                .status();
+        }
+    }
+}
+
 pub fn remove_daemon_cgroups(state_dir: &Path) {
     use agent_sandbox::vm::cgroup;
     let Some(parent) = cgroup::daemon_parent(state_dir) else {

@@ -331,17 +331,7 @@ impl Drop for Daemon {
         }
         super::common::remove_daemon_cgroups(self.dir.path());
         // A killed daemon leaves its isolated namespaces mounted.
-        let head = format!("{}-", self.net_prefix);
-        for e in std::fs::read_dir("/run/netns")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&head) {
-                let _ = Command::new("ip").args(["netns", "del", &name]).status();
-            }
-        }
+        super::common::remove_netns_prefixed(&self.net_prefix);
     }
 }
 
