@@ -278,16 +278,9 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(ctx.spec.cwd.as_ptr()) < 0 {
             fail(ctx);
         }
-        // execve keeps ignored signals ignored (SIGPIPE); handlers are reset
-        // by execve itself, but one could run between the unblock below and
-        // the execve, here in our memory: default them all first.
-        for &sig in ctx.reset {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, ptr::null_mut());
-        }
-        libc::sigprocmask(libc::SIG_SETMASK, &ctx.empty, ptr::null_mut());
-        libc::execve(
+        exec_with_default_signals(
+            ctx.reset,
+            &ctx.empty,
             ctx.spec.path.as_ptr(),
             ctx.argv as *const *const libc::c_char,
             ctx.envp as *const *const libc::c_char,
@@ -481,6 +474,29 @@ struct FullCtx<'a> {
     err: libc::c_int,
 }
 
+/// The last steps of a vfork-style child: default the handlers it could
+/// run in our memory between the unblock and execve (execve keeps ignored
+/// signals ignored and resets handlers itself, but only once it runs),
+/// unblock, execve. Returns only if execve failed (errno set).
+///
+/// # Safety
+/// Only in a child between clone and exec.
+unsafe fn exec_with_default_signals(
+    reset: &[libc::c_int],
+    empty: &libc::sigset_t,
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) {
+    for &sig in reset {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, ptr::null_mut());
+    }
+    libc::sigprocmask(libc::SIG_SETMASK, empty, ptr::null_mut());
+    libc::execve(path, argv, envp);
+}
+
 /// The resource limits a user process gets (prepared before the clone).
 fn rlimits_of(l: &UserLimits) -> [(libc::__rlimit_resource_t, libc::rlimit); 2] {
     [
@@ -593,13 +609,13 @@ extern "C" fn full_child(arg: *mut libc::c_void) -> ! {
         if !child_steps(spec, ctx.rlimits.as_ref()) {
             fail(ctx);
         }
-        for &sig in ctx.reset {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, ptr::null_mut());
-        }
-        libc::sigprocmask(libc::SIG_SETMASK, &ctx.empty, ptr::null_mut());
-        libc::execve(spec.path.as_ptr(), ctx.argv, ctx.envp);
+        exec_with_default_signals(
+            ctx.reset,
+            &ctx.empty,
+            spec.path.as_ptr(),
+            ctx.argv,
+            ctx.envp,
+        );
         fail(ctx)
     }
 }
