@@ -90,7 +90,13 @@ fn snapshot_restore_first_exec_and_clock() {
     let (mut v, c) = restore(e, "base", "restore-clock");
     // The fixup rode on the hello (protocol 2), not on a separate request.
     assert_eq!(c.hello.version, agent_sandbox::proto::PROTOCOL_VERSION);
-    let out = sh(&c, "date +%s%N; uname -r");
+    // The first exec also reports its cgroup: a template snapshot holds a
+    // spare exec cgroup made after its warm-up exec, and this exec takes it.
+    let out = sh(
+        &c,
+        "date +%s%N; uname -r; cg=$(cut -d: -f3 /proc/self/cgroup); echo $cg; \
+         cat /sys/fs/cgroup$cg/pids.max /sys/fs/cgroup$cg/memory.oom.group",
+    );
     eprintln!(
         "restore to first exec {:?} (incl. snapshot check)",
         t.elapsed()
@@ -112,6 +118,26 @@ fn snapshot_restore_first_exec_and_clock() {
         skew / 1_000_000
     );
     assert!(lines.next().is_some_and(|l| l.starts_with("6.1.")));
+    // Its own cgroup below the sandbox one, with the per-exec limits.
+    let first_cg = lines.next().expect("cgroup line").to_string();
+    assert!(first_cg.starts_with("/sandbox/x"), "{text}");
+    let pids: u64 = lines
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("exec pids.max is a number: {text}"));
+    assert!(pids > 0 && pids < 4096, "{text}");
+    assert_eq!(lines.next(), Some("1"), "memory.oom.group: {text}");
+    // The next exec gets a fresh one; the first is gone.
+    let next = stdout(&sh(
+        &c,
+        &format!(
+            "cut -d: -f3 /proc/self/cgroup; test -e /sys/fs/cgroup{first_cg} && echo left || echo gone"
+        ),
+    ));
+    let mut next = next.lines();
+    let second_cg = next.next().unwrap_or_default();
+    assert!(second_cg.starts_with("/sandbox/x") && second_cg != first_cg);
+    assert_eq!(next.next(), Some("gone"), "first exec's cgroup removed");
     // A second connection (after the first closes) works too.
     c.close();
     let c2 = connect_agent(v.as_mut(), false, AGENT_TIMEOUT).expect("second connection");
