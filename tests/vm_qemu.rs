@@ -90,8 +90,8 @@ fn snapshot_restore_first_exec_and_clock() {
     let (mut v, c) = restore(e, "base", "restore-clock");
     // The fixup rode on the hello (protocol 2), not on a separate request.
     assert_eq!(c.hello.version, agent_sandbox::proto::PROTOCOL_VERSION);
-    // The first exec also reports its cgroup: a template snapshot holds a
-    // spare exec cgroup made after its warm-up exec, and this exec takes it.
+    // The first exec also reports its cgroup (made on the restored VM's
+    // first spawn) and that cgroup's limits.
     let out = sh(
         &c,
         "date +%s%N; uname -r; cg=$(cut -d: -f3 /proc/self/cgroup); echo $cg; \

@@ -244,8 +244,6 @@ impl Running {
             self.req.respond(&Response::Exited(st));
         }
         self.pump.agent.procs.finished(&proc);
-        // Off this exec's answer, before the next request comes.
-        super::spawn::prepare_next_exec();
     }
 }
 

@@ -62,44 +62,7 @@ pub struct ExecCgroup {
 static BUSY: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
 static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// The next exec's cgroup, made after the previous exec was answered
-/// ([`prepare_next_exec`]), so a spawn does not wait for mkdir and the limit
-/// writes. It matters most for the first exec after a snapshot restore: a
-/// template snapshot holds one, and under TCG creating a cgroup is ~1.8k
-/// freshly translated guest blocks (~15 ms) on that exec's path.
-static SPARE: std::sync::Mutex<Option<(ExecCgroup, OwnedFd)>> = std::sync::Mutex::new(None);
-
-/// Makes the spare exec cgroup if there is none. Called once an exec has
-/// been answered, when the agent is otherwise idle.
-pub fn prepare_next_exec() {
-    let Some(l) = user_limits() else { return };
-    let Some(parent) = l.per_exec.as_deref() else {
-        return;
-    };
-    if super::procs::lock(&SPARE).is_some() {
-        return;
-    }
-    match ExecCgroup::create(parent, l.exec_pids_max) {
-        Ok(made) => {
-            // Another exec may have refilled it meanwhile: the extra one is
-            // removed (dropped) outside the lock.
-            let _extra = super::procs::lock(&SPARE).replace(made);
-        }
-        Err(e) => log::warn!("preparing the next exec's cgroup: {e}"),
-    }
-}
-
 impl ExecCgroup {
-    /// The spare cgroup if there is one, else a new one.
-    fn take(parent: &std::path::Path, pids_max: Option<u64>) -> io::Result<(ExecCgroup, OwnedFd)> {
-        // Both come from the limits init set once: a spare was made with
-        // this same parent and pids.max.
-        match super::procs::lock(&SPARE).take() {
-            Some(spare) => Ok(spare),
-            None => Self::create(parent, pids_max),
-        }
-    }
-
     fn create(
         parent: &std::path::Path,
         pids_max: Option<u64>,
@@ -199,7 +162,7 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     // (TIOCSCTTY), so those children take the fork path.
     let limits = user_limits();
     let (cg, cg_fd) = match limits.and_then(|l| Some((l.per_exec.as_deref()?, l.exec_pids_max))) {
-        Some((parent, pids)) => match ExecCgroup::take(parent, pids) {
+        Some((parent, pids)) => match ExecCgroup::create(parent, pids) {
             Ok((cg, fd)) => (Some(cg), Some(fd)),
             // The sandbox cgroup itself cannot take processes once it has
             // child controllers: no fallback.
