@@ -277,6 +277,9 @@ impl Backend for FirecrackerBackend {
                 ),
             })?
             .to_string();
+        // The fixed command line is part of what a snapshot holds (see
+        // `snapshot::machine_tag`).
+        let v = format!("{v}; {}", snapshot::machine_tag(&[DEFAULT_CMDLINE]));
         *cached = Some(v.clone());
         Ok(v)
     }

@@ -524,18 +524,20 @@ impl Backend for QemuBackend {
         NAME
     }
 
-    /// QEMU's version and the accelerator: a snapshot made under TCG
-    /// (`-cpu max`) does not restore under KVM (`-cpu host`) and vice versa.
+    /// QEMU's version, the accelerator and the machine: a snapshot made
+    /// under TCG (`-cpu max`) does not restore under KVM (`-cpu host`) and
+    /// vice versa, and one booted with another fixed command line holds
+    /// a guest set up differently.
     fn vmm_version(&self) -> Result<String> {
         let v = self.qemu_version()?;
         let a = self.resolve_accel(None)?;
-        Ok(format!("{v}; accel={}", a.as_str()))
+        Ok(version_string(&v, a))
     }
 
     fn vmm_version_for(&self, kernel: &Path) -> Result<String> {
         let v = self.qemu_version()?;
         let a = self.resolve_accel(Some(kernel))?;
-        Ok(format!("{v}; accel={}", a.as_str()))
+        Ok(version_string(&v, a))
     }
 
     fn boot(&self, cfg: &VmConfig) -> Result<Box<dyn Vm>> {
@@ -572,6 +574,21 @@ impl Backend for QemuBackend {
     }
 }
 
+fn version_string(qemu: &str, accel: Accel) -> String {
+    format!(
+        "{qemu}; accel={}; {}",
+        accel.as_str(),
+        snapshot::machine_tag(&[cpu_model(accel), &fixed_cmdline(accel)])
+    )
+}
+
+fn cpu_model(accel: Accel) -> &'static str {
+    match accel {
+        Accel::Kvm => "host",
+        _ => "max",
+    }
+}
+
 struct ArgvSpec<'a> {
     accel: Accel,
     mem: &'a Path,
@@ -594,12 +611,18 @@ fn opt_path(p: &Path) -> String {
     p.display().to_string().replace(',', ",,")
 }
 
-pub fn cmdline(cfg: &VmConfig, accel: Accel) -> String {
+/// The kernel command line before `cmdline_extra`.
+fn fixed_cmdline(accel: Accel) -> String {
     let mut c = DEFAULT_CMDLINE.to_string();
     if accel != Accel::Kvm {
         c.push(' ');
         c.push_str(TCG_CMDLINE);
     }
+    c
+}
+
+pub fn cmdline(cfg: &VmConfig, accel: Accel) -> String {
+    let mut c = fixed_cmdline(accel);
     let extra = cfg.cmdline_extra.trim();
     if !extra.is_empty() {
         c.push(' ');
@@ -622,9 +645,10 @@ fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
         "-no-reboot".into(),
     ];
     match spec.accel {
-        Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
-        _ => a.extend(["-accel".into(), "tcg".into(), "-cpu".into(), "max".into()]),
+        Accel::Kvm => a.extend(["-accel".into(), "kvm".into()]),
+        _ => a.extend(["-accel".into(), "tcg".into()]),
     }
+    a.extend(["-cpu".into(), cpu_model(spec.accel).into()]);
     a.extend([
         "-smp".into(),
         cfg.vcpus.to_string(),
@@ -1741,6 +1765,21 @@ mod tests {
         assert!(after(&a, "-netdev").is_empty());
         assert!(after(&a, "-incoming").is_empty());
         assert!(after(&a, "-object")[0].contains("share=on"));
+    }
+
+    #[test]
+    fn version_names_accel_and_machine() {
+        let tcg = version_string("QEMU emulator version 7.2.22", Accel::Tcg);
+        let kvm = version_string("QEMU emulator version 7.2.22", Accel::Kvm);
+        assert!(tcg.starts_with("QEMU emulator version 7.2.22; accel=tcg; machine="));
+        assert!(kvm.starts_with("QEMU emulator version 7.2.22; accel=kvm; machine="));
+        // Another CPU model or fixed command line is another machine.
+        let tag = |s: &str| s.rsplit_once("machine=").map(|(_, t)| t.to_string());
+        assert_ne!(tag(&tcg), tag(&kvm));
+        assert_eq!(
+            tag(&tcg),
+            tag(&snapshot::machine_tag(&["max", &fixed_cmdline(Accel::Tcg)]))
+        );
     }
 
     #[test]

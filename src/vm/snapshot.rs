@@ -67,6 +67,24 @@ pub struct Inputs<'a> {
     pub devices: String,
 }
 
+/// A short tag for the fixed machine a backend runs (CPU model, kernel
+/// command line before `cmdline_extra`): backends append it to their
+/// `vmm_version`, so a daemon whose VMs differ there does not restore
+/// snapshots an older one made.
+pub fn machine_tag(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    let d = h.finalize();
+    format!("machine={}", hex8(&d[..8]))
+}
+
+fn hex8(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// The guest-visible device shape of `cfg` that a snapshot fixes: its
 /// network device (MAC) and the extra kernel command line (the guest's
 /// address, gateway and resolver were set from it at boot).
@@ -270,5 +288,19 @@ impl Manifest {
             return Some(r);
         }
         self.rootfs.differs("rootfs", current.rootfs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::machine_tag;
+
+    #[test]
+    fn machine_tag_is_stable_and_keeps_part_boundaries() {
+        let t = machine_tag(&["max", "console=ttyS0"]);
+        assert_eq!(t, machine_tag(&["max", "console=ttyS0"]));
+        assert_eq!(t.len(), "machine=".len() + 16);
+        assert_ne!(t, machine_tag(&["host", "console=ttyS0"]));
+        assert_ne!(machine_tag(&["a", "bc"]), machine_tag(&["ab", "c"]));
     }
 }
