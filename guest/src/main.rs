@@ -27,6 +27,7 @@ impl log::Log for Logger {
 fn main() {
     // Before any thread exists, so every thread inherits the mask.
     agent::block_signals();
+    agent::tune_allocator();
     let _ = log::set_logger(&Logger);
     let level = std::env::var("SANDBOX_AGENT_LOG")
         .ok()

@@ -529,7 +529,46 @@ pub mod net {
             cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT, &rt) })
                 .map_err(|e| ctx(e, "SIOCADDRT default"))?;
         }
+        let _ = LINK.set(Link {
+            name: ifname.to_string(),
+            addr,
+            prefix,
+            gw: gw.and_then(|g| g.parse().ok()),
+        });
         Ok(())
+    }
+
+    /// The link [`configure`] set up (the guest's only one besides
+    /// loopback): a restore's neighbour flush deletes just its possible
+    /// neighbours instead of reading the whole table through /proc.
+    pub(super) struct Link {
+        pub(super) name: String,
+        pub(super) addr: Ipv4Addr,
+        pub(super) prefix: u32,
+        pub(super) gw: Option<Ipv4Addr>,
+    }
+
+    static LINK: std::sync::OnceLock<Link> = std::sync::OnceLock::new();
+
+    /// Subnets up to this many addresses are flushed address by address.
+    const SMALL_SUBNET: u32 = 8;
+
+    /// The addresses that can have a neighbour entry on `l`, or `None` when
+    /// its subnet is too large to list.
+    pub(super) fn neighbours(l: &Link) -> Option<Vec<Ipv4Addr>> {
+        let size = 1u64 << (32 - l.prefix);
+        if size > SMALL_SUBNET as u64 {
+            return None;
+        }
+        let net = u32::from(l.addr) & (u64::from(u32::MAX) << (32 - l.prefix)) as u32;
+        let mut out: Vec<Ipv4Addr> = (0..size as u32)
+            .map(|i| Ipv4Addr::from(net | i))
+            .filter(|a| *a != l.addr)
+            .collect();
+        if let Some(gw) = l.gw.filter(|g| !out.contains(g)) {
+            out.push(gw);
+        }
+        Some(out)
     }
 
     /// `struct rtentry` from <net/route.h> (not in the libc crate for glibc).
@@ -551,8 +590,37 @@ pub mod net {
     }
 
     /// Deletes every IPv4 neighbour entry: after a restore the host side
-    /// of the link may have a new MAC.
+    /// of the link may have a new MAC. With no link configured there is
+    /// nothing to delete (loopback has no neighbours); on the usual /30
+    /// it is one ioctl, not a /proc read (which under TCG costs ~1k newly
+    /// translated guest blocks on a restored VM's first request).
     pub fn flush_arp() -> io::Result<()> {
+        let Some(link) = LINK.get() else {
+            return Ok(());
+        };
+        let Some(addrs) = neighbours(link) else {
+            return flush_table();
+        };
+        let s = sock()?;
+        for ip in addrs {
+            delete_neighbour(&s, ip, &link.name);
+        }
+        Ok(())
+    }
+
+    fn delete_neighbour(s: &OwnedFd, ip: Ipv4Addr, dev: &str) {
+        // SAFETY: arpreq is plain old data.
+        let mut req: libc::arpreq = unsafe { std::mem::zeroed() };
+        req.arp_pa = sockaddr(ip);
+        for (d, c) in req.arp_dev.iter_mut().zip(dev.bytes().take(15)) {
+            *d = c as libc::c_char;
+        }
+        // SAFETY: valid arpreq. A missing entry (ENXIO) is what we want.
+        unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) };
+    }
+
+    /// Every entry of /proc/net/arp.
+    fn flush_table() -> io::Result<()> {
         let table = match std::fs::read_to_string("/proc/net/arp") {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -567,14 +635,7 @@ pub mod net {
             let Ok(ip) = ip.parse::<Ipv4Addr>() else {
                 continue;
             };
-            // SAFETY: arpreq is plain old data.
-            let mut req: libc::arpreq = unsafe { std::mem::zeroed() };
-            req.arp_pa = sockaddr(ip);
-            for (d, c) in req.arp_dev.iter_mut().zip(dev.bytes().take(15)) {
-                *d = c as libc::c_char;
-            }
-            // SAFETY: valid arpreq. Entries that vanished meanwhile are fine.
-            unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) };
+            delete_neighbour(&s, ip, dev);
         }
         Ok(())
     }
@@ -583,6 +644,29 @@ pub mod net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neighbours_of_small_subnets_are_listed() {
+        let link = |addr: &str, prefix, gw: Option<&str>| net::Link {
+            name: "eth0".into(),
+            addr: addr.parse().unwrap(),
+            prefix,
+            gw: gw.map(|g| g.parse().unwrap()),
+        };
+        let ips = |v: Vec<Ipv4Addr>| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        // The daemon's /30: network, gateway, broadcast (all but our own).
+        let n = net::neighbours(&link("10.0.0.2", 30, Some("10.0.0.1"))).unwrap();
+        assert_eq!(ips(n), ["10.0.0.0", "10.0.0.1", "10.0.0.3"]);
+        // A gateway outside the subnet is added.
+        let n = net::neighbours(&link("10.0.0.2", 32, Some("10.0.0.1"))).unwrap();
+        assert_eq!(ips(n), ["10.0.0.1"]);
+        let n = net::neighbours(&link("192.168.1.9", 29, None)).unwrap();
+        assert_eq!(n.len(), 7);
+        assert!(!n.contains(&"192.168.1.9".parse().unwrap()));
+        // Larger subnets: the whole table is read instead.
+        assert!(net::neighbours(&link("10.0.0.2", 28, None)).is_none());
+        assert!(net::neighbours(&link("10.0.0.2", 0, None)).is_none());
+    }
 
     #[test]
     fn sizes_parse() {
