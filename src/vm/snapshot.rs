@@ -77,12 +77,11 @@ pub fn machine_tag(parts: &[&str]) -> String {
         h.update(p.as_bytes());
         h.update([0u8]);
     }
-    let d = h.finalize();
-    format!("machine={}", hex8(&d[..8]))
-}
-
-fn hex8(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    let tag: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("machine={tag}")
 }
 
 /// The guest-visible device shape of `cfg` that a snapshot fixes: its

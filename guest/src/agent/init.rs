@@ -516,6 +516,14 @@ pub mod net {
         // SAFETY: valid ifreq.
         cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFNETMASK, &r) })
             .map_err(|e| ctx(e, &format!("SIOCSIFNETMASK {ifname}")))?;
+        // Recorded once the link has its address, even if what follows
+        // fails: from here on it can hold neighbour entries.
+        let _ = LINK.set(Link {
+            name: ifname.to_string(),
+            addr,
+            prefix,
+            gw: gw.and_then(|g| g.parse().ok()),
+        });
         link_up(ifname)?;
         if let Some(gw) = gw {
             let gw: Ipv4Addr = gw.parse().map_err(|_| bad("sandbox.gw"))?;
@@ -529,12 +537,6 @@ pub mod net {
             cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT, &rt) })
                 .map_err(|e| ctx(e, "SIOCADDRT default"))?;
         }
-        let _ = LINK.set(Link {
-            name: ifname.to_string(),
-            addr,
-            prefix,
-            gw: gw.and_then(|g| g.parse().ok()),
-        });
         Ok(())
     }
 
@@ -553,16 +555,20 @@ pub mod net {
     /// Subnets up to this many addresses are flushed address by address.
     const SMALL_SUBNET: u32 = 8;
 
-    /// The addresses that can have a neighbour entry on `l`, or `None` when
-    /// its subnet is too large to list.
+    /// The addresses that can have a neighbour entry on `l` (the subnet's
+    /// hosts but our own, and the gateway), or `None` when the subnet is too
+    /// large to list.
     pub(super) fn neighbours(l: &Link) -> Option<Vec<Ipv4Addr>> {
         let size = 1u64 << (32 - l.prefix);
         if size > SMALL_SUBNET as u64 {
             return None;
         }
         let net = u32::from(l.addr) & (u64::from(u32::MAX) << (32 - l.prefix)) as u32;
-        let mut out: Vec<Ipv4Addr> = (0..size as u32)
-            .map(|i| Ipv4Addr::from(net | i))
+        // Up to /30 the first and last address are the network and its
+        // broadcast; /31 (RFC 3021) and /32 have no such addresses.
+        let hosts = if size >= 4 { 1..size - 1 } else { 0..size };
+        let mut out: Vec<Ipv4Addr> = hosts
+            .map(|i| Ipv4Addr::from(net | i as u32))
             .filter(|a| *a != l.addr)
             .collect();
         if let Some(gw) = l.gw.filter(|g| !out.contains(g)) {
@@ -591,9 +597,9 @@ pub mod net {
 
     /// Deletes every IPv4 neighbour entry: after a restore the host side
     /// of the link may have a new MAC. With no link configured there is
-    /// nothing to delete (loopback has no neighbours); on the usual /30
-    /// it is one ioctl, not a /proc read (which under TCG costs ~1k newly
-    /// translated guest blocks on a restored VM's first request).
+    /// nothing to delete (loopback has no neighbours); on the daemon's /30
+    /// it is one ioctl (the gateway), not a /proc read (which under TCG
+    /// costs ~1k newly translated guest blocks on a restored VM's hello).
     pub fn flush_arp() -> io::Result<()> {
         let Some(link) = LINK.get() else {
             return Ok(());
@@ -615,8 +621,14 @@ pub mod net {
         for (d, c) in req.arp_dev.iter_mut().zip(dev.bytes().take(15)) {
             *d = c as libc::c_char;
         }
-        // SAFETY: valid arpreq. A missing entry (ENXIO) is what we want.
-        unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) };
+        // SAFETY: valid arpreq.
+        if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCDARP, &req) } < 0 {
+            let e = io::Error::last_os_error();
+            // No entry (ENXIO) is the usual case, and what we want.
+            if e.raw_os_error() != Some(libc::ENXIO) {
+                log::warn!("SIOCDARP {ip} on {dev}: {e}");
+            }
+        }
     }
 
     /// Every entry of /proc/net/arp.
@@ -654,15 +666,26 @@ mod tests {
             gw: gw.map(|g| g.parse().unwrap()),
         };
         let ips = |v: Vec<Ipv4Addr>| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        // The daemon's /30: network, gateway, broadcast (all but our own).
-        let n = net::neighbours(&link("10.0.0.2", 30, Some("10.0.0.1"))).unwrap();
-        assert_eq!(ips(n), ["10.0.0.0", "10.0.0.1", "10.0.0.3"]);
+        // The daemon's /30: the gateway is the only other host.
+        let n = net::neighbours(&link("172.16.0.2", 30, Some("172.16.0.1"))).unwrap();
+        assert_eq!(ips(n), ["172.16.0.1"]);
+        // /31 has no network or broadcast address.
+        let n = net::neighbours(&link("10.0.0.2", 31, None)).unwrap();
+        assert_eq!(ips(n), ["10.0.0.3"]);
         // A gateway outside the subnet is added.
         let n = net::neighbours(&link("10.0.0.2", 32, Some("10.0.0.1"))).unwrap();
         assert_eq!(ips(n), ["10.0.0.1"]);
         let n = net::neighbours(&link("192.168.1.9", 29, None)).unwrap();
-        assert_eq!(n.len(), 7);
-        assert!(!n.contains(&"192.168.1.9".parse().unwrap()));
+        assert_eq!(
+            ips(n),
+            [
+                "192.168.1.10",
+                "192.168.1.11",
+                "192.168.1.12",
+                "192.168.1.13",
+                "192.168.1.14"
+            ]
+        );
         // Larger subnets: the whole table is read instead.
         assert!(net::neighbours(&link("10.0.0.2", 28, None)).is_none());
         assert!(net::neighbours(&link("10.0.0.2", 0, None)).is_none());
