@@ -341,6 +341,7 @@ impl AgentClient {
             recv_credit,
             unacked: [0; 2],
             done: false,
+            sent: Instant::now(),
         };
         self.shared
             .send(&encode_json(Kind::Request, id, req))
@@ -507,6 +508,8 @@ pub struct Call {
     recv_credit: Arc<[AtomicI64; 2]>,
     unacked: [u32; 2],
     done: bool,
+    /// When the request was sent: a timeout says how long it went unanswered.
+    sent: Instant,
 }
 
 impl Call {
@@ -551,7 +554,7 @@ impl Call {
                 Err(TryRecvError::Empty) => {}
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(ClientError::Timeout(Duration::ZERO));
+                return Err(ClientError::Timeout(self.sent.elapsed()));
             }
             let shared = self.shared.clone();
             shared.want_begin();
@@ -582,7 +585,7 @@ impl Call {
                     // passed, or the connection closed (an error is queued).
                 }
                 Got::Token(None) => return Err(closed()),
-                Got::Timeout => return Err(ClientError::Timeout(Duration::ZERO)),
+                Got::Timeout => return Err(ClientError::Timeout(self.sent.elapsed())),
             }
         }
     }

@@ -76,7 +76,7 @@ impl ApiError {
                 ApiError::new(status, code, format!("{what}: {}", b.message))
             }
             ClientError::Timeout(d) => {
-                ApiError::new(504, "timeout", format!("{what}: no answer after {d:?}"))
+                ApiError::new(504, "timeout", format!("{what}: no answer after {d:.1?}"))
             }
             ClientError::Closed(m) => {
                 ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
