@@ -313,7 +313,7 @@ pub fn start(
             attachers: Vec::new(),
         }),
     });
-    agent.procs.register(proc.clone());
+    agent.procs.register(proc.clone(), started);
     let rx = req.rx.clone();
     let mut pump = Pump {
         pidfd: pidfd.or_else(|| sys::pidfd_open(pid)),

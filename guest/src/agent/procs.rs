@@ -133,11 +133,13 @@ impl Proc {
 struct Table {
     by_pid: HashMap<i32, Arc<Proc>>,
     by_id: BTreeMap<u64, Arc<Proc>>,
-    /// Exit statuses that arrived before their spawner registered the pid
-    /// (the child can exit before `spawn` returns), and of orphans we
-    /// adopted as PID 1. Bounded: orphans are never claimed.
-    unclaimed: HashMap<i32, i32>,
-    unclaimed_order: VecDeque<i32>,
+    /// Exit statuses (with when they were reaped) that arrived before their
+    /// spawner registered the pid (a child of the fork fallback can exit
+    /// before `spawn` returns), and of orphans we adopted as PID 1. An
+    /// orphan's pid is reused by later children, so an entry is claimed
+    /// only by a child spawned before it was reaped (see `register`).
+    unclaimed: HashMap<i32, (i32, Instant)>,
+    unclaimed_order: VecDeque<(i32, Instant)>,
     finished: VecDeque<u64>,
 }
 
@@ -154,14 +156,29 @@ impl Procs {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    pub fn register(&self, p: Arc<Proc>) {
+    /// Tracks a started child whose spawn began at `spawned`. The SIGCHLD
+    /// reaper may have collected it already (it can exit before `spawn`
+    /// returns; pidfd children included: kernels deliver SIGCHLD for a
+    /// clone with exit signal 0 too, seen on 6.18); a status waiting under
+    /// its pid counts only if it was reaped after `spawned`, since earlier
+    /// ones are an old orphan's whose pid this child reuses. (An orphan
+    /// reaped in the instant between `spawned` and the clone, whose pid the
+    /// clone then reuses, would still pass: that needs the pid space to
+    /// wrap onto that very pid within the spawn.)
+    pub fn register(&self, p: Arc<Proc>, spawned: Instant) {
         let mut t = lock(&self.table);
         t.by_id.insert(p.id, p.clone());
-        if let Some(status) = t.unclaimed.remove(&p.pid) {
-            t.unclaimed_order.retain(|&x| x != p.pid);
-            p.mailbox.send(Msg::Exited(status));
-        } else {
-            t.by_pid.insert(p.pid, p);
+        let waiting = t.unclaimed.remove(&p.pid);
+        if waiting.is_some() {
+            t.unclaimed_order.retain(|&(x, _)| x != p.pid);
+        }
+        match waiting {
+            Some((status, reaped)) if reaped >= spawned => {
+                p.mailbox.send(Msg::Exited(status));
+            }
+            _ => {
+                t.by_pid.insert(p.pid, p);
+            }
         }
     }
 
@@ -172,11 +189,15 @@ impl Procs {
             p.mailbox.send(Msg::Exited(status));
             return;
         }
-        t.unclaimed.insert(pid, status);
-        t.unclaimed_order.push_back(pid);
+        let now = Instant::now();
+        t.unclaimed.insert(pid, (status, now));
+        t.unclaimed_order.push_back((pid, now));
         while t.unclaimed_order.len() > MAX_UNCLAIMED {
-            if let Some(old) = t.unclaimed_order.pop_front() {
-                t.unclaimed.remove(&old);
+            if let Some((old, at)) = t.unclaimed_order.pop_front() {
+                // A reused pid's newer status stays.
+                if t.unclaimed.get(&old).is_some_and(|&(_, a)| a == at) {
+                    t.unclaimed.remove(&old);
+                }
             }
         }
     }
@@ -350,5 +371,53 @@ mod tests {
         assert_eq!(r.end, 12);
         assert_eq!(r.read(3, 100), None);
         assert_eq!(r.read(10, 1), Some((1, &b"!"[..])));
+    }
+
+    fn proc(id: u64, pid: i32) -> (Arc<Proc>, Receiver<Msg>) {
+        let (mailbox, rx) = Mailbox::new(None);
+        let p = Proc {
+            id,
+            pid,
+            argv: vec!["x".into()],
+            tag: None,
+            background: false,
+            pty: false,
+            started_unix_ms: 0,
+            started: Instant::now(),
+            mailbox,
+            state: Mutex::new(ProcState {
+                exit: None,
+                ring: Ring::new(0),
+                attachers: Vec::new(),
+            }),
+        };
+        (Arc::new(p), rx)
+    }
+
+    fn exited(rx: &Receiver<Msg>) -> Option<i32> {
+        match rx.try_recv() {
+            Ok(Msg::Exited(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// An adopted orphan's status waits under its pid; a later child that
+    /// reuses the pid must not take it as its own exit.
+    #[test]
+    fn an_orphans_status_is_never_a_later_childs_exit() {
+        let procs = Procs::default();
+        procs.reaped(100, 9);
+        let spawned = Instant::now();
+        let (b, rx_b) = proc(2, 100);
+        procs.register(b, Instant::now());
+        assert_eq!(exited(&rx_b), None);
+        // Reaped while registered: delivered.
+        procs.reaped(100, 0);
+        assert_eq!(exited(&rx_b), Some(0));
+        // A child reaped before it was registered (exited during its spawn): claimed.
+        procs.reaped(101, 256);
+        let (c, rx_c) = proc(3, 101);
+        procs.register(c, spawned);
+        assert_eq!(exited(&rx_c), Some(256));
     }
 }
