@@ -323,6 +323,81 @@ fn timeout_and_cancel_kill_the_whole_group() {
     assert!(zombies.is_empty(), "zombies: {zombies:?}");
 }
 
+/// A process that is SIGKILLed but slow to die (here: held by a tracer at
+/// its exit; in a guest: thousands of fork-bomb processes in memory
+/// reclaim) does not hold its exec's answer: the answer comes a short
+/// grace after the kill, and the process is reaped once it is gone.
+#[test]
+fn killed_process_slow_to_die_is_answered_then_reaped() {
+    const PTRACE_SEIZE: libc::c_uint = 0x4206;
+    const PTRACE_O_TRACEEXIT: libc::c_ulong = 0x40;
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    let mut r = argv(&["sleep", &m]);
+    r.timeout_ms = Some(1000);
+    r.notify_start = true;
+    let t = Instant::now();
+    let mut call = c.call(&Request::Exec(r)).unwrap();
+    let pid = match call.recv().unwrap() {
+        Inbound::Event(Event::Started { pid, .. }) => pid,
+        other => panic!("expected started, got {other:?}"),
+    };
+    // SAFETY: ptrace with integer arguments on a process we may trace.
+    let seized = unsafe {
+        libc::ptrace(
+            PTRACE_SEIZE,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            PTRACE_O_TRACEEXIT,
+        )
+    };
+    if seized < 0 {
+        eprintln!(
+            "SKIP: cannot trace the agent's child: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let st = match call.finish().unwrap() {
+        Response::Exited(st) => st,
+        other => panic!("expected exited, got {other:?}"),
+    };
+    let took = t.elapsed();
+    assert!(st.timed_out, "{st:?}");
+    assert_eq!(st.signal, Some(libc::SIGKILL), "{st:?}");
+    // Timeout (1 s) + the agent's grace (2 s) for the reap.
+    assert!(
+        took >= Duration::from_millis(2900) && took < Duration::from_secs(8),
+        "answered after {took:?}"
+    );
+    // Still held at its exit: answered before it was gone.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.trim_start().chars().next());
+    assert_eq!(state, Some(Some('t')), "{stat}");
+    // SAFETY: as above; the tracee is in its exit stop.
+    let detached = unsafe {
+        libc::ptrace(
+            libc::PTRACE_DETACH,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            0,
+        )
+    };
+    assert_eq!(detached, 0, "{}", std::io::Error::last_os_error());
+    assert!(
+        wait_until(Duration::from_secs(5), || !std::path::Path::new(&format!(
+            "/proc/{pid}"
+        ))
+        .exists()),
+        "pid {pid} not reaped after it died"
+    );
+    let out = c.exec(argv(&["echo", "still here"]), MAX).unwrap();
+    assert_eq!(out.stdout, b"still here\n");
+}
+
 fn zombie_children(ppid: i32) -> Vec<i32> {
     let mut z = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -1119,6 +1194,12 @@ fn recv_deadlines_hold_while_another_caller_reads() {
         took >= Duration::from_millis(290) && took < Duration::from_secs(1),
         "took {took:?}"
     );
+    // A timeout says how long the call has gone unanswered since it was
+    // sent (the daemon's 504 quotes it), not how long the last wait was.
+    match long.recv_deadline(Instant::now() + Duration::from_millis(50)) {
+        Err(ClientError::Timeout(d)) => assert!(d >= Duration::from_millis(540), "{d:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
     let out = slow.join().unwrap().unwrap();
     assert_eq!(out.status.code, Some(0));
     long.cancel().unwrap();

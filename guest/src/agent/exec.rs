@@ -22,6 +22,11 @@ const PIPE_SIZE: usize = 1 << 20;
 /// After the process exits, how long a PTY may stay silent before we stop
 /// waiting for the terminal layer to hand over its last bytes.
 const PTY_DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// How long after its SIGKILL an exec's answer may wait for the process to
+/// be reaped. Thousands of processes of a fork bomb in memory reclaim take
+/// tens of seconds to die under emulation; the caller learns of the kill
+/// now, and the rest is reaped in the background.
+const KILL_GRACE: Duration = Duration::from_secs(2);
 
 struct Prepared {
     path: CString,
@@ -328,6 +333,7 @@ pub fn start(
         credit: [INITIAL_WINDOW as i64; 2],
         exit: None,
         exited_at: None,
+        killed_at: None,
         deadline: e.timeout_ms.map(|ms| started + Duration::from_millis(ms)),
         timed_out: false,
         cancelled: false,
@@ -374,6 +380,9 @@ struct Pump {
     credit: [i64; 2],
     exit: Option<i32>,
     exited_at: Option<Instant>,
+    /// When [`Pump::kill`] first ran: the answer waits for the exit at
+    /// most [`KILL_GRACE`] longer.
+    killed_at: Option<Instant>,
     deadline: Option<Instant>,
     timed_out: bool,
     cancelled: bool,
@@ -384,9 +393,18 @@ struct Pump {
 }
 
 impl Pump {
-    fn kill(&self) {
+    fn kill(&mut self) {
+        self.killed_at.get_or_insert_with(Instant::now);
         if let Err(e) = kill_group(self.proc.pid, libc::SIGKILL) {
             log::warn!("proc {}: {e}", self.proc.id);
+        }
+        // The process itself too, should it have left its group (without
+        // a cgroup nothing else catches it): once it is SIGKILLed, the
+        // answer may say so even before it is reaped (see reap_later).
+        if let (Some(fd), None) = (&self.pidfd, self.exit) {
+            if let Err(e) = sys::pidfd_signal(fd.as_raw_fd(), libc::SIGKILL) {
+                log::warn!("proc {}: {e}", self.proc.id);
+            }
         }
         if let Some(cg) = &self.cgroup {
             cg.kill();
@@ -465,9 +483,14 @@ impl Pump {
         }
         let now = Instant::now();
         let mut timeout = self.deadline.map(|d| d.saturating_duration_since(now));
-        if let Some(t) = self.exited_at {
+        let grace = match (self.exited_at, self.killed_at) {
             // Process gone: output still in flight gets a short grace.
-            let g = (t + PTY_DRAIN_GRACE).saturating_duration_since(now);
+            (Some(t), _) => Some(t + PTY_DRAIN_GRACE),
+            (None, Some(k)) => Some(k + KILL_GRACE),
+            (None, None) => None,
+        };
+        if let Some(g) = grace {
+            let g = g.saturating_duration_since(now);
             timeout = Some(timeout.map_or(g, |x| x.min(g)));
         }
         timeout
@@ -521,10 +544,57 @@ impl Pump {
                 self.kill();
             }
         }
+        if let (None, Some(k)) = (self.exit, self.killed_at) {
+            if k.elapsed() >= KILL_GRACE {
+                self.reap_later();
+            }
+        }
         if let Some(t) = self.exited_at {
             self.drain_after_exit(t, direct);
         }
         extra
+    }
+
+    /// The process was SIGKILLed [`KILL_GRACE`] ago and is still dying:
+    /// record the kill as its end (SIGKILL cannot be caught, so that is how
+    /// it ends) and leave the reaping to a worker. Its cgroup is removed
+    /// once empty (see `ExecCgroup`).
+    fn reap_later(&mut self) {
+        log::warn!(
+            "proc {} (pid {}): not reaped {KILL_GRACE:?} after SIGKILL; answering now, reaping in the background",
+            self.proc.id,
+            self.proc.pid
+        );
+        self.exit = Some(libc::SIGKILL);
+        self.exited_at = Some(Instant::now());
+        // Without a pidfd, the SIGCHLD reaper collects it (its status goes
+        // to the unclaimed table, which is bounded).
+        self.agent.procs.forget_pid(self.proc.pid);
+        let Some(fd) = self.pidfd.take() else { return };
+        let (id, pid) = (self.proc.id, self.proc.pid);
+        self.agent.pool.execute(Box::new(move || {
+            let mut p = [libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            loop {
+                match sys::poll(&mut p, None) {
+                    Ok(0) => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        log::error!("proc {id} (pid {pid}): {e}; left unreaped");
+                        return;
+                    }
+                }
+            }
+            match sys::reap_pidfd(fd.as_raw_fd()) {
+                Ok(Some(_)) => log::info!("proc {id} (pid {pid}): reaped after its answer"),
+                Ok(None) => log::error!("proc {id} (pid {pid}): pidfd ready but not exited"),
+                // The SIGCHLD reaper got it first (its status is unclaimed).
+                Err(_) => log::info!("proc {id} (pid {pid}): reaped after its answer"),
+            }
+        }));
     }
 
     fn reap_pidfd(&mut self) {

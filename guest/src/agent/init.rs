@@ -299,6 +299,9 @@ fn user_cgroup(cmd: &Cmdline) -> io::Result<super::spawn::UserLimits> {
         // One exec may use 15/16 of the processes, so a bomb leaves the
         // next command room to run (and to kill it).
         exec_pids_max: c.pids_max.map(|n| n - n / 16),
+        // And 15/16 of the memory (~27 MiB left over at 512 MiB), in whole
+        // pages as the kernel keeps it.
+        exec_mem_max: Some((c.mem_max - c.mem_max / 16) & !4095),
         nofile: (c.nofile.min(1024), c.nofile),
         nproc: c.pids_max.unwrap_or(libc::RLIM_INFINITY),
     })

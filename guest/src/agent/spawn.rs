@@ -1,7 +1,11 @@
 //! Starting processes, the exec hot path. Every child is started
 //! vfork-style (it borrows our memory until it execs: no page tables
-//! copied), with a pidfd from the clone itself and no exit signal (the pump
-//! reaps it through the pidfd; the reaper thread is not woken):
+//! copied), with a pidfd from the clone itself, which the pump polls and
+//! reaps through. The clone asks for no exit signal, but execve gives the
+//! child SIGCHLD back (the kernel resets it at exec), so the reaper thread
+//! may collect an exec'ed child first and hand its status over (see
+//! `Procs::register`); only a child that fails before its exec is found
+//! by its pidfd alone:
 //! - [`vfork_spawn`] (glibc `clone`) for plain children;
 //! - [`vfork_exec`] (raw `clone3`) for children that change uid/gid, take
 //!   a controlling terminal, or, with the agent as the VM's init, start
@@ -30,6 +34,11 @@ pub struct UserLimits {
     /// pids.max of each exec's cgroup: below the sandbox's, so one runaway
     /// exec leaves room for the next.
     pub exec_pids_max: Option<u64>,
+    /// memory.max of each exec's cgroup, below the sandbox's for the same
+    /// reason: an exec held at its limit (a fork bomb's forks fail with
+    /// ENOMEM and its page cache thrashes; nothing gets OOM-killed) must
+    /// leave the next exec memory to start in, or that one thrashes too.
+    pub exec_mem_max: Option<u64>,
     /// RLIMIT_NOFILE (soft, hard).
     pub nofile: (u64, u64),
     /// RLIMIT_NPROC; only binds non-root users (root bypasses it), which
@@ -63,10 +72,7 @@ static BUSY: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(V
 static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ExecCgroup {
-    fn create(
-        parent: &std::path::Path,
-        pids_max: Option<u64>,
-    ) -> io::Result<(ExecCgroup, OwnedFd)> {
+    fn create(parent: &std::path::Path, l: &UserLimits) -> io::Result<(ExecCgroup, OwnedFd)> {
         use std::os::unix::fs::OpenOptionsExt;
         retry_busy();
         let n = NEXT_CG.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -75,10 +81,15 @@ impl ExecCgroup {
         let cg = ExecCgroup { path };
         let oom = cg.path.join("memory.oom.group");
         std::fs::write(&oom, "1").map_err(|e| ctx(e, &format!("write {}", oom.display())))?;
-        if let Some(n) = pids_max {
-            let f = cg.path.join("pids.max");
-            std::fs::write(&f, n.to_string())
-                .map_err(|e| ctx(e, &format!("write {}", f.display())))?;
+        for (file, limit) in [
+            ("pids.max", l.exec_pids_max),
+            ("memory.max", l.exec_mem_max),
+        ] {
+            if let Some(n) = limit {
+                let f = cg.path.join(file);
+                std::fs::write(&f, n.to_string())
+                    .map_err(|e| ctx(e, &format!("write {}", f.display())))?;
+            }
         }
         let dir = std::fs::OpenOptions::new()
             .read(true)
@@ -137,9 +148,8 @@ pub struct SpawnSpec<'a> {
 pub struct Spawned {
     pub pid: i32,
     pub cgroup: Option<ExecCgroup>,
-    /// Set for children started by [`vfork_spawn`]: they send no SIGCHLD,
-    /// so the reaper never sees them and the pidfd is the only way to
-    /// learn of (and reap) their exit.
+    /// Set for children of the vfork-style clones: the pump polls it and
+    /// reaps through it (the reaper thread may still get there first).
     pub pidfd: Option<OwnedFd>,
 }
 
@@ -161,8 +171,8 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     // posix_spawn cannot change identity or claim a controlling terminal
     // (TIOCSCTTY), so those children take the fork path.
     let limits = user_limits();
-    let (cg, cg_fd) = match limits.and_then(|l| Some((l.per_exec.as_deref()?, l.exec_pids_max))) {
-        Some((parent, pids)) => match ExecCgroup::create(parent, pids) {
+    let (cg, cg_fd) = match limits.and_then(|l| Some((l.per_exec.as_deref()?, l))) {
+        Some((parent, l)) => match ExecCgroup::create(parent, l) {
             Ok((cg, fd)) => (Some(cg), Some(fd)),
             // The sandbox cgroup itself cannot take processes once it has
             // child controllers: no fallback.
@@ -294,10 +304,10 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
 /// copied) that, unlike glibc's posix_spawn, does not walk all 64 signal
 /// dispositions (~130 syscalls) nor re-read RLIMIT_NOFILE per file action,
 /// returns a pidfd from the clone itself (CLONE_PIDFD: no pidfd_open), and
-/// gives the child no exit signal. Without SIGCHLD the reaper thread is not
-/// woken, so it does not race the pump for the child on a 2-CPU machine
-/// (nor steal its reap); the pump reaps through the pidfd. Reparenting
-/// restores SIGCHLD, so orphans the child leaves are still reaped.
+/// asks for no exit signal, which lasts until the child's execve (the
+/// kernel restores SIGCHLD there): a child that fails before it is reaped
+/// through its pidfd alone ([`reap_failed`]); one that ran is reaped by the
+/// pump or the reaper thread, whichever is first.
 fn vfork_spawn(
     spec: &SpawnSpec,
     argv: &[*mut libc::c_char],
@@ -669,7 +679,7 @@ unsafe fn clone3_call(
 /// a vfork-style clone3 (no page-table copy: ~150 µs less than fork here)
 /// that also places the child in its cgroup atomically
 /// (CLONE_INTO_CGROUP), returns a pidfd and, like [`vfork_spawn`], gives
-/// the child no exit signal. ENOSYS/E2BIG mean an older kernel: the caller
+/// the child no exit signal until its execve. ENOSYS/E2BIG mean an older kernel: the caller
 /// falls back to [`fork_exec`].
 fn vfork_exec(
     spec: &SpawnSpec,

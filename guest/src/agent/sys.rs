@@ -194,6 +194,20 @@ pub fn ensure_stdio() {
     }
 }
 
+/// Sends `sig` to the process behind `pidfd` (no pid-reuse race). ESRCH
+/// (already exited) is fine.
+pub fn pidfd_signal(pidfd: RawFd, sig: i32) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments (no siginfo).
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, 0usize, 0u32) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(ctx(e, "pidfd_send_signal"));
+        }
+    }
+    Ok(())
+}
+
 /// A pollable handle on a child process (Linux 5.3+). `None` if the
 /// kernel lacks pidfds or the child is already gone; callers then wait for
 /// the reaper instead.
