@@ -1,4 +1,5 @@
-//! Host administration commands: `doctor`, `image build`, `snapshot create`.
+//! Host administration commands: `doctor`, `image build`, `image gc`,
+//! `snapshot create`.
 
 use crate::config::Config;
 use crate::sandbox::wiring;
@@ -201,4 +202,218 @@ pub fn snapshot_create(
         );
     }
     Ok(())
+}
+
+/// Shared locks (`flock`) a daemon holds on the images it may restore from
+/// for as long as it runs, so that `image gc` leaves them alone even after
+/// a newer build has replaced them in `current.json`.
+pub struct ImagesInUse {
+    _files: Vec<std::fs::File>,
+}
+
+/// Takes [`ImagesInUse`] on `paths` (missing ones are skipped: the daemon
+/// reports those when it needs them). Must run before the seccomp filter,
+/// which it does in `serve`.
+pub fn lock_images<'a>(paths: impl IntoIterator<Item = &'a Path>) -> ImagesInUse {
+    use std::os::fd::AsRawFd;
+    let mut files = Vec::new();
+    for p in paths {
+        let Ok(f) = std::fs::File::open(p) else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } < 0 {
+            log::warn!(
+                "flock {}: {} (image gc may remove it while we run)",
+                p.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        files.push(f);
+    }
+    ImagesInUse { _files: files }
+}
+
+/// What `image gc` removed (or would remove) and kept.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    pub removed: Vec<(PathBuf, u64)>,
+    /// Superseded, but locked by a running daemon.
+    pub in_use: Vec<PathBuf>,
+    pub kept: Vec<PathBuf>,
+}
+
+/// `agent-sandbox image gc [--dry-run]`: removes kernels and root
+/// filesystems (with their `.json` manifests) that `current.json` does not
+/// name, except what a running daemon holds (see [`lock_images`]). Without
+/// a `current.json` entry the newest artifact of its kind is kept, as the
+/// daemon would pick it. Artifacts without a manifest, or finished after
+/// `current.json` was last written, are kept: a build may be finishing.
+/// Snapshots are one per template and rebuilt when stale, so they need no
+/// collection; neither does the kernel build tree.
+pub fn image_gc(cache: &Path, dry_run: bool) -> Result<GcReport, String> {
+    use crate::vm::templates::{artifact_name, newest_artifact};
+    use std::os::fd::AsRawFd;
+    let cur: serde_json::Value = match std::fs::read(cache.join("current.json")) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map_err(|e| format!("{}: {e}", cache.join("current.json").display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
+        Err(e) => return Err(format!("{}: {e}", cache.join("current.json").display())),
+    };
+    let recorded = std::fs::metadata(cache.join("current.json"))
+        .and_then(|m| m.modified())
+        .ok();
+    let mut report = GcReport::default();
+    for (dir, suffixes) in [("kernel", &[""][..]), ("rootfs", &[".erofs", ".ext4"][..])] {
+        let dir = cache.join(dir);
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        let mut names: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        for name in names {
+            let Some((kind, suffix)) = suffixes
+                .iter()
+                .find_map(|s| artifact_name(&name, s).map(|k| (k, *s)))
+            else {
+                continue;
+            };
+            let path = dir.join(&name);
+            let pinned = if suffix.is_empty() {
+                cur["kernel"].as_str()
+            } else {
+                cur["rootfs"][kind].as_str()
+            };
+            let keep = match pinned {
+                Some(p) => Path::new(p) == path,
+                None => {
+                    let prefix = if suffix.is_empty() {
+                        "vmlinux-".to_string()
+                    } else {
+                        format!("{kind}-")
+                    };
+                    newest_artifact(&dir, &prefix, suffix).as_deref() == Some(path.as_path())
+                }
+            };
+            let manifest = PathBuf::from(format!("{}.json", path.display()));
+            let built = std::fs::metadata(&manifest).and_then(|m| m.modified()).ok();
+            let in_progress = match (built, recorded) {
+                (None, _) => true,
+                (Some(b), Some(r)) => b > r,
+                (Some(_), None) => false,
+            };
+            if keep || in_progress {
+                report.kept.push(path);
+                continue;
+            }
+            let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } < 0 {
+                report.in_use.push(path);
+                continue;
+            }
+            let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if !dry_run {
+                // Under our exclusive lock: a daemon starting now waits for
+                // it, then finds the file gone and says so when it needs it.
+                std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                if let Err(e) = std::fs::remove_file(&manifest) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        return Err(format!("{}: {e}", manifest.display()));
+                    }
+                }
+            }
+            report.removed.push((path, size));
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    /// An artifact (and, unless `manifest` is None, its manifest with that
+    /// age in seconds before now).
+    fn artifact(dir: &Path, name: &str, manifest: Option<u64>) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, b"image").unwrap();
+        if let Some(age) = manifest {
+            let m = std::fs::File::create(format!("{}.json", p.display())).unwrap();
+            m.set_modified(SystemTime::now() - Duration::from_secs(age))
+                .unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn gc_keeps_current_newest_unpinned_in_progress_and_in_use() {
+        let cache = tempfile::tempdir().unwrap();
+        let (k, r) = (cache.path().join("kernel"), cache.path().join("rootfs"));
+        let k_old = artifact(&k, "vmlinux-aaaa", Some(300));
+        let k_cur = artifact(&k, "vmlinux-bbbb", Some(400));
+        std::fs::create_dir_all(k.join("tree")).unwrap();
+        let base_old = artifact(&r, "base-1111.erofs", Some(100));
+        let base_cur = artifact(&r, "base-2222.erofs", Some(200));
+        let base_building = artifact(&r, "base-3333.erofs", None);
+        let node_old = artifact(&r, "node-4444.erofs", Some(200));
+        let node_new = artifact(&r, "node-5555.erofs", Some(100));
+        let py_old = artifact(&r, "python-6666.erofs", Some(300));
+        let py_cur = artifact(&r, "python-7777.erofs", Some(300));
+        let other = artifact(&r, "notes.txt", None);
+        let cur = serde_json::json!({
+            "kernel": k_cur,
+            "rootfs": { "base": base_cur, "python": py_cur },
+        });
+        std::fs::write(cache.path().join("current.json"), cur.to_string()).unwrap();
+        // Built after the last recorded build: a build may be finishing.
+        let base_fresh = artifact(&r, "base-8888.erofs", Some(0));
+        std::fs::File::options()
+            .write(true)
+            .open(format!("{}.json", base_fresh.display()))
+            .unwrap()
+            .set_modified(SystemTime::now() + Duration::from_secs(60))
+            .unwrap();
+        // A daemon started before python-7777 was built still uses 6666.
+        let held = lock_images([py_old.as_path()]);
+
+        let dry = image_gc(cache.path(), true).unwrap();
+        assert_eq!(dry.removed.len(), 3, "{dry:?}");
+        assert!(k_old.exists() && base_old.exists() && node_old.exists());
+
+        let r = image_gc(cache.path(), false).unwrap();
+        let mut removed: Vec<&PathBuf> = r.removed.iter().map(|(p, _)| p).collect();
+        removed.sort();
+        assert_eq!(removed, [&k_old, &base_old, &node_old], "{r:?}");
+        for p in removed {
+            assert!(!p.exists(), "{}", p.display());
+            assert!(!Path::new(&format!("{}.json", p.display())).exists());
+        }
+        assert_eq!(r.in_use, std::slice::from_ref(&py_old));
+        for p in [
+            &k_cur,
+            &base_cur,
+            &base_building,
+            &node_new,
+            &py_cur,
+            &base_fresh,
+            &other,
+        ] {
+            assert!(p.exists(), "{}", p.display());
+        }
+        assert!(k.join("tree").is_dir());
+
+        // Once the daemon is gone, its old image goes too.
+        drop(held);
+        let r = image_gc(cache.path(), false).unwrap();
+        assert_eq!(r.removed.len(), 1, "{r:?}");
+        assert!(!py_old.exists());
+    }
 }

@@ -92,6 +92,13 @@ enum ImageCmd {
         #[arg(long)]
         agent: Option<PathBuf>,
     },
+    /// Remove kernels and root filesystems that later builds replaced
+    /// (`current.json` names what stays), except those a running daemon uses.
+    Gc {
+        /// Only list what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -417,6 +424,9 @@ fn main() -> ExitCode {
         Cmd::Image {
             cmd: ImageCmd::Build { template, agent },
         } => agent_sandbox::admin::image_build(&template, agent, &wiring::cache_dir()),
+        Cmd::Image {
+            cmd: ImageCmd::Gc { dry_run },
+        } => image_gc(dry_run),
         Cmd::Snapshot {
             cmd:
                 SnapshotCmd::Create {
@@ -476,6 +486,28 @@ fn block_shutdown_signals() -> libc::sigset_t {
     }
 }
 
+fn image_gc(dry_run: bool) -> Result<(), String> {
+    let cache = wiring::cache_dir();
+    let r = agent_sandbox::admin::image_gc(&cache, dry_run)?;
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for (p, size) in &r.removed {
+        println!("{verb} {} ({} MiB)", p.display(), size >> 20);
+    }
+    for p in &r.in_use {
+        println!("kept {} (in use by a running daemon)", p.display());
+    }
+    let total: u64 = r.removed.iter().map(|(_, s)| s).sum();
+    println!(
+        "{} {} file(s), {} MiB; {} current kept, {} in use",
+        verb,
+        r.removed.len(),
+        total >> 20,
+        r.kept.len(),
+        r.in_use.len()
+    );
+    Ok(())
+}
+
 fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     let agent_bin = (cfg.backend == "local-process").then(|| {
         let b = cfg
@@ -484,6 +516,17 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
             .unwrap_or_else(sandbox::local::LocalProcessFactory::default_agent_bin);
         // The spawner's allowlist compares exact paths.
         std::fs::canonicalize(&b).unwrap_or(b)
+    });
+    // The images this daemon restores from stay ours while it runs: `image
+    // gc` skips them even once a newer build replaced them.
+    let _images = (cfg.backend != "local-process").then(|| {
+        let rc = wiring::registry_config(&cfg);
+        agent_sandbox::admin::lock_images(
+            rc.pinned_kernel
+                .iter()
+                .chain(rc.pinned_rootfs.values())
+                .map(PathBuf::as_path),
+        )
     });
     // Still single-threaded here: nothing before this starts a thread
     // (`up` runs its builds in a child process).

@@ -468,3 +468,47 @@ fn a_networked_daemon_resolves_through_its_hardened_dns_thread() {
     let st = d.terminate(libc::SIGTERM).expect("daemon exit");
     assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
 }
+
+/// Whether process `pid` holds a shared `flock` on `path` through one of
+/// its own descriptors (`/proc/<pid>/fdinfo` lists the locks of that open
+/// file only, so other daemons holding the same image do not count).
+fn holds_shared_lock(pid: i32, path: &std::path::Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|t| t == path)
+            && std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .is_ok_and(|i| i.lines().any(|l| l.contains("FLOCK") && l.contains("READ")))
+    })
+}
+
+/// `image gc` removes superseded images but not those a running daemon
+/// restores from: the daemon holds a shared lock on each for its lifetime.
+/// (admin.rs unit-tests gc against such a lock.)
+#[test]
+fn a_daemon_holds_its_images_against_image_gc() {
+    if !is_root() || !common::daemon::vm_backend() {
+        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
+        return;
+    }
+    let cache = agent_sandbox::sandbox::wiring::cache_dir();
+    let cur: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("current.json")).expect("current.json"))
+            .expect("current.json is JSON");
+    let mut images = vec![PathBuf::from(cur["kernel"].as_str().expect("kernel"))];
+    for p in cur["rootfs"].as_object().expect("rootfs").values() {
+        images.push(PathBuf::from(p.as_str().expect("path")));
+    }
+    let d = Daemon::start(&[]);
+    for p in &images {
+        assert!(
+            holds_shared_lock(d.pid(), p),
+            "{} not held by the daemon",
+            p.display()
+        );
+    }
+}

@@ -177,9 +177,17 @@ fn valid_name(n: &str) -> bool {
         && n.as_bytes()[0] != b'_'
 }
 
+/// The kind of an artifact file name `<kind>-<hex hash><suffix>` (`base`
+/// for `base-09bf6fc5de523068.erofs`, `vmlinux` for a kernel), if it is one.
+pub(crate) fn artifact_name<'a>(name: &'a str, suffix: &str) -> Option<&'a str> {
+    let (kind, hash) = name.strip_suffix(suffix)?.rsplit_once('-')?;
+    (!kind.is_empty() && !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then_some(kind)
+}
+
 /// Newest `<dir>/<prefix><hash><suffix>` that has its `.json` manifest
 /// (written last by the image build, so a half-built artifact has none).
-fn newest_artifact(dir: &Path, prefix: &str, suffix: &str) -> Option<PathBuf> {
+pub(crate) fn newest_artifact(dir: &Path, prefix: &str, suffix: &str) -> Option<PathBuf> {
     let rd = fs::read_dir(dir).ok()?;
     let mut best: Option<(SystemTime, PathBuf)> = None;
     for e in rd.flatten() {
