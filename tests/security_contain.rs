@@ -246,14 +246,16 @@ fn attacks_in_one_session_are_contained() {
     );
     // Either way the whole exec is SIGKILLed, and the answer comes at most
     // a short grace (2 s) after the kill, however long the bomb's
-    // thousands of processes take to die under TCG.
+    // thousands of processes take to die under TCG (22-25 s seen; the
+    // agent's thread competes with them for the one vCPU; before the grace
+    // existed, 42-50 s and more).
     assert_eq!(v["signal"], "SIGKILL", "{v}");
     assert!(
         v["timedOut"] == true || cg_field(&mev, "oom_group_kill") > 0,
         "killed, neither by its timeout nor by a group OOM kill: {v} {mev}"
     );
     assert!(
-        answered < Duration::from_secs(32),
+        answered < Duration::from_secs(38),
         "answered after {answered:?}"
     );
     // How far a bash bomb gets in 20 s under TCG varies with the host's
