@@ -290,7 +290,9 @@ pub fn image_gc(cache: &Path, dry_run: bool) -> Result<GcReport, String> {
                 cur["rootfs"][kind].as_str()
             };
             let keep = match pinned {
-                Some(p) => Path::new(p) == path,
+                // The same file, however either path was spelled (a cache
+                // reached through a symlink or a relative path).
+                Some(p) => same_file(Path::new(p), &path),
                 None => {
                     let prefix = if suffix.is_empty() {
                         "vmlinux-".to_string()
@@ -332,6 +334,15 @@ pub fn image_gc(cache: &Path, dry_run: bool) -> Result<GcReport, String> {
         }
     }
     Ok(report)
+}
+
+/// Whether `a` and `b` name the same existing file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -415,5 +426,14 @@ mod tests {
         let r = image_gc(cache.path(), false).unwrap();
         assert_eq!(r.removed.len(), 1, "{r:?}");
         assert!(!py_old.exists());
+
+        // The cache reached through another spelling (a symlink) still
+        // keeps what current.json names.
+        let link = tempfile::tempdir().unwrap();
+        let via = link.path().join("cache");
+        std::os::unix::fs::symlink(cache.path(), &via).unwrap();
+        let r = image_gc(&via, false).unwrap();
+        assert!(r.removed.is_empty(), "{r:?}");
+        assert!(k_cur.exists() && base_cur.exists() && py_cur.exists());
     }
 }
