@@ -292,6 +292,15 @@ fn guests_reach_only_what_their_policy_allows() {
         eprintln!("daemon log: {}", d.log());
     }
     assert_eq!(got["internet"], HOST_UPLINK.to_string(), "{got:?}");
+    // No IPv6 on the guest's link (sessions have none; nothing chatters
+    // DAD, router solicitations or MLD onto it); loopback keeps ::1.
+    let r = d.http().post(
+        "/v1/sessions/a/exec",
+        &json!({"command": "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6; \
+                            awk '{print $6}' /proc/net/if_inet6 | sort -u | tr '\\n' ' '"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(stdout_of(&r.json()).trim(), "1\nlo", "guest IPv6");
     for (name, r) in &got {
         if name != "internet" {
             assert_eq!(r, "BLOCKED", "{name} reachable from a guest: {got:?}");

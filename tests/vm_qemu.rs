@@ -142,6 +142,39 @@ fn snapshot_restore_first_exec_and_clock() {
         "second exec in {second_cg:?}, first in {first_cg:?}"
     );
     assert_eq!(next.next(), Some("gone"), "first exec's cgroup removed");
+    // The next exec's cgroup is made after an answer, not on the next
+    // request: a child this exec leaves running sees the spare appear
+    // beside its own (still populated) cgroup, and the next exec runs in it.
+    let third_cg = stdout(&sh(
+        &c,
+        "cut -d: -f3 /proc/self/cgroup; \
+         (for i in $(seq 100); do [ $(ls -d /sys/fs/cgroup/sandbox/x* | wc -l) -ge 2 ] && break; \
+          sleep 0.1; done; ls -d /sys/fs/cgroup/sandbox/x* > /tmp/seen.new; mv /tmp/seen.new /tmp/seen) \
+         >/dev/null 2>&1 &",
+    ));
+    // Waited for by file reads, which make no cgroup (an exec's own
+    // cgroup would be the second entry).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        match c.read_file("/tmp/seen", 4096) {
+            Ok(b) => break String::from_utf8_lossy(&b).into_owned(),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(err) => panic!("the detached child wrote no /tmp/seen: {err}"),
+        }
+    };
+    let seen: Vec<String> = seen
+        .lines()
+        .map(|p| p.trim_start_matches("/sys/fs/cgroup").to_string())
+        .collect();
+    let fourth_cg = stdout(&sh(&c, "cut -d: -f3 /proc/self/cgroup"));
+    assert!(
+        seen.len() == 2 && seen.contains(&third_cg),
+        "spare not made after the answer: {seen:?} (exec in {third_cg})"
+    );
+    assert!(
+        fourth_cg != third_cg && seen.contains(&fourth_cg),
+        "next exec in {fourth_cg}, not in the spare of {seen:?}"
+    );
     // A second connection (after the first closes) works too.
     c.close();
     let c2 = connect_agent(v.as_mut(), false, AGENT_TIMEOUT).expect("second connection");

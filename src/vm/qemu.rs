@@ -578,7 +578,7 @@ fn version_string(qemu: &str, accel: Accel) -> String {
     format!(
         "{qemu}; accel={}; {}",
         accel.as_str(),
-        snapshot::machine_tag(&[cpu_model(accel), &fixed_cmdline(accel)])
+        snapshot::machine_tag(&[cpu_model(accel), &fixed_cmdline(accel), NET_DEVICE])
     )
 }
 
@@ -610,6 +610,13 @@ pub fn qemu_limits(mem_mib: u32) -> ProcLimits {
 fn opt_path(p: &Path) -> String {
     p.display().to_string().replace(',', ",,")
 }
+
+/// The guest NIC. No guest announce: after a restore QEMU would ask the
+/// guest to send gratuitous ARPs (and notify every netlink listener) for a
+/// link whose peer is a fresh TAP that has no stale entry to correct; QEMU
+/// announces from the host side instead. Part of the machine tag: a
+/// snapshot's device features must match the restoring command line.
+const NET_DEVICE: &str = "virtio-net-device,guest_announce=off";
 
 /// The kernel command line before `cmdline_extra`.
 fn fixed_cmdline(accel: Accel) -> String {
@@ -705,7 +712,7 @@ fn build_argv(cfg: &VmConfig, spec: &ArgvSpec<'_>) -> Vec<OsString> {
             // (it refuses `vnet_hdr=` together with `fd=`).
             format!("tap,id=n0,fd={fd}"),
             "-device".into(),
-            format!("virtio-net-device,netdev=n0,mac={}", net.guest_mac),
+            format!("{NET_DEVICE},netdev=n0,mac={}", net.guest_mac),
         ]);
     }
     if spec.incoming {
@@ -1734,7 +1741,8 @@ mod tests {
         assert!(after(&a, "-kernel").is_empty());
         assert!(after(&a, "-append").is_empty());
         assert_eq!(after(&a, "-netdev"), ["tap,id=n0,fd=7"]);
-        assert!(after(&a, "-device").contains(&"virtio-net-device,netdev=n0,mac=02:00:00:00:00:01"));
+        assert!(after(&a, "-device")
+            .contains(&"virtio-net-device,guest_announce=off,netdev=n0,mac=02:00:00:00:00:01"));
         assert!(after(&a, "-device").contains(&"virtserialport,chardev=agent,name=agent"));
         assert_eq!(after(&a, "-incoming"), ["defer"]);
         // A restore maps the snapshot RAM privately.
@@ -1778,7 +1786,11 @@ mod tests {
         assert_ne!(tag(&tcg), tag(&kvm));
         assert_eq!(
             tag(&tcg),
-            tag(&snapshot::machine_tag(&["max", &fixed_cmdline(Accel::Tcg)]))
+            tag(&snapshot::machine_tag(&[
+                "max",
+                &fixed_cmdline(Accel::Tcg),
+                NET_DEVICE
+            ]))
         );
     }
 

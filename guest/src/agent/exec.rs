@@ -249,6 +249,9 @@ impl Running {
             self.req.respond(&Response::Exited(st));
         }
         self.pump.agent.procs.finished(&proc);
+        // Answered: remove this exec's cgroup, then make the next one's.
+        drop(self);
+        super::spawn::prepare_exec_cgroup();
     }
 }
 
@@ -345,6 +348,7 @@ pub fn start(
     if e.background {
         req.respond(&Response::Started { proc: proc.id, pid });
         drop(req);
+        super::spawn::prepare_exec_cgroup();
         pump.run();
         agent.procs.finished(&proc);
         return None;

@@ -239,7 +239,9 @@ pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<i32>> {
         )
     };
     if r < 0 {
-        return Err(ctx(io::Error::last_os_error(), "waitid(P_PIDFD)"));
+        // Bare: ECHILD (another reaper won) is routine, and its callers
+        // only ask whether it failed, so no context string is formatted.
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: si_pid/si_status are valid for SIGCHLD siginfo.
     let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
