@@ -27,6 +27,22 @@ pub fn report(name: &str, v: &mut [Duration]) {
     );
 }
 
+/// Like [`report`], for counts (skipped when empty).
+pub fn report_count(name: &str, v: &mut [u64]) {
+    if v.is_empty() {
+        return;
+    }
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{name:<40} n={:<3} p50 {:>8}      p99 {:>8}      min {:>8}",
+        v.len(),
+        at(0.5),
+        at(0.99),
+        v[0],
+    );
+}
+
 /// Runs `true` in the guest and waits for its answer.
 pub fn exec_true(c: &AgentClient) {
     c.exec(

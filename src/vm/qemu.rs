@@ -413,6 +413,31 @@ impl QemuBackend {
         chown(dir, cfg.uid, cfg.gid)
     }
 
+    /// [`Backend::restore`], keeping the concrete type (benchmarks and
+    /// diagnostics use its QMP).
+    pub fn restore_vm(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<QemuVm> {
+        let manifest = Manifest::read(snapshot_dir)?;
+        let version = self.vmm_version_for(&cfg.kernel)?;
+        let inputs = snapshot::Inputs {
+            backend: NAME,
+            vmm_version: &version,
+            kernel: &cfg.kernel,
+            rootfs: &cfg.rootfs,
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+            devices: snapshot::devices(cfg),
+        };
+        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
+            return Err(VmError::StaleSnapshot {
+                dir: snapshot_dir.to_path_buf(),
+                reason,
+            });
+        }
+        let state = snapshot_dir.join(SNAP_STATE_FILE);
+        let mem = snapshot_dir.join(SNAP_MEM_FILE);
+        self.launch(cfg, Some((&state, &mem)))
+    }
+
     fn launch(&self, cfg: &VmConfig, incoming: Option<(&Path, &Path)>) -> Result<QemuVm> {
         validate_id(&cfg.id)?;
         check_input(&cfg.kernel, "kernel", cfg)?;
@@ -550,27 +575,7 @@ impl Backend for QemuBackend {
     }
 
     fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
-        let manifest = Manifest::read(snapshot_dir)?;
-        let version = self.vmm_version_for(&cfg.kernel)?;
-        let inputs = snapshot::Inputs {
-            backend: NAME,
-            vmm_version: &version,
-            kernel: &cfg.kernel,
-            rootfs: &cfg.rootfs,
-            vcpus: cfg.vcpus,
-            mem_mib: cfg.mem_mib,
-            devices: snapshot::devices(cfg),
-        };
-        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
-            return Err(VmError::StaleSnapshot {
-                dir: snapshot_dir.to_path_buf(),
-                reason,
-            });
-        }
-        let state = snapshot_dir.join(SNAP_STATE_FILE);
-        let mem = snapshot_dir.join(SNAP_MEM_FILE);
-        let vm = self.launch(cfg, Some((&state, &mem)))?;
-        Ok(Box::new(vm))
+        Ok(Box::new(self.restore_vm(cfg, snapshot_dir)?))
     }
 }
 
@@ -1442,6 +1447,19 @@ impl QemuVm {
         self.console.tail()
     }
 
+    /// How many blocks TCG has translated in this QEMU (HMP `info jit`),
+    /// or `None` under KVM. The work of a restored guest under TCG is
+    /// mostly translation, so this counts it independently of host speed.
+    pub fn translated_blocks(&mut self) -> Option<u64> {
+        let out = self
+            .qmp_execute(
+                "human-monitor-command",
+                Some(json!({ "command-line": "info jit" })),
+            )
+            .ok()?;
+        parse_tb_count(out.as_str()?)
+    }
+
     /// Run a QMP command (diagnostics, tests).
     pub fn qmp_execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value> {
         if self.saved && cmd == "cont" {
@@ -1453,6 +1471,14 @@ impl QemuVm {
         let t = self.timeouts.qmp;
         self.qmp()?.execute(cmd, args, t)
     }
+}
+
+/// `TB count            24018` in `info jit`.
+fn parse_tb_count(info_jit: &str) -> Option<u64> {
+    info_jit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("TB count"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 fn pipe() -> io::Result<(fs::File, fs::File)> {
@@ -1679,6 +1705,14 @@ impl Drop for QemuVm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tb_count_is_read_from_info_jit() {
+        let out = "Translation buffer state:\r\ngen code size       8459827/1073736704\r\n\
+                   TB count            24018\r\nTB avg target size  352 max=2336 bytes\r\n";
+        assert_eq!(parse_tb_count(out), Some(24018));
+        assert_eq!(parse_tb_count("TCG is not enabled"), None);
+    }
     use crate::vm::NetAttachment;
 
     fn cfg() -> VmConfig {
