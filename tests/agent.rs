@@ -1217,3 +1217,35 @@ fn recv_deadlines_hold_while_another_caller_reads() {
     assert_eq!(out.stdout, b"still here\n");
     assert!(wait_until(Duration::from_secs(5), || procs_with(&m).is_empty()));
 }
+
+#[test]
+fn kill_all_outside_a_vm_kills_the_process_groups_of_execs() {
+    // Not the VM's init: no sandbox cgroup, so the agent kills what it
+    // started (each exec's process group); in a VM it is `cgroup.kill`
+    // (tests/rest.rs).
+    let a = TestAgent::start();
+    let c = a.client();
+    let m = marker();
+    let mut r = sh(&format!("sleep {m} & sleep {m}"));
+    r.background = true;
+    assert!(matches!(
+        c.simple(&Request::Exec(r), Duration::from_secs(5)),
+        Ok(Response::Started { .. })
+    ));
+    let fg = c.call(&Request::Exec(sh(&format!("sleep {m}")))).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || sleepers(&m) >= 3));
+    match c.simple(&Request::KillAll, Duration::from_secs(10)) {
+        Ok(Response::Killed {
+            processes,
+            remaining,
+        }) => assert_eq!((processes, remaining), (2, 0)),
+        other => panic!("{other:?}"),
+    }
+    let mut fg = fg;
+    let st = fg.finish().expect("foreground exec answered");
+    match st {
+        Response::Exited(st) => assert_eq!(st.signal, Some(libc::SIGKILL)),
+        other => panic!("{other:?}"),
+    }
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&m) == 0));
+}

@@ -302,6 +302,90 @@ fn v1_sessions_processes_and_files() {
     assert_eq!(r.status, 404);
     assert_eq!(r.code(), "process_not_found");
 
+    // Kill everything: a running command (answered as killed), a background
+    // process and, in a VM, one left detached that no request tracks. Files
+    // stay, and the session takes commands again.
+    let vm = common::test_backend() != "local-process";
+    let r = h.put_raw("/v1/sessions/box/files/content?path=keep.txt", b"kept");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = h.post(
+        "/v1/sessions/box/exec",
+        &json!({"argv": ["sleep", "600"], "background": true}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let bg = r.json()["procId"].as_u64().unwrap();
+    let sleeps = "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l";
+    if vm {
+        let r = h.post(
+            "/v1/sessions/box/exec",
+            &json!({"command": "setsid sleep 601 </dev/null >/dev/null 2>&1 &"}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let h3 = h.clone();
+    let fg = std::thread::spawn(move || {
+        h3.post("/v1/sessions/box/exec", &json!({"command": "sleep 602"}))
+    });
+    let want = if vm { 3 } else { 2 };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = if vm {
+            let r = h.post("/v1/sessions/box/exec", &json!({"command": sleeps}));
+            stdout_of(&r.json()).trim().parse::<usize>().unwrap_or(0)
+        } else {
+            h.get("/v1/sessions/box/processes").json()["processes"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|p| p["running"] == true).count())
+        };
+        if running >= want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{running} of {want} sleeps started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = h.delete("/v1/sessions/box/processes");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let k = r.json();
+    assert!(k["killed"].as_u64().unwrap() >= want as u64, "{k}");
+    assert_eq!(k["remaining"], 0, "{k}");
+    let r = fg.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["signal"], "SIGKILL", "{}", r.text());
+    // Gone from the sandbox is not yet reaped and recorded: wait for that.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let p = loop {
+        let procs = h.get("/v1/sessions/box/processes").json();
+        let p = procs["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["procId"] == bg)
+            .unwrap()
+            .clone();
+        if p["running"] == false || Instant::now() >= deadline {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (&p["running"], &p["signal"]),
+        (&json!(false), &json!("SIGKILL")),
+        "{p}"
+    );
+    if vm {
+        let r = h.post("/v1/sessions/box/exec", &json!({"command": sleeps}));
+        assert_eq!(
+            stdout_of(&r.json()).trim(),
+            "0",
+            "sleeps left after kill-all"
+        );
+    }
+    let r = h.get("/v1/sessions/box/files/content?path=keep.txt");
+    assert_eq!(r.body, b"kept");
+
     // PTY.
     let r = h.post(
         "/v1/sessions/box/exec",

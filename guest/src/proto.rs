@@ -376,6 +376,11 @@ pub enum Request {
         proc: u64,
     },
     ListProcs,
+    /// SIGKILL every user process: every exec, foreground or background,
+    /// and whatever they left running (detached, daemonized, other uids).
+    /// Files stay. Answered with [`Response::Killed`] once they are gone,
+    /// or after `limits::KILL_ALL_WAIT_MS` with what is left.
+    KillAll,
     ReadFile {
         path: String,
         #[serde(default)]
@@ -537,6 +542,12 @@ pub enum Response {
         count: u64,
         truncated: bool,
     },
+    /// Answer of `KillAll`: user processes found, and still there when the
+    /// agent stopped waiting (0 unless one was stuck in the kernel).
+    Killed {
+        processes: u64,
+        remaining: u64,
+    },
     Ok,
 }
 
@@ -677,6 +688,8 @@ pub mod limits {
     pub const BACKGROUND_BUFFER: usize = 1 << 20;
     /// Exited background processes remembered for listing.
     pub const MAX_FINISHED_PROCS: usize = 256;
+    /// How long `KillAll` waits for the killed processes to be gone.
+    pub const KILL_ALL_WAIT_MS: u64 = 5_000;
 }
 
 #[cfg(test)]
@@ -737,5 +750,16 @@ mod tests {
                 ..
             }
         ));
+        let k: Request = serde_json::from_str(r#"{"op":"kill_all"}"#).unwrap();
+        assert!(matches!(k, Request::KillAll));
+        let a = serde_json::to_value(Response::Killed {
+            processes: 3,
+            remaining: 0,
+        })
+        .unwrap();
+        assert_eq!(
+            a,
+            serde_json::json!({"result": "killed", "processes": 3, "remaining": 0})
+        );
     }
 }

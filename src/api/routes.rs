@@ -108,6 +108,12 @@ pub static ROUTES: &[Route] = &[
         v1::list_procs
     ),
     r!(
+        "DELETE",
+        "/v1/sessions/{session}/processes",
+        EXEC,
+        v1::kill_all
+    ),
+    r!(
         "GET",
         "/v1/sessions/{session}/processes/{proc}/output",
         EXEC,

@@ -288,6 +288,33 @@ pub fn list_procs(
     })))
 }
 
+/// `DELETE .../processes`: SIGKILL every process in the sandbox (every
+/// exec and whatever it left running); files and the session stay.
+pub fn kill_all(
+    ctx: &Arc<Ctx>,
+    _: &mut tiny_http::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let wait = ctx.cfg.create_timeout;
+    Ok(Reply::Later(Box::new(move || {
+        simple(
+            s,
+            Request::KillAll,
+            wait,
+            "kill all processes".into(),
+            |r| match r {
+                Response::Killed {
+                    processes,
+                    remaining,
+                } => json!({"killed": processes, "remaining": remaining}),
+                other => json!({"unexpected": format!("{other:?}")}),
+            },
+        )
+    })))
+}
+
 /// An unknown process is a 404 up front, not a stream that fails later.
 fn ensure_proc(ctx: &Ctx, s: &Session, proc: u64) -> ApiResult<()> {
     let known = s

@@ -229,6 +229,18 @@ pub static TOOLS: &[Tool] = &[
         destructive: true,
         run: kill_process,
     },
+    Tool {
+        name: "kill_all_processes",
+        title: "Kill all processes",
+        description: "SIGKILL every process in a session's sandbox (commands, background processes and \
+            whatever they left running); files and the session stay. For a runaway or forgotten process \
+            when reset_session would lose too much.",
+        input: session_id_in,
+        output: kill_all_out,
+        read_only: false,
+        destructive: true,
+        run: kill_all_processes,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Tool> {
@@ -529,6 +541,14 @@ fn kill_process_out() -> Value {
     out(
         json!({"procId": {"type": "integer"}, "signal": {"type": "integer"}, "success": {"type": "boolean"}}),
         &["procId", "signal", "success"],
+    )
+}
+
+fn kill_all_out() -> Value {
+    out(
+        json!({"killed": {"type": "integer", "description": "processes found"},
+               "remaining": {"type": "integer", "description": "still there when the sandbox stopped waiting (normally 0)"}}),
+        &["killed", "remaining"],
     )
 }
 
@@ -1201,6 +1221,25 @@ fn signal_number(v: Option<&Value>) -> Result<i32, String> {
         return Err(format!("signal {n} out of range"));
     }
     Ok(n)
+}
+
+fn kill_all_processes(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &session_id_in())?;
+    let id = session_id(a)?;
+    let s = own_session(ctx, &id)?;
+    let _a = s.activity();
+    let r = s
+        .call(Request::KillAll, wait(ctx))
+        .map_err(msg)?
+        .finish()
+        .map_err(|e| agent_err(e, "kill all processes"))?;
+    match r {
+        Response::Killed {
+            processes,
+            remaining,
+        } => Ok(json!({"killed": processes, "remaining": remaining}).into()),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
 }
 
 fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {

@@ -21,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 EXPECTED_TOOLS = [
     "create_session", "execute", "list_templates", "write_file", "read_file",
     "list_files", "ping", "reset_session", "list_sessions", "destroy_session",
-    "start_process", "read_process", "write_process", "kill_process",
+    "start_process", "read_process", "write_process", "kill_process", "kill_all_processes",
 ]
 checks = 0
 
@@ -121,6 +121,21 @@ async def scenario(client, local_procs):
             break
     check(not r.structured_content["running"] and r.structured_content["signal"] == "SIGKILL",
           f"killed: {r.structured_content}")
+
+    # Kill everything: a background process ends as SIGKILLed.
+    r = await client.call_tool("start_process", {"sessionId": sid, "command": "sleep", "args": ["600"]})
+    check(not r.is_error, f"start_process: {r.content}")
+    proc = r.structured_content["procId"]
+    r = await client.call_tool("kill_all_processes", {"sessionId": sid})
+    check(not r.is_error and r.structured_content["killed"] >= 1
+          and r.structured_content["remaining"] == 0, f"kill_all_processes: {r.content}")
+    for _ in range(50):
+        r = await client.call_tool("read_process", {"sessionId": sid, "procId": proc})
+        if not r.structured_content["running"]:
+            break
+        await anyio.sleep(0.1)
+    check(not r.structured_content["running"] and r.structured_content["signal"] == "SIGKILL",
+          f"after kill_all_processes: {r.structured_content}")
 
     # Cancel a long execute: the process must be gone afterwards.
     marker = str(random.randint(200000, 900000))

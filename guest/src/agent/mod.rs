@@ -433,6 +433,37 @@ pub fn handle(
         Request::ListProcs => req.respond(&Response::Procs {
             procs: agent.procs.list(),
         }),
+        Request::KillAll => kill_all(agent, req),
+    }
+}
+
+fn kill_all(agent: &Agent, mut req: Req) {
+    let wait = Duration::from_millis(limits::KILL_ALL_WAIT_MS);
+    match spawn::kill_all(wait) {
+        Some(Ok((processes, remaining))) => req.respond(&Response::Killed {
+            processes,
+            remaining,
+        }),
+        Some(Err(e)) => req.fail(ErrorBody::from_io(&e, "kill all")),
+        // Not the VM's init (the local-process backend): the process
+        // groups of our execs, which is all we know of.
+        None => {
+            let pids = agent.procs.running_pids();
+            kill_children(agent);
+            let deadline = Instant::now() + wait;
+            let remaining = loop {
+                let left = agent.procs.running_pids();
+                let n = pids.iter().filter(|p| left.contains(p)).count() as u64;
+                if n == 0 || Instant::now() >= deadline {
+                    break n;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            req.respond(&Response::Killed {
+                processes: pids.len() as u64,
+                remaining,
+            })
+        }
     }
 }
 

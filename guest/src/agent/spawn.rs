@@ -165,6 +165,50 @@ impl Drop for ExecCgroup {
     }
 }
 
+/// Processes in cgroup `dir` and every cgroup below it.
+fn count_procs(dir: &std::path::Path) -> u64 {
+    let here = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().count() as u64)
+        .unwrap_or(0);
+    let below: u64 = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| count_procs(&e.path()))
+                .sum()
+        })
+        .unwrap_or(0);
+    here + below
+}
+
+/// SIGKILLs every user process with `cgroup.kill` on the sandbox cgroup
+/// (every exec's cgroup and whatever its processes left behind, whatever
+/// their uid or process group), then waits up to `wait` until none is left
+/// in it. `(found, remaining)`; `None`
+/// without user limits (not the VM's init), where the caller falls back to
+/// the process groups it started. Root in the guest can move a process out
+/// of the sandbox cgroup; that one survives (the session's VM still bounds
+/// it; destroying the session ends everything).
+pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
+    let l = user_limits()?;
+    let path = l.per_exec.clone().unwrap_or_else(|| {
+        std::path::PathBuf::from(format!("/proc/self/fd/{}", l.cgroup.as_raw_fd()))
+    });
+    let found = count_procs(&path);
+    let kill = path.join("cgroup.kill");
+    if let Err(e) = std::fs::write(&kill, "1") {
+        return Some(Err(ctx(e, &format!("write {}", kill.display()))));
+    }
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = count_procs(&path);
+        if left == 0 || std::time::Instant::now() >= deadline {
+            return Some(Ok((found, left)));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Removes exec cgroups whose last process has gone.
 fn retry_busy() {
     let mut busy = match BUSY.lock() {
