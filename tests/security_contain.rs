@@ -426,8 +426,11 @@ fn attacks_in_one_session_are_contained() {
         // It runs in a cgroup of its own, so it gets CPU, and memory: the
         // bomb's cgroup stops at 15/16 of the sandbox's memory.max. Were
         // the sandbox full anyway, a freshly forked child (still the
-        // agent's size until it execs) could be the OOM victim. Either way
-        // the answer is prompt and says what happened.
+        // agent's size until it execs) could be the OOM victim, and in a
+        // rare run (one in 13 by 2026-11-30) the bomb's thrashing kept even
+        // `true` from finishing within its 30 s timeout. Either way the
+        // answer comes within the timeout plus the 2 s kill grace and says
+        // what happened (the way out is below: kill everything).
         assert_eq!(r.status, 200, "{}", r.text());
         let v = r.json();
         assert!(
@@ -435,8 +438,34 @@ fn attacks_in_one_session_are_contained() {
             "{}",
             r.text()
         );
-        assert!(t0.elapsed() < Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(35));
     });
+    // The way out that keeps the session and its files: kill everything in
+    // it (`cgroup.kill` on the sandbox cgroup, no process spawned).
+    let t0 = Instant::now();
+    let r = h.delete("/v1/sessions/victim/processes");
+    eprintln!(
+        "FIGURE detached bomb: kill-all answered {} in {:.1?}: {}",
+        r.status,
+        t0.elapsed(),
+        r.text()
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let k = r.json();
+    assert!(k["killed"].as_u64().unwrap_or(0) > 16, "{k}");
+    let t0 = Instant::now();
+    let mut left = String::new();
+    let calm = common::wait_until(Duration::from_secs(30), || {
+        left = sh(&h, "victim", "cat /sys/fs/cgroup/sandbox/pids.current");
+        left.trim().parse::<u64>().is_ok_and(|n| n <= 3)
+    });
+    eprintln!(
+        "FIGURE detached bomb: {} task(s) in the sandbox {:.1?} after kill-all",
+        left.trim(),
+        t0.elapsed()
+    );
+    assert!(calm, "bomb still there after kill-all: pids.current {left}");
+    assert_eq!(sh(&h, "victim", "echo alive").trim(), "alive");
     let r = h.delete("/v1/sessions/victim");
     assert!(r.status < 300, "delete: {}", r.text());
 }
