@@ -233,22 +233,25 @@ fn proc_id(params: &Params) -> ApiResult<u64> {
         .ok_or_else(|| ApiError::bad_request(format!("invalid process id {s:?}")))
 }
 
-/// Sends a small request and waits for its answer (on a long-request thread).
+/// A small request to the agent, sent and waited for on a long-request
+/// thread; `f` makes the 200 answer's JSON.
 fn simple(
     session: Arc<Session>,
     req: Request,
     wait: Duration,
-    what: String,
+    what: &'static str,
     f: fn(Response) -> Value,
 ) -> Reply {
-    let _a = session.activity();
-    let r = session
-        .call(req, wait)
-        .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, &what)));
-    match r {
-        Ok(resp) => Reply::Json(200, f(resp)),
-        Err(e) => e.into(),
-    }
+    Reply::Later(Box::new(move || {
+        let _a = session.activity();
+        let r = session
+            .call(req, wait)
+            .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, what)));
+        match r {
+            Ok(resp) => Reply::Json(200, f(resp)),
+            Err(e) => e.into(),
+        }
+    }))
 }
 
 pub fn list_procs(
@@ -259,15 +262,14 @@ pub fn list_procs(
 ) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(Reply::Later(Box::new(move || {
-        simple(
-            s,
-            Request::ListProcs,
-            wait,
-            "list processes".into(),
-            |r| match r {
-                Response::Procs { procs } => {
-                    let v: Vec<Value> = procs
+    Ok(simple(
+        s,
+        Request::ListProcs,
+        wait,
+        "list processes",
+        |r| match r {
+            Response::Procs { procs } => {
+                let v: Vec<Value> = procs
                     .into_iter()
                     .map(|p| {
                         json!({
@@ -280,12 +282,11 @@ pub fn list_procs(
                         })
                     })
                     .collect();
-                    json!({"processes": v})
-                }
-                other => json!({"unexpected": format!("{other:?}")}),
-            },
-        )
-    })))
+                json!({"processes": v})
+            }
+            other => json!({"unexpected": format!("{other:?}")}),
+        },
+    ))
 }
 
 /// `DELETE .../processes`: SIGKILL every process in the sandbox (every
@@ -298,21 +299,19 @@ pub fn kill_all(
 ) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(Reply::Later(Box::new(move || {
-        simple(
-            s,
-            Request::KillAll,
-            wait,
-            "kill all processes".into(),
-            |r| match r {
-                Response::Killed {
-                    processes,
-                    remaining,
-                } => json!({"killed": processes, "remaining": remaining}),
-                other => json!({"unexpected": format!("{other:?}")}),
-            },
-        )
-    })))
+    Ok(simple(
+        s,
+        Request::KillAll,
+        wait,
+        "kill all processes",
+        |r| match r {
+            Response::Killed {
+                processes,
+                remaining,
+            } => json!({"killed": processes, "remaining": remaining}),
+            other => json!({"unexpected": format!("{other:?}")}),
+        },
+    ))
 }
 
 /// An unknown process is a 404 up front, not a stream that fails later.
@@ -458,15 +457,13 @@ pub fn signal(
     let sig = signal_number(&b.signal.unwrap_or(Sig::Num(15)))?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(Reply::Later(Box::new(move || {
-        simple(
-            s,
-            Request::Signal { proc, signal: sig },
-            wait,
-            "signal".into(),
-            |_| json!({"success": true}),
-        )
-    })))
+    Ok(simple(
+        s,
+        Request::Signal { proc, signal: sig },
+        wait,
+        "signal",
+        |_| json!({"success": true}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -489,19 +486,17 @@ pub fn resize(
     }
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(Reply::Later(Box::new(move || {
-        simple(
-            s,
-            Request::Resize {
-                proc,
-                rows: b.rows,
-                cols: b.cols,
-            },
-            wait,
-            "resize".into(),
-            |_| json!({"success": true}),
-        )
-    })))
+    Ok(simple(
+        s,
+        Request::Resize {
+            proc,
+            rows: b.rows,
+            cols: b.cols,
+        },
+        wait,
+        "resize",
+        |_| json!({"success": true}),
+    ))
 }
 
 fn path_param(params: &Params, name: &str) -> ApiResult<String> {
@@ -621,21 +616,19 @@ pub fn stat(
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(Reply::Later(Box::new(move || {
-        simple(
-            s,
-            Request::Stat { path },
-            wait,
-            "stat".into(),
-            |r| match r {
-                Response::Stat(st) => json!({
-                    "path": st.path, "type": type_name(st.file_type), "size": st.size,
-                    "mode": st.mode, "mtime": st.mtime_ms, "linkTarget": st.link_target,
-                }),
-                other => json!({"unexpected": format!("{other:?}")}),
-            },
-        )
-    })))
+    Ok(simple(
+        s,
+        Request::Stat { path },
+        wait,
+        "stat",
+        |r| match r {
+            Response::Stat(st) => json!({
+                "path": st.path, "type": type_name(st.file_type), "size": st.size,
+                "mode": st.mode, "mtime": st.mtime_ms, "linkTarget": st.link_target,
+            }),
+            other => json!({"unexpected": format!("{other:?}")}),
+        },
+    ))
 }
 
 pub fn list_files(
@@ -680,9 +673,7 @@ pub fn mkdir(
         parents: b.parents.unwrap_or(true),
         mode: None,
     };
-    Ok(Reply::Later(Box::new(move || {
-        simple(s, r, wait, "mkdir".into(), |_| json!({"success": true}))
-    })))
+    Ok(simple(s, r, wait, "mkdir", |_| json!({"success": true})))
 }
 
 #[derive(Deserialize)]
@@ -706,9 +697,7 @@ pub fn remove(
         path: b.path,
         recursive: b.recursive.unwrap_or(false),
     };
-    Ok(Reply::Later(Box::new(move || {
-        simple(s, r, wait, "remove".into(), |_| json!({"success": true}))
-    })))
+    Ok(simple(s, r, wait, "remove", |_| json!({"success": true})))
 }
 
 #[derive(Deserialize)]
@@ -735,7 +724,5 @@ pub fn rename(
         to: b.to,
         overwrite: b.overwrite.unwrap_or(true),
     };
-    Ok(Reply::Later(Box::new(move || {
-        simple(s, r, wait, "rename".into(), |_| json!({"success": true}))
-    })))
+    Ok(simple(s, r, wait, "rename", |_| json!({"success": true})))
 }
