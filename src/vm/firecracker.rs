@@ -352,23 +352,8 @@ impl Backend for FirecrackerBackend {
     }
 
     fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
-        let manifest = Manifest::read(snapshot_dir)?;
         let version = self.vmm_version()?;
-        let inputs = snapshot::Inputs {
-            backend: NAME,
-            vmm_version: &version,
-            kernel: &cfg.kernel,
-            rootfs: &cfg.rootfs,
-            vcpus: cfg.vcpus,
-            mem_mib: cfg.mem_mib,
-            devices: snapshot::devices(cfg),
-        };
-        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
-            return Err(VmError::StaleSnapshot {
-                dir: snapshot_dir.to_path_buf(),
-                reason,
-            });
-        }
+        snapshot::check_fresh(snapshot_dir, &snapshot::Inputs::of(NAME, &version, cfg))?;
         // The kernel is inside the saved memory; only the rootfs is reopened.
         let files = vec![
             JailFile {
@@ -587,15 +572,7 @@ impl Vm for FcVm {
         self.take_snapshot_file(in_jail::NEW_SNAP_STATE, &dir.join(SNAP_STATE_FILE))?;
         self.take_snapshot_file(in_jail::NEW_SNAP_MEM, &dir.join(SNAP_MEM_FILE))?;
         let manifest = Manifest::create(
-            &snapshot::Inputs {
-                backend: NAME,
-                vmm_version: &self.vmm_version,
-                kernel: &self.cfg.kernel,
-                rootfs: &self.cfg.rootfs,
-                vcpus: self.cfg.vcpus,
-                mem_mib: self.cfg.mem_mib,
-                devices: snapshot::devices(&self.cfg),
-            },
+            &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
             vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
         )?;
         manifest.write(dir)

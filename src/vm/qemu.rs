@@ -416,23 +416,8 @@ impl QemuBackend {
     /// [`Backend::restore`], keeping the concrete type (benchmarks and
     /// diagnostics use its QMP).
     pub fn restore_vm(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<QemuVm> {
-        let manifest = Manifest::read(snapshot_dir)?;
         let version = self.vmm_version_for(&cfg.kernel)?;
-        let inputs = snapshot::Inputs {
-            backend: NAME,
-            vmm_version: &version,
-            kernel: &cfg.kernel,
-            rootfs: &cfg.rootfs,
-            vcpus: cfg.vcpus,
-            mem_mib: cfg.mem_mib,
-            devices: snapshot::devices(cfg),
-        };
-        if let Some(reason) = manifest.is_stale(snapshot_dir, &inputs) {
-            return Err(VmError::StaleSnapshot {
-                dir: snapshot_dir.to_path_buf(),
-                reason,
-            });
-        }
+        snapshot::check_fresh(snapshot_dir, &snapshot::Inputs::of(NAME, &version, cfg))?;
         let state = snapshot_dir.join(SNAP_STATE_FILE);
         let mem = snapshot_dir.join(SNAP_MEM_FILE);
         self.launch(cfg, Some((&state, &mem)))
@@ -1631,15 +1616,7 @@ impl Vm for QemuVm {
             .and_then(|_| fs::set_permissions(&snap_mem, fs::Permissions::from_mode(0o600)))
             .map_err(|e| io_err(format!("take ownership of {}", snap_mem.display()), e))?;
         let manifest = Manifest::create(
-            &snapshot::Inputs {
-                backend: NAME,
-                vmm_version: &self.vmm_version,
-                kernel: &self.cfg.kernel,
-                rootfs: &self.cfg.rootfs,
-                vcpus: self.cfg.vcpus,
-                mem_mib: self.cfg.mem_mib,
-                devices: snapshot::devices(&self.cfg),
-            },
+            &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
             vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
         )?;
         manifest.write(dir)

@@ -67,6 +67,34 @@ pub struct Inputs<'a> {
     pub devices: String,
 }
 
+impl<'a> Inputs<'a> {
+    /// What a VM of `cfg`, run by `backend` at `vmm_version`, puts into a
+    /// snapshot and needs from one.
+    pub fn of(backend: &'a str, vmm_version: &'a str, cfg: &'a super::VmConfig) -> Inputs<'a> {
+        Inputs {
+            backend,
+            vmm_version,
+            kernel: &cfg.kernel,
+            rootfs: &cfg.rootfs,
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+            devices: devices(cfg),
+        }
+    }
+}
+
+/// `Ok` if the snapshot in `dir` was made for `inputs`; otherwise
+/// [`VmError::StaleSnapshot`] with the reason (the daemon rebuilds it).
+pub fn check_fresh(dir: &Path, inputs: &Inputs<'_>) -> Result<()> {
+    match Manifest::read(dir)?.is_stale(dir, inputs) {
+        None => Ok(()),
+        Some(reason) => Err(VmError::StaleSnapshot {
+            dir: dir.to_path_buf(),
+            reason,
+        }),
+    }
+}
+
 /// A short tag for the fixed machine a backend runs (CPU model, kernel
 /// command line before `cmdline_extra`): backends append it to their
 /// `vmm_version`, so a daemon whose VMs differ there does not restore
