@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::daemon::{stdout_of, Daemon};
+use common::daemon::{stdout_of, Daemon, Http};
 use common::wait_until;
 use serde_json::json;
 use std::io::BufRead;
@@ -219,6 +219,16 @@ fn v1_streaming_is_live_and_sse_works() {
     assert_eq!(stdout_of(&r.json()), "fed in");
 }
 
+/// Process `proc` as `GET .../processes` lists it.
+fn listed(h: &Http, session: &str, proc: u64) -> serde_json::Value {
+    let procs = h.get(&format!("/v1/sessions/{session}/processes")).json();
+    procs["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["procId"] == proc))
+        .unwrap_or_else(|| panic!("process {proc} not listed: {procs}"))
+        .clone()
+}
+
 #[test]
 fn v1_sessions_processes_and_files() {
     let d = Daemon::start(&[]);
@@ -268,14 +278,7 @@ fn v1_sessions_processes_and_files() {
         "application/octet-stream",
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    let procs = h.get("/v1/sessions/box/processes").json();
-    let p = procs["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["procId"] == proc)
-        .unwrap()
-        .clone();
+    let p = listed(&h, "box", proc);
     assert_eq!(p["tag"], "worker");
     assert_eq!(p["running"], true);
     // Attach replays what it printed so far, then follows live.
@@ -357,14 +360,7 @@ fn v1_sessions_processes_and_files() {
     // Gone from the sandbox is not yet reaped and recorded: wait for that.
     let deadline = Instant::now() + Duration::from_secs(10);
     let p = loop {
-        let procs = h.get("/v1/sessions/box/processes").json();
-        let p = procs["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["procId"] == bg)
-            .unwrap()
-            .clone();
+        let p = listed(&h, "box", bg);
         if p["running"] == false || Instant::now() >= deadline {
             break p;
         }

@@ -457,7 +457,7 @@ fn kill_all(agent: &Agent, mut req: Req) {
                 if n == 0 || Instant::now() >= deadline {
                     break n;
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(10));
             };
             req.respond(&Response::Killed {
                 processes: pids.len() as u64,

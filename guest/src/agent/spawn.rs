@@ -199,13 +199,22 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
     if let Err(e) = std::fs::write(&kill, "1") {
         return Some(Err(ctx(e, &format!("write {}", kill.display()))));
     }
+    // Waits on `cgroup.events` (one short file), not on a count of every
+    // cgroup.procs below, which under a bomb is thousands of lines a read.
+    let events = path.join("cgroup.events");
     let deadline = std::time::Instant::now() + wait;
     loop {
-        let left = count_procs(&path);
-        if left == 0 || std::time::Instant::now() >= deadline {
-            return Some(Ok((found, left)));
+        let populated = match std::fs::read_to_string(&events) {
+            Ok(e) => e.lines().any(|l| l == "populated 1"),
+            Err(_) => count_procs(&path) > 0,
+        };
+        if !populated {
+            return Some(Ok((found, 0)));
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        if std::time::Instant::now() >= deadline {
+            return Some(Ok((found, count_procs(&path))));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
