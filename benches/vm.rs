@@ -14,6 +14,7 @@ mod vm;
 mod common;
 use common::{exec_true, report, report_count};
 
+use agent_sandbox::agent::{AgentClient, Started};
 use agent_sandbox::vm::{connect_agent, Backend, Vm};
 use std::time::{Duration, Instant};
 
@@ -138,6 +139,49 @@ fn main() {
         drop(c);
         Vm::destroy(&mut v).expect("destroy");
     }
+    // A client usually pauses between creating a session and its first
+    // command; under TCG the agent uses such a pause to warm the exec path
+    // up (`RestoreFixup::warm_up`). Same restore, then an idle pause, then
+    // the first exec: without and with the warm-up.
+    let idle = Duration::from_millis(400);
+    let (mut idle_cold, mut idle_warm) = (Vec::new(), Vec::new());
+    let (mut tb_idle_cold, mut tb_idle_warm) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        for warm_up in [false, true] {
+            let id = format!("bench-idle-{i}-{warm_up}");
+            let cfg = info.vm_config(&id, e.run_dir(&id), vm::VM_UID, vm::VM_GID);
+            let _ = std::fs::remove_dir_all(&cfg.run_dir);
+            let mut v = e.backend.restore_vm(&cfg, &info.dir).expect("restore");
+            let s = Vm::connect_agent(&mut v, Instant::now() + Duration::from_secs(60))
+                .expect("agent socket");
+            let c = AgentClient::connect_with(
+                s,
+                Duration::from_secs(60),
+                Started::Restored {
+                    warm_up: warm_up && v.translates_guest_code(),
+                },
+            )
+            .expect("agent hello");
+            std::thread::sleep(idle);
+            let tb0 = v.translated_blocks();
+            let t = Instant::now();
+            exec_true(&c);
+            let took = t.elapsed();
+            let tb = v
+                .translated_blocks()
+                .zip(tb0)
+                .map(|(b, a)| b.saturating_sub(a));
+            let (times, blocks) = if warm_up {
+                (&mut idle_warm, &mut tb_idle_warm)
+            } else {
+                (&mut idle_cold, &mut tb_idle_cold)
+            };
+            times.push(took);
+            blocks.extend(tb);
+            drop(c);
+            Vm::destroy(&mut v).expect("destroy");
+        }
+    }
     if !cold.is_empty() {
         report("cold boot to READY", &mut cold);
         report("cold boot to first exec answered", &mut cold_hello);
@@ -153,6 +197,10 @@ fn main() {
     // counts do not swing with the host's speed as the times above do.
     report_count("TCG blocks translated: hello", &mut tb_hello);
     report_count("TCG blocks translated: first exec", &mut tb_first);
+    report("first exec after 400 ms idle, no warm-up", &mut idle_cold);
+    report("first exec after 400 ms idle, warmed up", &mut idle_warm);
+    report_count("TCG blocks: exec after idle, no warm-up", &mut tb_idle_cold);
+    report_count("TCG blocks: exec after idle, warmed up", &mut tb_idle_warm);
     let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;
     println!(
         "QEMU RSS after first exec: cold {} MiB, restored {} MiB",

@@ -1114,6 +1114,7 @@ fn restore_fixup_in_hello_is_applied_before_the_answer() {
             restored: Some(proto::RestoreFixup {
                 unix_time_ns: 1,
                 entropy_hex: "not hex".into(),
+                warm_up: false,
             }),
             ..Default::default()
         },

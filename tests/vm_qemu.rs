@@ -185,6 +185,91 @@ fn snapshot_restore_first_exec_and_clock() {
     assert_gone(pid, &run_dir);
 }
 
+/// Waits until the guest stops making QEMU translate new code (the count
+/// holds for 500 ms), at most 60 s; returns the count.
+fn settled_blocks(v: &mut agent_sandbox::vm::qemu::QemuVm) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = v.translated_blocks().expect("info jit");
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let n = v.translated_blocks().expect("info jit");
+        if n == last || Instant::now() > deadline {
+            return n;
+        }
+        last = n;
+    }
+}
+
+/// Under TCG a restored guest's first exec pays for translating the whole
+/// fork/exec/exit path. A restore hello asking for a warm-up has the
+/// agent run one throwaway exec when the host stays silent; the client's
+/// first command after such a pause then translates a fraction of that.
+/// The warm-up leaves nothing behind: no registered process, no cgroup.
+#[test]
+fn idle_restored_guest_warms_the_exec_path_up() {
+    use agent_sandbox::agent::{AgentClient, Started};
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let info = e.registry.ensure_snapshot("base").expect("snapshot");
+    let mut blocks = Vec::new();
+    for warm_up in [false, true] {
+        let id = format!("warm-up-{warm_up}");
+        let run_dir = e.run_dir(&id);
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let cfg = info.vm_config(&id, run_dir.clone(), vm::VM_UID, vm::VM_GID);
+        let mut v = e.backend.restore_vm(&cfg, &info.dir).expect("restore");
+        if !v.translates_guest_code() {
+            eprintln!("KVM: no code is translated, no warm-up to test");
+            v.destroy().expect("destroy");
+            return;
+        }
+        let s = Vm::connect_agent(&mut v, Instant::now() + AGENT_TIMEOUT).expect("agent socket");
+        let c = AgentClient::connect_with(s, AGENT_TIMEOUT, Started::Restored { warm_up })
+            .expect("hello");
+        // The daemon pings a new session before answering its creation: a
+        // ping does not count as the host being busy.
+        c.ping(AGENT_TIMEOUT).expect("ping");
+        let before = settled_blocks(&mut v);
+        let out = c
+            .exec(
+                agent_sandbox::proto::ExecRequest {
+                    argv: vec!["true".into()],
+                    ..Default::default()
+                },
+                1024,
+            )
+            .expect("exec true");
+        let after = v.translated_blocks().expect("info jit");
+        assert_eq!(out.status.code, Some(0), "warm_up={warm_up}");
+        // The warm-up's cgroup is gone: during an exec there is its own
+        // cgroup only (the spare, refilled after the last exec, is the one
+        // it took).
+        let out = sh(&c, "ls -d /sys/fs/cgroup/sandbox/x* | wc -l");
+        assert_eq!(stdout(&out), "1", "warm_up={warm_up}");
+        let procs = c.simple(&agent_sandbox::proto::Request::ListProcs, AGENT_TIMEOUT);
+        assert!(
+            matches!(&procs, Ok(agent_sandbox::proto::Response::Procs { procs }) if procs.is_empty()),
+            "warm_up={warm_up}: {procs:?}"
+        );
+        eprintln!(
+            "warm_up={warm_up}: first exec after idle translated {} blocks",
+            after - before
+        );
+        blocks.push(after - before);
+        c.close();
+        let pid = v.pid();
+        v.destroy().expect("destroy");
+        assert_gone(pid, &run_dir);
+    }
+    assert!(
+        blocks[1] * 2 < blocks[0],
+        "warm-up did not take the exec path's translation off the first command: \
+         {} blocks without, {} with",
+        blocks[0],
+        blocks[1]
+    );
+}
+
 #[test]
 fn python_template_prints_4() {
     let Some(e) = env() else { return };

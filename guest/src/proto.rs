@@ -332,6 +332,14 @@ pub struct RestoreFixup {
     pub unix_time_ns: u64,
     /// Hex-encoded random bytes to mix into the kernel RNG (at most 4096).
     pub entropy_hex: String,
+    /// The VMM translates guest code as it first runs (QEMU's TCG): a
+    /// restored guest's first exec pays for translating the whole
+    /// fork/exec/exit path. Asks the agent to run one throwaway exec if the
+    /// host sends nothing for [`limits::WARM_UP_IDLE_MS`] after the hello, so a
+    /// command sent after that finds the path translated. Off under KVM,
+    /// where nothing is translated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm_up: bool,
 }
 
 /// Capabilities the agent announces in its hello.
@@ -690,6 +698,13 @@ pub mod limits {
     pub const MAX_FINISHED_PROCS: usize = 256;
     /// How long `KillAll` waits for the killed processes to be gone.
     pub const KILL_ALL_WAIT_MS: u64 = 5_000;
+    /// How long the host must stay silent after a restore hello before the
+    /// agent runs its warm-up exec
+    /// ([`super::RestoreFixup::warm_up`]). A host that sends its first
+    /// command at once gets no warm-up competing with it.
+    pub const WARM_UP_IDLE_MS: u64 = 25;
+    /// A warm-up exec still running after this is killed.
+    pub const WARM_UP_TIMEOUT_MS: u64 = 10_000;
 }
 
 #[cfg(test)]

@@ -191,7 +191,7 @@ impl AgentClient {
     /// bytes an earlier client left unread (virtio-serial keeps them), so
     /// the reply is found by scanning for a hello frame with our nonce.
     pub fn connect(stream: UnixStream, timeout: Duration) -> Result<AgentClient> {
-        Self::connect_with(stream, timeout, false)
+        Self::connect_with(stream, timeout, Started::Fresh)
     }
 
     /// [`AgentClient::connect`], telling the agent whether the VM was just
@@ -201,16 +201,15 @@ impl AgentClient {
     pub fn connect_with(
         stream: UnixStream,
         timeout: Duration,
-        restored: bool,
+        start: Started,
     ) -> Result<AgentClient> {
         let deadline = Instant::now() + timeout;
         let nonce = random_u64();
         // Taken last thing before the hello goes out: the guest clock is
         // set to it.
-        let restored = if restored {
-            Some(restore_fixup()?)
-        } else {
-            None
+        let restored = match start {
+            Started::Restored { warm_up } => Some(restore_fixup(warm_up)?),
+            Started::Fresh => None,
         };
         let hello = Hello {
             version: proto::PROTOCOL_VERSION,
@@ -1122,9 +1121,20 @@ fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<Hello
     }
 }
 
+/// How the VM behind a new connection started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// Booted, or already greeted once: the hello carries no fixup.
+    Fresh,
+    /// Just restored from a snapshot: the hello carries the clock and
+    /// entropy fixup, and `warm_up` ([`RestoreFixup::warm_up`]).
+    Restored { warm_up: bool },
+}
+
 /// The fixup a guest needs right after a snapshot restore: the host's wall
-/// clock now and 32 fresh random bytes.
-pub fn restore_fixup() -> io::Result<RestoreFixup> {
+/// clock now and 32 fresh random bytes (and whether to warm up, see
+/// [`RestoreFixup::warm_up`]).
+pub fn restore_fixup(warm_up: bool) -> io::Result<RestoreFixup> {
     let unix_time_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -1136,6 +1146,7 @@ pub fn restore_fixup() -> io::Result<RestoreFixup> {
     Ok(RestoreFixup {
         unix_time_ns,
         entropy_hex: entropy.iter().map(|b| format!("{b:02x}")).collect(),
+        warm_up,
     })
 }
 

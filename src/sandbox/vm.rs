@@ -6,7 +6,7 @@
 use super::{
     EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
 };
-use crate::agent::AgentClient;
+use crate::agent::{AgentClient, Started};
 use crate::vm::ids::{IdLease, VmIds};
 use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
 use std::path::PathBuf;
@@ -127,12 +127,13 @@ impl SandboxFactory for VmSandboxFactory {
                 return Err(fail("start vm", e.to_string()));
             }
         };
+        // After a restore the hello carries the clock/entropy fixup.
+        let start = Started::of(tpl.snapshot_dir.is_some(), &*vm);
         let connected = vm
             .connect_agent(Instant::now() + self.agent_timeout)
             .map_err(|e| fail("agent socket", e.to_string()))
             .and_then(|s| {
-                // After a restore the hello carries the clock/entropy fixup.
-                AgentClient::connect_with(s, self.agent_timeout, tpl.snapshot_dir.is_some())
+                AgentClient::connect_with(s, self.agent_timeout, start)
                     .map_err(|e| fail("agent hello", e.to_string()))
             });
         match connected {

@@ -110,12 +110,34 @@ pub trait Vm: Send {
     fn pid(&self) -> Option<i32>;
     /// A byte stream to the guest agent (before the protocol hello).
     fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream>;
+    /// The VMM translates guest code as it first runs (QEMU's TCG), so a
+    /// restored guest's first exec of anything is slow; the restore hello
+    /// then asks the agent to warm the exec path up while the session is
+    /// idle ([`crate::proto::RestoreFixup::warm_up`]).
+    fn translates_guest_code(&self) -> bool {
+        false
+    }
     /// Pause and save the VM into `dir` (files named by the backend) and
     /// write `dir/manifest.json` (see [`snapshot::Manifest`]) last. The VM is
     /// left paused; destroy it afterwards.
     fn snapshot(&mut self, dir: &std::path::Path) -> Result<()>;
     /// Kill the VMM, reap it and remove everything it created. Idempotent.
     fn destroy(&mut self) -> Result<()>;
+}
+
+pub use crate::agent::Started;
+
+impl Started {
+    /// How a VM that was (or was not) just restored is greeted.
+    pub fn of(restored: bool, vm: &dyn Vm) -> Started {
+        if restored {
+            Started::Restored {
+                warm_up: vm.translates_guest_code(),
+            }
+        } else {
+            Started::Fresh
+        }
+    }
 }
 
 /// Connect to a VM's agent and say hello. After a restore (`restored`), the
@@ -129,12 +151,55 @@ pub fn connect_agent(
 ) -> Result<crate::agent::AgentClient> {
     let deadline = Instant::now() + timeout;
     let id = vm.id().to_string();
+    let start = Started::of(restored, &*vm);
     let stream = vm.connect_agent(deadline)?;
     let left = deadline.saturating_duration_since(Instant::now());
     crate::agent::AgentClient::connect_with(
         stream,
         left.max(std::time::Duration::from_millis(1)),
-        restored,
+        start,
     )
     .map_err(|e| VmError::Other(format!("VM {id}: agent hello: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        translates: bool,
+    }
+
+    impl Vm for Fake {
+        fn id(&self) -> &str {
+            "fake"
+        }
+        fn pid(&self) -> Option<i32> {
+            None
+        }
+        fn connect_agent(&mut self, _: Instant) -> Result<UnixStream> {
+            Err(VmError::Other("fake".into()))
+        }
+        fn translates_guest_code(&self) -> bool {
+            self.translates
+        }
+        fn snapshot(&mut self, _: &std::path::Path) -> Result<()> {
+            Ok(())
+        }
+        fn destroy(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn only_a_restored_vm_that_translates_code_is_asked_to_warm_up() {
+        let tcg = Fake { translates: true };
+        let kvm = Fake { translates: false };
+        assert_eq!(Started::of(true, &tcg), Started::Restored { warm_up: true });
+        assert_eq!(
+            Started::of(true, &kvm),
+            Started::Restored { warm_up: false }
+        );
+        assert_eq!(Started::of(false, &tcg), Started::Fresh);
+    }
 }

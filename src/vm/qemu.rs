@@ -457,6 +457,7 @@ impl QemuBackend {
             destroyed: false,
             saved: false,
             restored: incoming.is_some(),
+            accel,
         };
         // From here on, dropping `vm` on error removes everything.
         let (state, snap_mem) = match incoming {
@@ -1284,6 +1285,8 @@ pub struct QemuVm {
     saved: bool,
     /// Restored from a snapshot: its RAM is a private mapping, not a file.
     restored: bool,
+    /// KVM or TCG (resolved, never `Auto`).
+    accel: Accel,
 }
 
 impl QemuVm {
@@ -1479,6 +1482,10 @@ fn pipe() -> io::Result<(fs::File, fs::File)> {
 impl Vm for QemuVm {
     fn id(&self) -> &str {
         &self.id
+    }
+
+    fn translates_guest_code(&self) -> bool {
+        self.accel == Accel::Tcg
     }
 
     fn pid(&self) -> Option<i32> {

@@ -258,16 +258,23 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
     let stream_fd = reader.as_raw_fd();
     let mut frames = FrameReader::new(BufReader::with_capacity(256 * 1024, reader));
     let mut conn = ConnShared::new(Writer::on(out.clone()));
-    if let Err(e) = handshake(&mut frames, &conn.writer) {
-        log::info!("connection closed during hello: {e}");
-        conn.writer.mark_broken();
-        return;
-    }
+    // Set by a restore hello that asks for a warm-up (see `warm_up_if_idle`).
+    let mut warm_up = match handshake(&mut frames, &conn.writer) {
+        Ok(w) => w,
+        Err(e) => {
+            log::info!("connection closed during hello: {e}");
+            conn.writer.mark_broken();
+            return;
+        }
+    };
     // One foreground exec is pumped by this thread between frames: the
     // process is spawned and its exit seen here, with no hop to a worker
     // thread on the exec round trip (the hot path).
     let mut inline: Option<Running> = None;
     loop {
+        if warm_up && inline.is_none() && frames.get_mut().buffer().is_empty() {
+            warm_up = !super::exec::warm_up_if_idle(agent, stream_fd);
+        }
         if let Some(run) = inline.as_mut() {
             // Frames already buffered come first; else wait for either.
             let stream_ready = !frames.get_mut().buffer().is_empty() || run.step(Some(stream_fd));
@@ -299,18 +306,31 @@ pub fn serve(agent: &Arc<Agent>, reader: File, writer: File) {
             offload(agent, &mut inline);
             conn.close();
             conn = ConnShared::new(Writer::on(out.clone()));
-            if let Err(e) = answer_hello(&frame, &conn.writer) {
-                log::info!("connection closed during hello: {e}");
-                break;
+            match answer_hello(&frame, &conn.writer) {
+                Ok(w) => warm_up = w,
+                Err(e) => {
+                    log::info!("connection closed during hello: {e}");
+                    break;
+                }
             }
             continue;
         }
+        // A ping (the daemon's "is it up" after creating a session) does
+        // not count as the host being busy; any other request does.
+        warm_up &= is_ping(&frame);
         if let Some(run) = dispatch(agent, &conn, frame, inline.is_none()) {
             inline = Some(run);
         }
     }
     offload(agent, &mut inline);
     conn.close();
+}
+
+fn is_ping(f: &Frame) -> bool {
+    f.kind() == Some(Kind::Request)
+        && f.payload.len() < 64
+        && serde_json::from_slice::<proto::Request>(&f.payload)
+            .is_ok_and(|r| matches!(r, proto::Request::Ping))
 }
 
 /// Hands the exec this thread pumps to a worker (the connection is ending;
@@ -321,7 +341,9 @@ fn offload(agent: &Arc<Agent>, inline: &mut Option<Running>) {
     }
 }
 
-fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Result<(), String> {
+/// Reads and answers the hello; true when it carried a restore fixup that
+/// asked for a warm-up.
+fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Result<bool, String> {
     let f = match frames.read_frame() {
         Ok(Some(f)) => f,
         Ok(None) => return Err("closed before hello".into()),
@@ -346,8 +368,9 @@ fn handshake<R: io::Read>(frames: &mut FrameReader<R>, writer: &Writer) -> Resul
 }
 
 /// Negotiates the version, applies a restore fixup the hello carries, and
-/// answers. On error the host got an error frame and the connection ends.
-fn answer_hello(f: &Frame, writer: &Writer) -> Result<(), String> {
+/// answers (true: the fixup asked for a warm-up). On error the host got an
+/// error frame and the connection ends.
+fn answer_hello(f: &Frame, writer: &Writer) -> Result<bool, String> {
     let h: Hello = match serde_json::from_slice(&f.payload) {
         Ok(h) => h,
         Err(e) => {
@@ -396,7 +419,7 @@ fn answer_hello(f: &Frame, writer: &Writer) -> Result<(), String> {
     if !writer.json(Kind::Hello, proto::CONNECTION_ID, &reply) {
         return Err("write failed".into());
     }
-    Ok(())
+    Ok(h.restored.is_some_and(|r| r.warm_up))
 }
 
 fn conn_error(conn: &ConnShared, code: ErrorCode, msg: String, id: u64) {

@@ -194,6 +194,98 @@ pub fn run(agent: &Arc<Agent>, req: Req, mailbox: Mailbox, waker: Arc<Waker>, e:
     }
 }
 
+/// After a restore under an emulator that translates guest code as it
+/// first runs (see [`crate::proto::RestoreFixup::warm_up`]), called by the
+/// connection thread after the hello (and after each ping that follows
+/// it): if the host sends nothing on `stream` for
+/// [`limits::WARM_UP_IDLE_MS`], runs one throwaway exec of `true` through
+/// the same steps as a user's (resolve, pipes, spare cgroup, clone, child
+/// steps, exec, exit, reap, cgroup refill) and returns true, so a command
+/// sent later finds that path already translated. False when the host
+/// sent something first: a host that sends its first command at once gets
+/// no warm-up competing with it (and pays nothing for it: no thread is
+/// made unless the wait ran out). The warm-up thread and its child run
+/// under SCHED_IDLE, so a command that arrives meanwhile takes the vCPU
+/// from them. Nothing of it is visible to the host: no process is
+/// registered, no output kept.
+pub fn warm_up_if_idle(agent: &Arc<Agent>, stream: RawFd) -> bool {
+    let mut p = [libc::pollfd {
+        fd: stream,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let wait = Duration::from_millis(limits::WARM_UP_IDLE_MS);
+    if !matches!(sys::poll(&mut p, Some(wait)), Ok(0)) {
+        return false;
+    }
+    let agent = agent.clone();
+    let started = std::thread::Builder::new()
+        .name("warm-up".into())
+        .spawn(move || {
+            let idle = libc::sched_param { sched_priority: 0 };
+            // SAFETY: plain syscall on the calling thread with a valid param.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } < 0 {
+                log::debug!("warm-up: SCHED_IDLE: {}", std::io::Error::last_os_error());
+            }
+            match warm_up(&agent) {
+                Ok(()) => log::debug!("warm-up exec done"),
+                Err(e) => log::info!("warm-up exec: {e}"),
+            }
+        });
+    if let Err(e) = started {
+        log::info!("warm-up thread: {e}");
+    }
+    true
+}
+
+fn warm_up(agent: &Agent) -> std::io::Result<()> {
+    let e = ExecRequest {
+        argv: vec!["true".into()],
+        ..ExecRequest::default()
+    };
+    let prep = prepare(agent, &e).map_err(|e| std::io::Error::other(e.message))?;
+    let mut io = open_stdio(agent, &e)?;
+    let spec = SpawnSpec {
+        path: &prep.path,
+        argv: &prep.argv,
+        envp: &prep.envp,
+        cwd: &prep.cwd,
+        stdio: io.child_fds,
+        pty: false,
+        uid: None,
+        gid: None,
+    };
+    let super::spawn::Spawned { pid, cgroup, pidfd } = spawn(&spec)?;
+    io.child.clear();
+    // Without a pidfd (kernels before 5.3) the reaper collects it; its
+    // cgroup is removed once empty, like any busy exec cgroup.
+    if let Some(fd) = pidfd.or_else(|| sys::pidfd_open(pid)) {
+        let wait = |ms: u64| {
+            let mut p = [libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            matches!(sys::poll(&mut p, Some(Duration::from_millis(ms))), Ok(1))
+        };
+        if !wait(limits::WARM_UP_TIMEOUT_MS) {
+            match &cgroup {
+                Some(cg) => cg.kill(),
+                None => {
+                    let _ = kill_group(pid, libc::SIGKILL);
+                }
+            }
+            wait(1_000);
+        }
+        // The reaper thread may have collected it first: either is fine.
+        let _ = sys::reap_pidfd(fd.as_raw_fd());
+    }
+    drop(io);
+    drop(cgroup);
+    super::spawn::prepare_exec_cgroup();
+    Ok(())
+}
+
 /// A started exec whose process is being pumped. The connection reader
 /// drives one foreground exec itself ([`Running::step`]), which keeps the
 /// thread hop to a worker off the exec round trip; anything else runs on a
