@@ -166,9 +166,10 @@ fn attacks_in_one_session_are_contained() {
         &h,
         "victim",
         "cat /sys/fs/cgroup/sandbox/pids.max /sys/fs/cgroup/sandbox/memory.max \
-         /proc/1/oom_score_adj /proc/self/oom_score_adj; grep -c sandbox /proc/self/cgroup; \
+         /proc/1/oom_score /proc/self/oom_score_adj; grep -c sandbox /proc/self/cgroup; \
          ulimit -n; ulimit -Hn; awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo; \
-         cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max",
+         cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max; \
+         cat /proc/self/oom_score",
     );
     eprintln!("FIGURE limits: {}", limits.replace('\n', " "));
     let l: Vec<&str> = limits.lines().collect();
@@ -176,8 +177,13 @@ fn attacks_in_one_session_are_contained() {
     let mem_max: u64 = l[1].parse().expect("memory.max is a number");
     let total: u64 = l[7].parse().expect("MemTotal");
     assert!(mem_max < total && mem_max >= total / 2, "{limits}");
-    assert_eq!(l[2], "-1000", "agent oom_score_adj: {limits}");
+    // The agent is PID 1, which the OOM killer never picks: the kernel
+    // reports 0 for an unkillable task, while anything it may kill at
+    // oom_score_adj 0 scores about 667 and up (its 0..2000 scale).
+    assert_eq!(l[2], "0", "agent oom_score (unkillable init): {limits}");
     assert_eq!(l[3], "0", "user oom_score_adj: {limits}");
+    let user_score: u32 = l[9].parse().expect("user oom_score");
+    assert!(user_score >= 600, "user process not killable: {limits}");
     assert_eq!(
         l[4], "1",
         "user process outside the sandbox cgroup: {limits}"

@@ -213,15 +213,17 @@ pub fn confinement(cmd: &Cmdline, mem_total: u64) -> Confinement {
 }
 
 /// Puts user processes under limits the agent itself is outside of: the
-/// agent is never the OOM victim (oom_score_adj -1000) and stays in the
-/// unlimited root cgroup, so a fork bomb or a memory hog stops at the
-/// sandbox cgroup's pids.max / memory.max while the agent keeps answering.
+/// agent stays in the unlimited root cgroup, so a fork bomb or a memory hog
+/// stops at the sandbox cgroup's pids.max / memory.max while the agent
+/// keeps answering. It is never the OOM victim either, without an
+/// oom_score_adj of -1000: the kernel's OOM killer skips the global init
+/// (every thread of PID 1), and leaving the agent at the default 0 means
+/// its children start killable with no per-exec write to undo it (a
+/// procfs open and write in every child, ~800 translated blocks of a
+/// restored guest's first exec under TCG).
 /// On failure user processes run unconfined (logged): a sandbox without
 /// limits is still a sandbox, the VM is the boundary.
 fn confine_users(cmd: &Cmdline) {
-    if let Err(e) = write_file("/proc/self/oom_score_adj", "-1000") {
-        log::warn!("{e}");
-    }
     // Room for many concurrent execs (each holds a few pipes).
     let own = libc::rlimit {
         rlim_cur: DEFAULT_NOFILE,

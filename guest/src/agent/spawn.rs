@@ -674,16 +674,8 @@ unsafe fn child_steps(
                 return false;
             }
         }
-        // The agent runs at -1000 (never the OOM victim) and children
-        // inherit it: undo that, or a memory hog could not be killed.
-        let fd = libc::open(
-            c"/proc/self/oom_score_adj".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        );
-        if fd < 0 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-            return false;
-        }
-        libc::close(fd);
+        // No oom_score_adj to undo: the agent (PID 1, which the OOM
+        // killer never picks) keeps the default 0 that children inherit.
     }
     if let Some(gid) = spec.gid {
         if libc::syscall(libc::SYS_setgroups, 0usize, ptr::null::<libc::gid_t>()) < 0
