@@ -519,18 +519,15 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     });
     // The images this daemon restores from stay ours while it runs: `image
     // gc` skips them even once a newer build replaced them.
-    let _images = (cfg.backend != "local-process").then(|| {
-        let rc = wiring::registry_config(&cfg);
-        agent_sandbox::admin::lock_images(
-            rc.pinned_kernel
-                .iter()
-                .chain(rc.pinned_rootfs.values())
-                .map(PathBuf::as_path),
-        )
-    });
+    // The registry is given the same paths, read once.
+    let pins = (cfg.backend != "local-process").then(|| wiring::pinned_images(&cfg));
+    let _images = pins
+        .as_ref()
+        .map(|p| agent_sandbox::admin::lock_images(p.paths()));
     // Still single-threaded here: nothing before this starts a thread
     // (`up` runs its builds in a child process).
-    let host = harden_daemon(&cfg.backend, agent_bin.as_deref(), &cfg)?;
+    let mut host = harden_daemon(&cfg.backend, agent_bin.as_deref(), &cfg)?;
+    host.images = pins;
     let factory = sandbox::build_factory_on(&cfg.backend, agent_bin, &cfg, &host)
         .map_err(|e| e.to_string())?;
     let auth = cfg.auth;
@@ -700,6 +697,7 @@ fn harden_daemon(
     Ok(wiring::Host {
         spawner: Some(client),
         cgroup_parent,
+        images: None,
     })
 }
 

@@ -48,6 +48,55 @@ pub fn vm_ids(cfg: &Config) -> Result<VmIds> {
 pub struct Host {
     pub spawner: Option<SpawnerClient>,
     pub cgroup_parent: Option<PathBuf>,
+    /// The images the daemon locked at start ([`pinned_images`]): its
+    /// registry restores from exactly these, not from a second read of
+    /// `current.json` that a build finishing in between could change.
+    pub images: Option<PinnedImages>,
+}
+
+/// The kernel and root filesystems a registry should use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PinnedImages {
+    pub kernel: Option<PathBuf>,
+    pub rootfs: std::collections::BTreeMap<String, PathBuf>,
+}
+
+impl PinnedImages {
+    pub fn paths(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.kernel
+            .iter()
+            .chain(self.rootfs.values())
+            .map(PathBuf::as_path)
+    }
+}
+
+/// The artifacts `agent-sandbox image build` recorded last in
+/// `current.json` (none: the registry takes the newest in the cache), with
+/// those the config names explicitly (the Nix build does) winning.
+pub fn pinned_images(cfg: &Config) -> PinnedImages {
+    let mut pins = PinnedImages::default();
+    if let Some(cur) = std::fs::read(cfg_cache_dir(cfg).join("current.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    {
+        if let Some(k) = cur["kernel"].as_str() {
+            pins.kernel = Some(PathBuf::from(k));
+        }
+        if let Some(m) = cur["rootfs"].as_object() {
+            for (t, p) in m {
+                if let Some(p) = p.as_str() {
+                    pins.rootfs.insert(t.clone(), PathBuf::from(p));
+                }
+            }
+        }
+    }
+    if let Some(k) = &cfg.artifacts.kernel {
+        pins.kernel = Some(k.clone());
+    }
+    for (t, p) in &cfg.artifacts.images {
+        pins.rootfs.insert(t.clone(), p.clone());
+    }
+    pins
 }
 
 impl Host {
@@ -198,37 +247,19 @@ pub fn snapshot_net(cfg: &Config, rc: &mut RegistryConfig) -> Result<Isolated> {
 }
 
 pub fn registry_config(cfg: &Config) -> RegistryConfig {
+    registry_config_with(cfg, pinned_images(cfg))
+}
+
+fn registry_config_with(cfg: &Config, pins: PinnedImages) -> RegistryConfig {
     let cache = cfg_cache_dir(cfg);
     let templates = cfg
         .artifacts
         .templates_dir
         .clone()
         .unwrap_or_else(templates_dir);
-    let mut rc = RegistryConfig::new(templates, cache.clone(), snapshot_state(cfg));
-    // The artifacts `agent-sandbox image build` made last, if it recorded
-    // them; otherwise the registry takes the newest in the cache.
-    if let Some(cur) = std::fs::read(cache.join("current.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-    {
-        if let Some(k) = cur["kernel"].as_str() {
-            rc.pinned_kernel = Some(PathBuf::from(k));
-        }
-        if let Some(m) = cur["rootfs"].as_object() {
-            for (t, p) in m {
-                if let Some(p) = p.as_str() {
-                    rc.pinned_rootfs.insert(t.clone(), PathBuf::from(p));
-                }
-            }
-        }
-    }
-    // The config names artifacts explicitly (the Nix build does): they win.
-    if let Some(k) = &cfg.artifacts.kernel {
-        rc.pinned_kernel = Some(k.clone());
-    }
-    for (t, p) in &cfg.artifacts.images {
-        rc.pinned_rootfs.insert(t.clone(), p.clone());
-    }
+    let mut rc = RegistryConfig::new(templates, cache, snapshot_state(cfg));
+    rc.pinned_kernel = pins.kernel;
+    rc.pinned_rootfs = pins.rootfs;
     (rc.uid, rc.gid) = builder_ids(cfg);
     rc.default_vcpus = cfg.default_vcpus;
     rc.default_mem_mib = cfg.default_mem_mib;
@@ -552,7 +583,10 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
             Arc::new(NoNetwork { cfg: n })
         }
     };
-    let mut rc = registry_config(cfg);
+    let mut rc = match &host.images {
+        Some(pins) => registry_config_with(cfg, pins.clone()),
+        None => registry_config(cfg),
+    };
     let snap_net = snapshot_net(cfg, &mut rc)?;
     let reg = Registry::new(rc, be.clone());
     Ok(Arc::new(VmSandboxFactory {
@@ -567,4 +601,45 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         ids: vm_ids(cfg)?,
         agent_timeout: Duration::from_secs(60),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn images_come_from_current_json_and_the_config_wins() {
+        let cache = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            cache.path().join("current.json"),
+            r#"{"kernel": "/c/vmlinux-a", "rootfs": {"base": "/c/base-a.erofs", "python": "/c/py-a.erofs"}}"#,
+        )
+        .expect("write current.json");
+        let mut cfg = Config::default();
+        cfg.artifacts.cache_dir = Some(cache.path().to_path_buf());
+        let pins = pinned_images(&cfg);
+        assert_eq!(pins.kernel.as_deref(), Some(Path::new("/c/vmlinux-a")));
+        assert_eq!(pins.rootfs.len(), 2);
+        cfg.artifacts
+            .images
+            .insert("python".into(), "/nix/py.erofs".into());
+        let pins = pinned_images(&cfg);
+        assert_eq!(pins.rootfs["python"], Path::new("/nix/py.erofs"));
+        assert_eq!(pins.rootfs["base"], Path::new("/c/base-a.erofs"));
+        // The registry of a daemon uses what it locked, even after
+        // current.json moved on.
+        std::fs::write(
+            cache.path().join("current.json"),
+            r#"{"kernel": "/c/vmlinux-b"}"#,
+        )
+        .expect("rewrite current.json");
+        let rc = registry_config_with(&cfg, pins.clone());
+        assert_eq!(rc.pinned_kernel, pins.kernel);
+        assert_eq!(rc.pinned_rootfs, pins.rootfs);
+        assert_eq!(
+            registry_config(&cfg).pinned_kernel.as_deref(),
+            Some(Path::new("/c/vmlinux-b"))
+        );
+    }
 }
