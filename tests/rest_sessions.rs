@@ -17,11 +17,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The local-process factory plus two extra templates: `slow` takes 3 s
-/// to create, `broken` always fails.
+/// The local-process factory plus three extra templates: `slow` takes 3 s
+/// to create, `broken` always fails, `stalling` fails after 4 s (a boot
+/// that times out).
 struct Wrapped {
     inner: LocalProcessFactory,
     created: AtomicUsize,
+    stalled: AtomicUsize,
 }
 
 impl SandboxFactory for Wrapped {
@@ -30,7 +32,7 @@ impl SandboxFactory for Wrapped {
     }
     fn templates(&self) -> Vec<TemplateInfo> {
         let mut t = self.inner.templates();
-        for name in ["slow", "broken"] {
+        for name in ["slow", "broken", "stalling"] {
             let mut x = t[0].clone();
             x.name = name.into();
             x.is_default = false;
@@ -48,6 +50,13 @@ impl SandboxFactory for Wrapped {
                 ))
             }
             "slow" => std::thread::sleep(Duration::from_secs(3)),
+            "stalling" => {
+                std::thread::sleep(Duration::from_secs(4));
+                self.stalled.fetch_add(1, Ordering::SeqCst);
+                return Err(SandboxError::Other(
+                    "template stalling: timed out waiting for the agent".into(),
+                ));
+            }
             _ => {}
         }
         s.template = "default".into();
@@ -55,11 +64,36 @@ impl SandboxFactory for Wrapped {
     }
 }
 
-fn start(pool: usize) -> (Server, Arc<Wrapped>, tempfile::TempDir) {
+/// The server, shut down when dropped: a failing test leaves no agent
+/// processes behind either.
+struct Running(Option<Server>);
+
+impl Running {
+    fn addr(&self) -> std::net::SocketAddr {
+        self.0.as_ref().map(Server::addr).expect("server running")
+    }
+
+    fn shutdown(mut self) {
+        if let Some(s) = self.0.take() {
+            s.shutdown();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.shutdown();
+        }
+    }
+}
+
+fn start(pool: usize) -> (Running, Arc<Wrapped>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let factory = Arc::new(Wrapped {
         inner: LocalProcessFactory::new(common::agent_bin(), dir.path().join("run")).unwrap(),
         created: AtomicUsize::new(0),
+        stalled: AtomicUsize::new(0),
     });
     let cfg = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -70,7 +104,7 @@ fn start(pool: usize) -> (Server, Arc<Wrapped>, tempfile::TempDir) {
         ..Config::default()
     };
     let server = Server::start(cfg, factory.clone()).unwrap();
-    (server, factory, dir)
+    (Running(Some(server)), factory, dir)
 }
 
 #[test]
@@ -126,7 +160,7 @@ fn slow_creation_blocks_no_one_and_failures_are_clean() {
 fn warm_pool_serves_new_sessions() {
     let (server, f, dir) = start(1);
     let h = Http::new(&format!("http://{}", server.addr()), None);
-    // One warm sandbox per template (3 templates, `broken` keeps failing).
+    // One warm sandbox per template (`broken` and `stalling` keep failing).
     assert!(wait_until(Duration::from_secs(10), || {
         h.get("/metrics")
             .text()
@@ -152,4 +186,39 @@ fn warm_pool_serves_new_sessions() {
         &marker
     )
     .is_empty()));
+}
+
+/// A template whose sandboxes fail only after a long wait (a boot timing
+/// out) is retried with backoff, so it does not hold up refilling the
+/// others: taken warm sandboxes come back at once, not after its next
+/// failure.
+#[test]
+fn a_failing_template_does_not_hold_up_the_pool() {
+    let (server, f, _dir) = start(1);
+    let h = Http::new(&format!("http://{}", server.addr()), None);
+    let pooled = |h: &Http| {
+        h.get("/metrics")
+            .text()
+            .contains("agent_sandbox_pool_size{template=\"default\"} 1")
+    };
+    assert!(wait_until(Duration::from_secs(20), || pooled(&h)
+        && f.stalled.load(Ordering::SeqCst) >= 1));
+    for round in 0..2 {
+        let t = Instant::now();
+        let v = h.exec(&format!("warm{round}"), "echo warm");
+        assert_eq!(stdout_of(&v), "warm\n");
+        assert!(
+            wait_until(Duration::from_secs(10), || pooled(&h)),
+            "round {round}: no refill"
+        );
+        // Without backoff the filler would be 4 s into `stalling` again.
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "round {round}: refilled after {:?}",
+            t.elapsed()
+        );
+    }
+    // One failure, then the 5 s backoff: no second attempt yet.
+    assert_eq!(f.stalled.load(Ordering::SeqCst), 1);
+    server.shutdown();
 }

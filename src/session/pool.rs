@@ -12,6 +12,17 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// First retry of a template whose pooled sandbox failed to start; each
+/// further failure doubles it, up to [`POOL_RETRY_MAX`].
+pub const POOL_RETRY_MIN: Duration = Duration::from_secs(5);
+pub const POOL_RETRY_MAX: Duration = Duration::from_secs(300);
+
+fn retry_delay(failures: u32) -> Duration {
+    POOL_RETRY_MIN
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(POOL_RETRY_MAX)
+}
+
 pub struct Pool {
     cfg: Arc<Config>,
     factory: Arc<dyn SandboxFactory>,
@@ -93,16 +104,28 @@ impl Pool {
     }
 
     fn fill_loop(self: Arc<Self>) {
+        // Templates whose last creation failed: consecutive failures and
+        // when to try again. A template that cannot start (a missing or
+        // stale image can take the whole boot timeout to fail) must not
+        // hold up refilling the others on every pass.
+        let mut backoff: HashMap<String, (u32, Instant)> = HashMap::new();
         while !self.stopping.load(Ordering::Acquire) {
             let mut made_any = false;
             for t in self.factory.templates() {
                 if self.size(&t.name) >= self.cfg.pool_size {
                     continue;
                 }
+                if backoff
+                    .get(&t.name)
+                    .is_some_and(|(_, at)| Instant::now() < *at)
+                {
+                    continue;
+                }
                 let spec = self.pooled_spec(&t.name);
                 let t0 = Instant::now();
                 match self.factory.create(&spec) {
                     Ok(sb) => {
+                        backoff.remove(&t.name);
                         self.metrics
                             .sandbox_created(self.factory.backend(), &t.name, t0.elapsed());
                         let mut ready = lock(&self.ready);
@@ -118,7 +141,14 @@ impl Pool {
                         made_any = true;
                     }
                     Err(e) => {
-                        log::error!("pool: template {}: {e}", t.name);
+                        let failures = backoff.get(&t.name).map_or(0, |b| b.0) + 1;
+                        let wait = retry_delay(failures);
+                        log::error!(
+                            "pool: template {}: {e} (failure {failures}; next try in {} s)",
+                            t.name,
+                            wait.as_secs()
+                        );
+                        backoff.insert(t.name.clone(), (failures, Instant::now() + wait));
                         self.metrics.error("pool_create");
                     }
                 }
@@ -142,5 +172,18 @@ impl Pool {
         for mut sb in all {
             let _ = sb.destroy();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_from_5_s_to_5_min() {
+        let secs: Vec<u64> = [1, 2, 3, 6, 7, 40]
+            .map(|n| retry_delay(n).as_secs())
+            .to_vec();
+        assert_eq!(secs, [5, 10, 20, 160, 300, 300]);
     }
 }
