@@ -189,9 +189,9 @@ fn warm_pool_serves_new_sessions() {
 }
 
 /// A template whose sandboxes fail only after a long wait (a boot timing
-/// out) is retried with backoff, so it does not hold up refilling the
-/// others: taken warm sandboxes come back at once, not after its next
-/// failure.
+/// out) holds up no other template's refill: each template has its own
+/// filler, and a failing one backs off. Taken warm sandboxes come back at
+/// once, both during its first (hanging) attempt and after it failed.
 #[test]
 fn a_failing_template_does_not_hold_up_the_pool() {
     let (server, f, _dir) = start(1);
@@ -201,24 +201,30 @@ fn a_failing_template_does_not_hold_up_the_pool() {
             .text()
             .contains("agent_sandbox_pool_size{template=\"default\"} 1")
     };
-    assert!(wait_until(Duration::from_secs(20), || pooled(&h)
-        && f.stalled.load(Ordering::SeqCst) >= 1));
-    for round in 0..2 {
+    let take_and_refill = |round: &str| {
         let t = Instant::now();
-        let v = h.exec(&format!("warm{round}"), "echo warm");
+        let v = h.exec(&format!("warm-{round}"), "echo warm");
         assert_eq!(stdout_of(&v), "warm\n");
         assert!(
             wait_until(Duration::from_secs(10), || pooled(&h)),
-            "round {round}: no refill"
+            "{round}: no refill"
         );
-        // Without backoff the filler would be 4 s into `stalling` again.
         assert!(
             t.elapsed() < Duration::from_millis(2500),
-            "round {round}: refilled after {:?}",
+            "{round}: refilled after {:?}",
             t.elapsed()
         );
-    }
-    // One failure, then the 5 s backoff: no second attempt yet.
+    };
+    assert!(wait_until(Duration::from_secs(10), || pooled(&h)));
+    // `stalling` is inside its first 4 s attempt (`slow` in its 3 s one).
+    assert_eq!(f.stalled.load(Ordering::SeqCst), 0);
+    take_and_refill("during");
+    assert!(wait_until(Duration::from_secs(10), || f
+        .stalled
+        .load(Ordering::SeqCst)
+        >= 1));
+    take_and_refill("after");
+    // One failure, then the 5 s backoff: no second attempt finished yet.
     assert_eq!(f.stalled.load(Ordering::SeqCst), 1);
     server.shutdown();
 }

@@ -103,31 +103,59 @@ impl Pool {
         lock(&self.ready).get(template).map_or(0, Vec::len)
     }
 
+    /// Starts one filler per template (and per template that appears
+    /// later), so a template whose sandboxes hang until the boot timeout
+    /// holds up nobody else; waits for them at shutdown.
     fn fill_loop(self: Arc<Self>) {
-        // Templates whose last creation failed: consecutive failures and
-        // when to try again. A template that cannot start (a missing or
-        // stale image can take the whole boot timeout to fail) must not
-        // hold up refilling the others on every pass.
-        let mut backoff: HashMap<String, (u32, Instant)> = HashMap::new();
+        let mut fillers: HashMap<String, JoinHandle<()>> = HashMap::new();
         while !self.stopping.load(Ordering::Acquire) {
-            let mut made_any = false;
             for t in self.factory.templates() {
-                if self.size(&t.name) >= self.cfg.pool_size {
+                if fillers.contains_key(&t.name) {
                     continue;
                 }
-                if backoff
-                    .get(&t.name)
-                    .is_some_and(|(_, at)| Instant::now() < *at)
-                {
-                    continue;
+                let me = self.clone();
+                let name = t.name.clone();
+                match crate::harden::thread::spawn(
+                    crate::harden::ThreadKind::Session,
+                    std::thread::Builder::new().name(format!("pool-{name}")),
+                    move || me.fill_template(&name),
+                ) {
+                    Ok(h) => {
+                        fillers.insert(t.name, h);
+                    }
+                    Err(e) => log::error!("pool: filler for template {}: {e}", t.name),
                 }
-                let spec = self.pooled_spec(&t.name);
+            }
+            let g = lock(&self.ready);
+            if self.stopping.load(Ordering::Acquire) {
+                break;
+            }
+            let _ = self.wake.wait_timeout(g, Duration::from_secs(2));
+        }
+        for (_, h) in fillers {
+            let _ = h.join();
+        }
+    }
+
+    /// Keeps `template`'s warm sandboxes at the pool size. After a failed
+    /// creation it waits [`retry_delay`] (doubling per consecutive failure)
+    /// before trying again.
+    fn fill_template(&self, template: &str) {
+        let mut failures = 0u32;
+        let mut retry_at: Option<Instant> = None;
+        while !self.stopping.load(Ordering::Acquire) {
+            let due = retry_at.map_or(true, |at| Instant::now() >= at);
+            if due && self.size(template) < self.cfg.pool_size {
+                let spec = self.pooled_spec(template);
                 let t0 = Instant::now();
                 match self.factory.create(&spec) {
                     Ok(sb) => {
-                        backoff.remove(&t.name);
-                        self.metrics
-                            .sandbox_created(self.factory.backend(), &t.name, t0.elapsed());
+                        (failures, retry_at) = (0, None);
+                        self.metrics.sandbox_created(
+                            self.factory.backend(),
+                            template,
+                            t0.elapsed(),
+                        );
                         let mut ready = lock(&self.ready);
                         if self.stopping.load(Ordering::Acquire) {
                             drop(ready);
@@ -135,29 +163,33 @@ impl Pool {
                             let _ = sb.destroy();
                             return;
                         }
-                        let list = ready.entry(t.name.clone()).or_default();
+                        let list = ready.entry(template.to_string()).or_default();
                         list.push(sb);
-                        self.metrics.set_pool(&t.name, list.len());
-                        made_any = true;
+                        self.metrics.set_pool(template, list.len());
                     }
                     Err(e) => {
-                        let failures = backoff.get(&t.name).map_or(0, |b| b.0) + 1;
+                        failures += 1;
                         let wait = retry_delay(failures);
                         log::error!(
-                            "pool: template {}: {e} (failure {failures}; next try in {} s)",
-                            t.name,
+                            "pool: template {template}: {e} (failure {failures}; next try in {} s)",
                             wait.as_secs()
                         );
-                        backoff.insert(t.name.clone(), (failures, Instant::now() + wait));
+                        retry_at = Some(Instant::now() + wait);
                         self.metrics.error("pool_create");
                     }
                 }
+                continue;
             }
-            if !made_any {
-                // Full (or failing): wait for a take or a retry tick.
-                let g = lock(&self.ready);
-                let _ = self.wake.wait_timeout(g, Duration::from_secs(2));
+            // Full or backing off: wait for a take, shutdown or the retry.
+            let g = lock(&self.ready);
+            if self.stopping.load(Ordering::Acquire) {
+                return;
             }
+            let tick = retry_at
+                .map(|at| at.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(2))
+                .clamp(Duration::from_millis(10), Duration::from_secs(2));
+            let _ = self.wake.wait_timeout(g, tick);
         }
     }
 
