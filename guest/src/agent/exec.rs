@@ -111,6 +111,20 @@ fn prepare(agent: &Agent, e: &ExecRequest) -> Result<Prepared, ErrorBody> {
     })
 }
 
+/// What [`spawn`] needs for request `e`, prepared and with its stdio.
+fn spawn_spec<'a>(prep: &'a Prepared, io: &Stdio, e: &ExecRequest) -> SpawnSpec<'a> {
+    SpawnSpec {
+        path: &prep.path,
+        argv: &prep.argv,
+        envp: &prep.envp,
+        cwd: &prep.cwd,
+        stdio: io.child_fds,
+        pty: e.pty.is_some(),
+        uid: e.uid,
+        gid: e.gid,
+    }
+}
+
 /// The host-facing ends of the child's stdio.
 struct Stdio {
     /// stdout (or the PTY master), stderr.
@@ -245,17 +259,7 @@ fn warm_up(agent: &Agent) -> std::io::Result<()> {
     };
     let prep = prepare(agent, &e).map_err(|e| std::io::Error::other(e.message))?;
     let mut io = open_stdio(agent, &e)?;
-    let spec = SpawnSpec {
-        path: &prep.path,
-        argv: &prep.argv,
-        envp: &prep.envp,
-        cwd: &prep.cwd,
-        stdio: io.child_fds,
-        pty: false,
-        uid: None,
-        gid: None,
-    };
-    let super::spawn::Spawned { pid, cgroup, pidfd } = spawn(&spec)?;
+    let super::spawn::Spawned { pid, cgroup, pidfd } = spawn(&spawn_spec(&prep, &io, &e))?;
     io.child.clear();
     // Without a pidfd (kernels before 5.3) the reaper collects it; its
     // cgroup is removed once empty, like any busy exec cgroup.
@@ -371,16 +375,7 @@ pub fn start(
             return None;
         }
     };
-    let spec = SpawnSpec {
-        path: &prep.path,
-        argv: &prep.argv,
-        envp: &prep.envp,
-        cwd: &prep.cwd,
-        stdio: io.child_fds,
-        pty: e.pty.is_some(),
-        uid: e.uid,
-        gid: e.gid,
-    };
+    let spec = spawn_spec(&prep, &io, &e);
     let started = Instant::now();
     let super::spawn::Spawned { pid, cgroup, pidfd } = match spawn(&spec) {
         Ok(r) => r,
