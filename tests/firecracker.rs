@@ -390,8 +390,20 @@ impl Spawner for FakeFc {
         let secs = if mode == Mode::VmmDies { "0" } else { "60" };
         // Reaped by the backend's teardown (waitpid), like a VMM under a
         // subreaper would be.
+        // ETXTBSY: another test thread forked while the copy was open for
+        // writing, and its child holds that fd until it execs. Retry.
         #[allow(clippy::zombie_processes)]
-        let child = std::process::Command::new(&vmm).arg(secs).spawn().unwrap();
+        let child = (0..100)
+            .find_map(
+                |_| match std::process::Command::new(&vmm).arg(secs).spawn() {
+                    Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        None
+                    }
+                    r => Some(r.unwrap()),
+                },
+            )
+            .expect("stand-in VMM: text file busy for 1 s");
         fs::write(
             root.join(format!("{exec_name}.pid")),
             child.id().to_string(),
