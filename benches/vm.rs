@@ -1,5 +1,6 @@
 //! VM lifecycle benchmark: cold boot to the agent's READY line and
-//! restore to the first exec answered, p50/p99, with the QEMU backend
+//! restore to the first exec answered (into a fresh QEMU, and into a
+//! standby QEMU started ahead), p50/p99, with the QEMU backend
 //! (TCG here, KVM where it works). Prints numbers; asserts nothing.
 //!
 //!   cargo bench --bench vm [-- ITERATIONS] [restore]   (restore: skip cold boots)
@@ -15,7 +16,7 @@ mod common;
 use common::{exec_true, report, report_count};
 
 use agent_sandbox::agent::{AgentClient, Started};
-use agent_sandbox::vm::{connect_agent, Backend, Vm};
+use agent_sandbox::vm::{connect_agent, Backend, PreparedRestore, Vm};
 use std::time::{Duration, Instant};
 
 fn rss_kib(pid: i32) -> u64 {
@@ -139,6 +140,34 @@ fn main() {
         drop(c);
         Vm::destroy(&mut v).expect("destroy");
     }
+    // Restores into a standby VMM (`sandbox::standby`): the daemon starts
+    // the QEMU for the next session of a shape ahead of time, so a session
+    // pays only the state load, the hello and its first exec.
+    let (mut sb_load, mut sb_hello, mut sb_first, mut sb_rss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let id = format!("bench-standby-{i}");
+        let cfg = info.vm_config(&id, e.run_dir(&id), vm::VM_UID, vm::VM_GID);
+        let _ = std::fs::remove_dir_all(&cfg.run_dir);
+        let p = e
+            .backend
+            .prepare_restore_vm(&cfg, &info.dir)
+            .expect("prepare restore");
+        // As a standby waits between sessions: idle, nothing loaded.
+        std::thread::sleep(Duration::from_millis(300));
+        if let Some(pid) = PreparedRestore::pid(&p) {
+            sb_rss.push(rss_kib(pid));
+        }
+        let t = Instant::now();
+        let mut v = p.finish_vm().expect("finish restore");
+        sb_load.push(t.elapsed());
+        let c = connect_agent(&mut v, true, Duration::from_secs(60)).expect("agent");
+        sb_hello.push(t.elapsed());
+        exec_true(&c);
+        sb_first.push(t.elapsed());
+        drop(c);
+        Vm::destroy(&mut v).expect("destroy");
+    }
     // A client usually pauses between creating a session and its first
     // command; under TCG the agent uses such a pause to warm the exec path
     // up (`RestoreFixup::warm_up`). Same restore, then an idle pause, then
@@ -190,6 +219,9 @@ fn main() {
     report("restore to hello answered (fixup applied)", &mut hello);
     report("restore to first exec answered", &mut first);
     report("exec `true` round trip (restored VM)", &mut exec_rtt);
+    report("standby VMM: state loaded, running", &mut sb_load);
+    report("standby VMM: to hello answered", &mut sb_hello);
+    report("standby VMM: to first exec answered", &mut sb_first);
     report("QEMU CPU: start + load state", &mut cpu_restore);
     report("QEMU CPU: hello (fixup)", &mut cpu_hello);
     report("QEMU CPU: first exec", &mut cpu_first);
@@ -203,8 +235,9 @@ fn main() {
     report_count("TCG blocks: exec after idle, warmed up", &mut tb_idle_warm);
     let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;
     println!(
-        "QEMU RSS after first exec: cold {} MiB, restored {} MiB",
+        "QEMU RSS after first exec: cold {} MiB, restored {} MiB; standby VMM waiting {} MiB",
         avg(&cold_rss) / 1024,
-        avg(&rest_rss) / 1024
+        avg(&rest_rss) / 1024,
+        avg(&sb_rss) / 1024
     );
 }

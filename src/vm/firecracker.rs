@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::jailer::{self, in_jail, JailFile, JailPaths, JailerConfig, LaunchSpec, Pidfd, Spawner};
 use super::snapshot::{self, Manifest};
-use super::{Backend, Result, Vm, VmConfig, VmError};
+use super::{Backend, PreparedRestore, Result, Vm, VmConfig, VmError};
 
 const NAME: &str = "firecracker";
 
@@ -351,7 +351,11 @@ impl Backend for FirecrackerBackend {
         Ok(Box::new(vm))
     }
 
-    fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
+    fn prepare_restore(
+        &self,
+        cfg: &VmConfig,
+        snapshot_dir: &Path,
+    ) -> Result<Box<dyn PreparedRestore>> {
         let version = self.vmm_version()?;
         snapshot::check_fresh(snapshot_dir, &snapshot::Inputs::of(NAME, &version, cfg))?;
         // The kernel is inside the saved memory; only the rootfs is reopened.
@@ -371,18 +375,48 @@ impl Backend for FirecrackerBackend {
         ];
         let mut vm = self.launch(cfg, files)?;
         vm.vmm_version = version;
+        Ok(Box::new(FcPrepared { vm }))
+    }
+}
+
+/// A jailed Firecracker with its API up and the snapshot's files linked
+/// into its chroot, before `PUT /snapshot/load`.
+pub struct FcPrepared {
+    vm: FcVm,
+}
+
+impl PreparedRestore for FcPrepared {
+    fn id(&self) -> &str {
+        &self.vm.id
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.vm.pid()
+    }
+
+    fn alive(&self) -> bool {
+        self.vm.alive()
+    }
+
+    fn finish(self: Box<Self>) -> Result<Box<dyn Vm>> {
+        let vm = self.vm;
         let mut body = json!({
             "snapshot_path": in_jail::SNAP_STATE,
             "mem_backend": { "backend_type": "File", "backend_path": in_jail::SNAP_MEM },
             "resume_vm": true,
         });
-        if let Some(net) = &cfg.net {
+        if let Some(net) = &vm.cfg.net {
             // Same TAP name in every namespace, so this is a no-op for
             // snapshots made by this daemon; it keeps a renamed TAP working.
             body["network_overrides"] = json!([{ "iface_id": "eth0", "host_dev_name": net.tap }]);
         }
-        vm.api("PUT", "/snapshot/load", &body, self.timeouts.snapshot)?;
+        // On error `vm` is dropped, which tears the jail down.
+        vm.api("PUT", "/snapshot/load", &body, vm.timeouts.snapshot)?;
         Ok(Box::new(vm))
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        self.vm.destroy()
     }
 }
 

@@ -101,7 +101,37 @@ pub trait Backend: Send + Sync {
     /// [`VmError::StaleSnapshot`] when the manifest does not match `cfg` and
     /// this host (the caller rebuilds), [`VmError::BadFile`] when files are
     /// missing or unreadable.
-    fn restore(&self, cfg: &VmConfig, snapshot_dir: &std::path::Path) -> Result<Box<dyn Vm>>;
+    fn restore(&self, cfg: &VmConfig, snapshot_dir: &std::path::Path) -> Result<Box<dyn Vm>> {
+        self.prepare_restore(cfg, snapshot_dir)?.finish()
+    }
+    /// The first half of [`Backend::restore`], which a caller may run ahead
+    /// of demand: checks the snapshot, starts the VMM process with its
+    /// devices and the snapshot's files, and connects its control channel.
+    /// No guest runs until [`PreparedRestore::finish`]. Starting the process
+    /// is most of a restore's own cost (QEMU: ~30 ms of dynamic linking and
+    /// device set-up; the state load itself takes a few ms).
+    fn prepare_restore(
+        &self,
+        cfg: &VmConfig,
+        snapshot_dir: &std::path::Path,
+    ) -> Result<Box<dyn PreparedRestore>>;
+}
+
+/// A VMM started for a restore that has not loaded its guest yet
+/// ([`Backend::prepare_restore`]). It holds the snapshot's files open, so it
+/// restores the snapshot it was prepared from even if that is rebuilt
+/// meanwhile. Dropping it removes everything, like [`Vm::destroy`].
+pub trait PreparedRestore: Send {
+    fn id(&self) -> &str;
+    /// Host pid of the VMM process, while it runs.
+    fn pid(&self) -> Option<i32>;
+    /// Whether the VMM still runs (one that died is of no use).
+    fn alive(&self) -> bool;
+    /// Load the snapshot and run the guest. On error everything the VMM
+    /// created is removed, as for a failed [`Backend::restore`].
+    fn finish(self: Box<Self>) -> Result<Box<dyn Vm>>;
+    /// Kill the VMM and remove everything it created. Idempotent.
+    fn destroy(&mut self) -> Result<()>;
 }
 
 pub trait Vm: Send {

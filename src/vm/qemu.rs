@@ -37,7 +37,7 @@ use super::jailer::{validate_id, Pidfd};
 use super::launch::{self, Launch, Launcher, VmmProcess};
 use super::qmp::Qmp;
 use super::snapshot::{self, Manifest};
-use super::{Backend, Result, Vm, VmConfig, VmError};
+use super::{Backend, PreparedRestore, Result, Vm, VmConfig, VmError};
 use crate::harden::spawner::ProcLimits;
 
 const NAME: &str = "qemu";
@@ -416,11 +416,22 @@ impl QemuBackend {
     /// [`Backend::restore`], keeping the concrete type (benchmarks and
     /// diagnostics use its QMP).
     pub fn restore_vm(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<QemuVm> {
+        self.prepare_restore_vm(cfg, snapshot_dir)?.finish_vm()
+    }
+
+    /// [`Backend::prepare_restore`], keeping the concrete type: QEMU
+    /// started with `-incoming defer`, the snapshot's state and RAM handed
+    /// over as fds, QMP connected.
+    pub fn prepare_restore_vm(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<QemuPrepared> {
         let version = self.vmm_version_for(&cfg.kernel)?;
         snapshot::check_fresh(snapshot_dir, &snapshot::Inputs::of(NAME, &version, cfg))?;
         let state = snapshot_dir.join(SNAP_STATE_FILE);
         let mem = snapshot_dir.join(SNAP_MEM_FILE);
-        self.launch(cfg, Some((&state, &mem)))
+        let vm = self.launch(cfg, Some((&state, &mem)))?;
+        Ok(QemuPrepared {
+            vm,
+            state_path: state,
+        })
     }
 
     fn launch(&self, cfg: &VmConfig, incoming: Option<(&Path, &Path)>) -> Result<QemuVm> {
@@ -515,18 +526,67 @@ impl QemuBackend {
             Ok(q) => vm.qmp = Some(q),
             Err(e) => return Err(vm.explain(e, "starting")),
         }
-        if let (Some(_), Some((state_path, _))) = (&state, incoming) {
-            if let Err(e) = vm.load_state(STATE_FD) {
-                let why = vm.explain(e, "loading the snapshot");
-                return Err(VmError::BadFile {
-                    path: state_path.to_path_buf(),
-                    problem: format!("snapshot state does not load: {why}"),
-                    fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>"
-                        .into(),
-                });
+        if state.is_some() {
+            // RAM stays out of the stream (it is the mapped snapshot file).
+            // Set now, so the state load (`QemuPrepared::finish_vm`) is only
+            // migrate-incoming and `cont`.
+            let t = self.cfg.timeouts.qmp;
+            let caps =
+                json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] });
+            let set = vm
+                .qmp()
+                .and_then(|q| q.execute("migrate-set-capabilities", Some(caps), t));
+            if let Err(e) = set {
+                return Err(vm.explain(e, "setting up the snapshot load"));
             }
         }
         Ok(vm)
+    }
+}
+
+/// A QEMU waiting in `-incoming defer` for [`QemuPrepared::finish_vm`]
+/// ([`Backend::prepare_restore`]). It already holds the snapshot's state
+/// file (fd [`STATE_FD`]) and RAM (fd [`MEM_FD`]).
+pub struct QemuPrepared {
+    vm: QemuVm,
+    state_path: PathBuf,
+}
+
+impl QemuPrepared {
+    /// Load the state and run the guest: migrate-incoming from the fd QEMU
+    /// was started with, then `cont`.
+    pub fn finish_vm(mut self) -> Result<QemuVm> {
+        if let Err(e) = self.vm.load_state(STATE_FD) {
+            let why = self.vm.explain(e, "loading the snapshot");
+            return Err(VmError::BadFile {
+                path: self.state_path,
+                problem: format!("snapshot state does not load: {why}"),
+                fix: "rebuild the snapshot: agent-sandbox snapshot create --template <T>".into(),
+            });
+        }
+        Ok(self.vm)
+    }
+}
+
+impl PreparedRestore for QemuPrepared {
+    fn id(&self) -> &str {
+        &self.vm.id
+    }
+
+    fn pid(&self) -> Option<i32> {
+        Vm::pid(&self.vm)
+    }
+
+    fn alive(&self) -> bool {
+        self.vm.alive()
+    }
+
+    fn finish(self: Box<Self>) -> Result<Box<dyn Vm>> {
+        Ok(Box::new(self.finish_vm()?))
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        Vm::destroy(&mut self.vm)
     }
 }
 
@@ -562,6 +622,14 @@ impl Backend for QemuBackend {
 
     fn restore(&self, cfg: &VmConfig, snapshot_dir: &Path) -> Result<Box<dyn Vm>> {
         Ok(Box::new(self.restore_vm(cfg, snapshot_dir)?))
+    }
+
+    fn prepare_restore(
+        &self,
+        cfg: &VmConfig,
+        snapshot_dir: &Path,
+    ) -> Result<Box<dyn PreparedRestore>> {
+        Ok(Box::new(self.prepare_restore_vm(cfg, snapshot_dir)?))
     }
 }
 
@@ -1405,15 +1473,12 @@ impl QemuVm {
         })
     }
 
+    /// Migrate the state in from `fd` and run (x-ignore-shared was set at
+    /// launch).
     fn load_state(&mut self, fd: RawFd) -> Result<()> {
         let t = self.timeouts.qmp;
         let deadline = Instant::now() + self.timeouts.migrate;
         let q = self.qmp()?;
-        q.execute(
-            "migrate-set-capabilities",
-            Some(json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] })),
-            t,
-        )?;
         q.execute(
             "migrate-incoming",
             Some(json!({ "uri": format!("fd:{fd}") })),
