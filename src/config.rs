@@ -28,6 +28,9 @@ pub struct Config {
     pub max_sessions: usize,
     /// Warm sandboxes kept ready per template.
     pub pool_size: usize,
+    /// VMMs kept started ahead of restores, one per recently used shape
+    /// (`sandbox::standby`); 0 turns them off.
+    pub standby_vmms: usize,
     pub default_template: String,
     /// Threads answering ordinary (non-streaming) requests.
     pub http_workers: usize,
@@ -135,6 +138,7 @@ impl Default for Config {
             max_lifetime: Duration::from_secs(24 * 3600),
             max_sessions: 64,
             pool_size: 0,
+            standby_vmms: 2,
             default_template: "default".into(),
             http_workers: 16,
             max_streams: 256,
@@ -286,6 +290,7 @@ pub struct FileConfig {
     pub auth: Option<bool>,
     pub max_sessions: Option<usize>,
     pub pool_size: Option<usize>,
+    pub standby_vmms: Option<usize>,
     pub default_template: Option<String>,
     pub idle_timeout_secs: Option<u64>,
     pub max_lifetime_secs: Option<u64>,
@@ -407,6 +412,7 @@ impl FileConfig {
             auth => c.auth,
             max_sessions => c.max_sessions,
             pool_size => c.pool_size,
+            standby_vmms => c.standby_vmms,
             default_template => c.default_template,
             http_workers => c.http_workers,
             max_streams => c.max_streams,
@@ -466,6 +472,7 @@ impl FileConfig {
             auth: Some(c.auth),
             max_sessions: Some(c.max_sessions),
             pool_size: Some(c.pool_size),
+            standby_vmms: Some(c.standby_vmms),
             default_template: Some(c.default_template.clone()),
             idle_timeout_secs: secs(c.idle_timeout),
             max_lifetime_secs: secs(c.max_lifetime),

@@ -189,6 +189,10 @@ struct ServeArgs {
     /// Warm sandboxes kept ready per template [0].
     #[arg(long)]
     pool_size: Option<usize>,
+    /// VMMs kept started ahead of restores, one per recently used
+    /// template shape; 0 turns them off [2].
+    #[arg(long)]
+    standby_vmms: Option<usize>,
     /// [default]
     #[arg(long)]
     default_template: Option<String>,
@@ -325,6 +329,7 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
         max_lifetime => c.max_lifetime,
         max_sessions => c.max_sessions,
         pool_size => c.pool_size,
+        standby_vmms => c.standby_vmms,
         default_template => c.default_template,
         http_workers => c.http_workers,
         max_streams => c.max_streams,

@@ -11,6 +11,7 @@
 //!   tests only, selected explicitly with `--backend local-process`.
 
 pub mod local;
+pub mod standby;
 pub mod vm;
 pub mod wiring;
 

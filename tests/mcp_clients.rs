@@ -68,9 +68,9 @@ fn python_sdk_stdio_forwarding_to_daemon() {
         // The forwarding process ended with its client; so did every
         // sandbox it created, in either protocol era.
         assert!(
-            common::wait_until(Duration::from_secs(15), || d.sandbox_procs().is_empty()),
+            common::wait_until(Duration::from_secs(15), || d.session_procs().is_empty()),
             "{mode}: sandboxes left on the daemon: {:?}",
-            d.sandbox_procs()
+            d.session_procs()
         );
     }
     // The key can also come from a file.

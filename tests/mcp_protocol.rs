@@ -48,9 +48,9 @@ fn http_all_versions_schemas_and_bad_input() {
     // Every sandbox the script made is gone (deleted MCP sessions and
     // destroy_session), and the daemon still answers.
     assert!(
-        common::wait_until(Duration::from_secs(10), || d.sandbox_procs().is_empty()),
+        common::wait_until(Duration::from_secs(10), || d.session_procs().is_empty()),
         "sandboxes left: {:?}\n{}",
-        d.sandbox_procs(),
+        d.session_procs(),
         d.log()
     );
     assert!(!d.log().contains("panicked"), "{}", d.log());

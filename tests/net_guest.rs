@@ -242,14 +242,20 @@ fn guests_reach_only_what_their_policy_allows() {
 
     create(&d, "a", json!({"mode": "internet"}));
     create(&d, "b", json!({"mode": "none"}));
-    // The other session's namespace, with a listener in it.
-    let b_ns = sh(&["ip", "netns", "list"])
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| is_session_ns(n, &prefix))
-        .map(str::to_string)
-        .collect::<Vec<_>>();
-    assert_eq!(b_ns.len(), 2, "session namespaces: {b_ns:?}");
+    // Every session namespace, with a listener in it: the two sessions'
+    // and those of the two standby VMMs made for the next session of each
+    // shape (docs/operations.md), which no guest may reach either.
+    let session_nses = || {
+        sh(&["ip", "netns", "list"])
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|n| is_session_ns(n, &prefix))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    common::wait_until(Duration::from_secs(20), || session_nses().len() == 4);
+    let b_ns = session_nses();
+    assert_eq!(b_ns.len(), 4, "session namespaces: {b_ns:?}");
     let listeners: Vec<NsListener> = b_ns.iter().map(|n| NsListener::start(n, PORT)).collect();
     let session_addrs: Vec<Ipv4Addr> = b_ns.iter().flat_map(|n| addrs_of(n)).collect();
 

@@ -131,12 +131,12 @@ fn seed_compatible_endpoints() {
         .collect();
     assert_eq!(ids, vec!["seed1"]);
     assert_eq!(h.get("/exec").status, 200);
-    let before = d.sandbox_procs().len();
+    let before = d.session_procs().len();
     assert!(before >= 1);
     let r = h.delete("/exec/seed1");
     assert_eq!(r.status, 200);
     assert!(wait_until(Duration::from_secs(5), || d
-        .sandbox_procs()
+        .session_procs()
         .is_empty()));
     assert_eq!(h.delete("/exec/seed1").status, 404);
     assert!(h.get("/exec").json()["sessions"]
@@ -548,7 +548,7 @@ fn idle_sessions_are_reaped_and_capacity_is_enforced() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.code(), "at_capacity");
     assert!(r.header("retry-after").is_some());
-    assert_eq!(d.sandbox_procs().len(), 2);
+    assert_eq!(d.session_procs().len(), 2);
     // A running command keeps its session alive past the idle timeout.
     let busy = h.post(
         "/exec/one/execute",
@@ -562,9 +562,9 @@ fn idle_sessions_are_reaped_and_capacity_is_enforced() {
             .is_empty()
     }));
     assert!(
-        wait_until(Duration::from_secs(5), || d.sandbox_procs().is_empty()),
+        wait_until(Duration::from_secs(5), || d.session_procs().is_empty()),
         "sandboxes left after reaping: {:?}",
-        d.sandbox_procs()
+        d.session_procs()
     );
     let m = h.get("/metrics").text();
     assert!(m.contains("agent_sandbox_sessions_active 0"), "{m}");

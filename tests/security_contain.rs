@@ -603,7 +603,8 @@ fn vmm_kill_9_mid_exec() {
     }
     let prefix = common::daemon::unique_prefix();
     let baseline = net_and_cgroup_objects(&prefix);
-    let d = Daemon::start(&["--net-prefix", &prefix]);
+    // No standby VMMs: the counts below are per session.
+    let d = Daemon::start(&["--net-prefix", &prefix, "--standby-vmms", "0"]);
     let h = d.http();
     eprintln!("daemon pid: {}", d.pid());
     create(&h, "doomed");
@@ -708,14 +709,20 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
         out
     });
     std::thread::sleep(Duration::from_secs(2));
+    // Two sessions and the standby VMM started for the next session of
+    // their shape: the sweep must find that one too.
+    assert!(
+        wait_until(Duration::from_secs(20), || qemu_pids(&d).len() == 3),
+        "{:?}",
+        qemu_pids(&d)
+    );
     let vmms = qemu_pids(&d);
-    assert_eq!(vmms.len(), 2, "{vmms:?}");
     // The leak check sees live sandboxes (it is not vacuous).
     let live = leftovers(&d.state_dir(), &[d.pid()], &baseline, &prefix);
     assert!(
-        live.iter().filter(|l| l.starts_with("process ")).count() == 2
-            && live.iter().filter(|l| l.starts_with("run dir ")).count() == 2
-            && live.iter().filter(|l| l.starts_with("netns ")).count() == 2,
+        live.iter().filter(|l| l.starts_with("process ")).count() == 3
+            && live.iter().filter(|l| l.starts_with("run dir ")).count() == 3
+            && live.iter().filter(|l| l.starts_with("netns ")).count() == 3,
         "{live:?}"
     );
     d.terminate(libc::SIGKILL);

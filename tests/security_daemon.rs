@@ -175,6 +175,8 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
     }
     // Its own range of VM ids: each session's VMM must get one of them.
     let (first, count) = (1_500_000_000u32, 8u32);
+    // No standby VMMs: this test tells sessions' VMMs apart by order
+    // (a_standby_vmm_serves_the_next_session... covers them).
     let d = Daemon::start(&[
         "--vm-ids",
         &format!("{first}:{count}"),
@@ -182,6 +184,8 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         "4",
         "--vm-io-max",
         "wbps=104857600 wiops=4000",
+        "--standby-vmms",
+        "0",
     ]);
     let pid = d.pid();
     let vm = common::daemon::vm_backend();
@@ -361,6 +365,133 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
     let mut d = d;
     let st = d.terminate(libc::SIGTERM).expect("daemon exit");
     assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
+}
+
+/// The sandbox id a session runs as, from the daemon's log.
+fn sandbox_of(d: &Daemon, session: &str) -> Option<String> {
+    let needle = format!("/{session}: ready as ");
+    d.log().lines().find_map(|l| {
+        let rest = &l[l.find(&needle)? + needle.len()..];
+        rest.split_whitespace().next().map(str::to_string)
+    })
+}
+
+/// The QEMU children of the spawner, by the VM id in their `-name`.
+fn qemus_by_id(spawner: i32) -> Vec<(String, i32)> {
+    children_of(spawner)
+        .into_iter()
+        .filter(|p| comm(*p).starts_with("qemu"))
+        .filter_map(|p| Some((common::daemon::vm_id_of(p)?, p)))
+        .collect()
+}
+
+/// After a session restores, the daemon starts a VMM for the next session
+/// of that shape (`--standby-vmms`): confined like any VMM, no guest yet.
+/// The next session is restored into that very process, works, is
+/// counted in the metrics; a new standby follows; nothing outlives the
+/// daemon.
+#[test]
+fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
+    if !is_root() || !common::daemon::vm_backend() {
+        eprintln!("SKIP: needs root and guest images (a VM backend)");
+        return;
+    }
+    let (first, count) = (1_500_000_100u32, 8u32);
+    let mut d = Daemon::start(&[
+        "--vm-ids",
+        &format!("{first}:{count}"),
+        "--max-sessions",
+        "4",
+    ]);
+    let spawner = spawner_of(d.pid()).expect("spawner process");
+    let one = create_session(&d);
+    assert_eq!(exec(&d, &one, "echo one"), "one\n");
+    let vm_one = sandbox_of(&d, &one).expect("first session's sandbox id in the log");
+    // The standby: a second QEMU, under another VM id.
+    let mut standby = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            standby = qemus_by_id(spawner)
+                .into_iter()
+                .find(|(id, _)| *id != vm_one);
+            standby.is_some()
+        }),
+        "no standby VMM after the first session: {:?}\n{}",
+        qemus_by_id(spawner),
+        d.log()
+    );
+    let (sb_id, sb_pid) = standby.expect("standby");
+    let st = status_of(&format!("/proc/{sb_pid}/status"));
+    let uid: u32 = field(&st, "Uid")
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .expect("uid");
+    assert!(
+        (first + 1..first + count).contains(&uid),
+        "standby VMM uid {uid} outside {first}:{count}"
+    );
+    assert_eq!(
+        field(&st, "Seccomp"),
+        "2",
+        "standby QEMU runs under filters"
+    );
+    assert_eq!(hex(field(&st, "CapEff")), 0);
+    let cg = cgroup_dir(sb_pid).expect("standby's cgroup");
+    assert!(
+        cg.ends_with(&sb_id),
+        "standby VMM not in its own cgroup: {}",
+        cg.display()
+    );
+    // It has loaded no guest: QEMU waits for the migration stream.
+    let cmd = String::from_utf8_lossy(
+        &std::fs::read(format!("/proc/{sb_pid}/cmdline")).expect("cmdline"),
+    )
+    .into_owned();
+    assert!(cmd.contains("-incoming\0defer"), "{cmd:?}");
+
+    // The next session of the same shape runs in that process.
+    let two = create_session(&d);
+    assert_eq!(exec(&d, &two, "echo two"), "two\n");
+    assert_eq!(sandbox_of(&d, &two).as_deref(), Some(sb_id.as_str()));
+    assert!(alive(sb_pid), "the standby's QEMU is gone");
+    assert!(
+        qemus_by_id(spawner).contains(&(sb_id.clone(), sb_pid)),
+        "{:?}",
+        qemus_by_id(spawner)
+    );
+    let m = d.http().get("/metrics").text();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{") && l.ends_with(" 1")),
+        "{m}"
+    );
+    // And a new standby is made for the session after.
+    assert!(
+        wait_until(Duration::from_secs(20), || qemus_by_id(spawner).len() == 3),
+        "{:?}",
+        qemus_by_id(spawner)
+    );
+    let all: Vec<i32> = qemus_by_id(spawner).into_iter().map(|(_, p)| p).collect();
+    let run = d.state_dir().join("run");
+    assert_eq!(
+        std::fs::read_dir(&run).map_or(0, |r| r.count()),
+        3,
+        "run dirs of two sessions and a standby"
+    );
+    let log = d.log();
+    assert!(!log.contains("forbidden syscall"), "log:\n{log}");
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit");
+    assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
+    assert!(
+        all.iter().all(|p| !alive(*p)),
+        "VMMs outlived the daemon: {all:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "run dirs left: {left:?}");
+    assert!(!cg.exists(), "cgroup left: {}", cg.display());
 }
 
 #[test]

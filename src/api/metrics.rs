@@ -27,6 +27,7 @@ pub struct Metrics {
     pub errors: Family<Labels, Counter>,
     pub pool_size: Family<Labels, Gauge>,
     pub net_setup: Family<Labels, Histogram>,
+    pub standby_used: Family<Labels, Counter>,
     pub http_requests: Family<Labels, Counter>,
 }
 
@@ -55,6 +56,7 @@ impl Metrics {
         let net_setup = Family::<Labels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
+        let standby_used = Family::<Labels, Counter>::default();
         let http_requests = Family::<Labels, Counter>::default();
         registry.register(
             "sessions_active",
@@ -103,6 +105,11 @@ impl Metrics {
             net_setup.clone(),
         );
         registry.register(
+            "standby_vmm_used",
+            "Sandboxes restored into a VMM started ahead of demand, by template",
+            standby_used.clone(),
+        );
+        registry.register(
             "http_requests",
             "HTTP requests by status class",
             http_requests.clone(),
@@ -119,6 +126,7 @@ impl Metrics {
             errors,
             pool_size,
             net_setup,
+            standby_used,
             http_requests,
         }
     }

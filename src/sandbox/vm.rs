@@ -3,18 +3,19 @@
 //! networking layer plug in through the two small traits below, so this file
 //! does not depend on branches that have not landed yet.
 
+use super::standby::{Key, Provision, Ready, Standby};
 use super::{
     EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
 };
 use crate::agent::{AgentClient, Started};
 use crate::vm::ids::{IdLease, VmIds};
 use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a template resolves to for one boot.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedTemplate {
     pub kernel: PathBuf,
     pub rootfs: PathBuf,
@@ -73,6 +74,161 @@ pub struct VmSandboxFactory {
     /// The uid/gid each VMM runs as: its own, leased for the session.
     pub ids: VmIds,
     pub agent_timeout: Duration,
+    /// VMMs started ahead of restores (`standby_vmms`; module `standby`).
+    pub standby: Arc<Standby>,
+}
+
+/// What making a VM needs, cloneable onto a standby thread.
+#[derive(Clone)]
+struct Maker {
+    backend: Arc<dyn Backend>,
+    net: Option<Arc<dyn NetProvider>>,
+    ids: VmIds,
+    run_root: PathBuf,
+}
+
+impl Maker {
+    /// A uid/gid and a network for VM `id`.
+    fn provision(&self, id: &str, egress: &EgressPolicy) -> Result<Provision> {
+        let lease = self.ids.acquire().map_err(|e| SandboxError::Failed {
+            id: id.to_string(),
+            what: "vm uid",
+            msg: e,
+        })?;
+        let owner = (lease.uid, lease.gid);
+        let t_net = Instant::now();
+        let net = match &self.net {
+            Some(n) => Some(n.setup(id, egress, owner)?),
+            None => None,
+        };
+        Ok(Provision {
+            id: id.to_string(),
+            lease,
+            net_took: net.as_ref().map(|_| t_net.elapsed()),
+            net,
+        })
+    }
+
+    fn config(&self, p: &Provision, tpl: &ResolvedTemplate) -> VmConfig {
+        VmConfig {
+            id: p.id.clone(),
+            kernel: tpl.kernel.clone(),
+            rootfs: tpl.rootfs.clone(),
+            vcpus: tpl.vcpus,
+            mem_mib: tpl.mem_mib,
+            cmdline_extra: tpl.cmdline_extra.clone(),
+            net: p.net.as_ref().map(|n| n.attachment()),
+            uid: p.lease.uid,
+            gid: p.lease.gid,
+            run_dir: self.run_root.join(&p.id),
+        }
+    }
+
+    /// A VMM for VM `id` ready to load the snapshot in `dir`.
+    fn prepare(&self, id: &str, key: Key, tpl: &ResolvedTemplate, dir: &Path) -> Result<Ready> {
+        let prov = self.provision(id, key.egress())?;
+        let cfg = self.config(&prov, tpl);
+        match self.backend.prepare_restore(&cfg, dir) {
+            Ok(prepared) => Ok(Ready {
+                key,
+                prov,
+                prepared,
+                since: Instant::now(),
+            }),
+            Err(e) => {
+                // A failed start removes its VMM (the backends' contract).
+                prov.release(true);
+                Err(SandboxError::Failed {
+                    id: id.to_string(),
+                    what: "start vm",
+                    msg: e.to_string(),
+                })
+            }
+        }
+    }
+}
+
+impl VmSandboxFactory {
+    fn maker(&self) -> Maker {
+        Maker {
+            backend: self.backend.clone(),
+            net: self.net.clone(),
+            ids: self.ids.clone(),
+            run_root: self.run_root.clone(),
+        }
+    }
+
+    /// Start the VM: from a standby VMM of this shape if one is ready,
+    /// else restore or boot now. Returns the VM with what it holds, and
+    /// how long the standby it came from had waited.
+    fn start_vm(
+        &self,
+        spec: &SandboxSpec,
+        tpl: &ResolvedTemplate,
+    ) -> Result<(Provision, Box<dyn Vm>, Option<Duration>)> {
+        let fail = |id: &str, e: crate::vm::VmError| SandboxError::Failed {
+            id: id.to_string(),
+            what: "start vm",
+            msg: e.to_string(),
+        };
+        let maker = self.maker();
+        let Some(dir) = &tpl.snapshot_dir else {
+            let prov = maker.provision(&spec.id, &spec.egress)?;
+            let cfg = maker.config(&prov, tpl);
+            return match self.backend.boot(&cfg) {
+                Ok(vm) => Ok((prov, vm, None)),
+                Err(e) => {
+                    prov.release(true);
+                    Err(fail(&spec.id, e))
+                }
+            };
+        };
+        let key = Key::new(&spec.template, tpl, dir, &spec.egress);
+        let (ready, waited) = match self.standby.take(&key) {
+            Some(r) => {
+                let waited = r.since.elapsed();
+                (r, Some(waited))
+            }
+            None => match maker.prepare(&spec.id, key.clone(), tpl, dir) {
+                Ok(r) => (r, None),
+                // Standbys hold uids too: a session comes first.
+                Err(SandboxError::Failed { what: "vm uid", .. }) if self.standby.ready() > 0 => {
+                    log::warn!(
+                        "sandbox {}: VM uids used up; removing standby VMMs",
+                        spec.id
+                    );
+                    self.standby.clear();
+                    (maker.prepare(&spec.id, key.clone(), tpl, dir)?, None)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let Ready { prov, prepared, .. } = ready;
+        let id = prov.id.clone();
+        match prepared.finish() {
+            Ok(vm) => Ok((prov, vm, waited)),
+            Err(e) => {
+                prov.release(true);
+                Err(fail(&id, e))
+            }
+        }
+    }
+
+    /// Have a standby VMM made for the next session of `spec`'s shape.
+    fn refill_standby(&self, spec: &SandboxSpec, tpl: &ResolvedTemplate) {
+        let Some(dir) = tpl.snapshot_dir.clone() else {
+            return;
+        };
+        let key = Key::new(&spec.template, tpl, &dir, &spec.egress);
+        let (maker, tpl) = (self.maker(), tpl.clone());
+        self.standby.refill(key.clone(), move || {
+            // Never the last free uid: a session may need it.
+            if maker.ids.unused().is_some_and(|n| n < 2) {
+                return Err(SandboxError::Other("VM uids nearly used up".into()));
+            }
+            maker.prepare(&super::new_sandbox_id(), key, &tpl, &dir)
+        });
+    }
 }
 
 impl SandboxFactory for VmSandboxFactory {
@@ -85,47 +241,14 @@ impl SandboxFactory for VmSandboxFactory {
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        let fail = |what: &'static str, msg: String| SandboxError::Failed {
-            id: spec.id.clone(),
-            what,
-            msg,
-        };
         let tpl = self
             .templates
             .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
-        let lease = self.ids.acquire().map_err(|e| fail("vm uid", e))?;
-        let owner = (lease.uid, lease.gid);
-        let t_net = Instant::now();
-        let mut net = match &self.net {
-            Some(n) => Some(n.setup(&spec.id, &spec.egress, owner)?),
-            None => None,
-        };
-        let net_took = net.as_ref().map(|_| t_net.elapsed());
-        let cfg = VmConfig {
-            id: spec.id.clone(),
-            kernel: tpl.kernel,
-            rootfs: tpl.rootfs,
-            vcpus: tpl.vcpus,
-            mem_mib: tpl.mem_mib,
-            cmdline_extra: tpl.cmdline_extra,
-            net: net.as_ref().map(|n| n.attachment()),
-            uid: lease.uid,
-            gid: lease.gid,
-            run_dir: self.run_root.join(&spec.id),
-        };
-        let booted = match &tpl.snapshot_dir {
-            Some(dir) => self.backend.restore(&cfg, dir),
-            None => self.backend.boot(&cfg),
-        };
-        let mut vm = match booted {
-            Ok(vm) => vm,
-            Err(e) => {
-                // A failed start removes its VMM (the backends' contract).
-                if let Some(n) = net.as_mut() {
-                    let _ = n.teardown();
-                }
-                return Err(fail("start vm", e.to_string()));
-            }
+        let (prov, mut vm, standby) = self.start_vm(spec, &tpl)?;
+        let fail = |what: &'static str, msg: String| SandboxError::Failed {
+            id: prov.id.clone(),
+            what,
+            msg,
         };
         // After a restore the hello carries the clock/entropy fixup.
         let start = Started::of(tpl.snapshot_dir.is_some(), &*vm);
@@ -137,22 +260,25 @@ impl SandboxFactory for VmSandboxFactory {
                     .map_err(|e| fail("agent hello", e.to_string()))
             });
         match connected {
-            Ok(agent) => Ok(Box::new(VmSandbox {
-                id: spec.id.clone(),
-                vm,
-                net,
-                agent,
-                destroyed: false,
-                net_took,
-                ids: Some(lease),
-            })),
+            Ok(agent) => {
+                // Made once this session is up, not while it starts (the
+                // two would compete for the CPU); a snapshot whose guest
+                // does not answer is not worth one.
+                self.refill_standby(spec, &tpl);
+                Ok(Box::new(VmSandbox {
+                    id: prov.id,
+                    vm,
+                    net: prov.net,
+                    agent,
+                    destroyed: false,
+                    net_took: prov.net_took,
+                    standby,
+                    ids: Some(prov.lease),
+                }))
+            }
             Err(e) => {
-                if vm.destroy().is_err() {
-                    lease.leak();
-                }
-                if let Some(n) = net.as_mut() {
-                    let _ = n.teardown();
-                }
+                let gone = vm.destroy().is_ok();
+                prov.release(gone);
                 Err(e)
             }
         }
@@ -173,6 +299,7 @@ impl SandboxFactory for VmSandboxFactory {
     }
 
     fn close(&self) -> Result<()> {
+        self.standby.close();
         self.templates.close();
         match &self.net {
             Some(n) => n.close(),
@@ -237,6 +364,8 @@ pub struct VmSandbox {
     agent: AgentClient,
     destroyed: bool,
     net_took: Option<Duration>,
+    /// How long the standby VMM it was restored into had waited.
+    standby: Option<Duration>,
     /// The VMM's uid/gid: free for another VM once this one is gone.
     ids: Option<IdLease>,
 }
@@ -289,7 +418,9 @@ impl Sandbox for VmSandbox {
     }
 
     fn timings(&self) -> Vec<(&'static str, Duration)> {
-        self.net_took.map(|d| ("network", d)).into_iter().collect()
+        let net = self.net_took.map(|d| ("network", d));
+        let standby = self.standby.map(|d| ("standby_vmm", d));
+        net.into_iter().chain(standby).collect()
     }
 }
 

@@ -600,6 +600,7 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         cgroup_parent: host.cgroup_parent.clone(),
         ids: vm_ids(cfg)?,
         agent_timeout: Duration::from_secs(60),
+        standby: super::standby::Standby::new(cfg.standby_vmms),
     }))
 }
 

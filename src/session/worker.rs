@@ -89,11 +89,17 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
     };
     *lock(&session.pids) = sandbox.pids();
     for (phase, took) in sandbox.timings() {
-        if phase == "network" {
-            mgr.metrics
+        let template = vec![("template", spec.template.clone())];
+        match phase {
+            "network" => mgr
+                .metrics
                 .net_setup
-                .get_or_create(&vec![("template", spec.template.clone())])
-                .observe(took.as_secs_f64());
+                .get_or_create(&template)
+                .observe(took.as_secs_f64()),
+            "standby_vmm" => {
+                mgr.metrics.standby_used.get_or_create(&template).inc();
+            }
+            _ => {}
         }
     }
     {

@@ -214,6 +214,15 @@ impl VmIds {
         self.state().used.len()
     }
 
+    /// Session ids of the range this daemon is not using (other daemons
+    /// may hold some of them); `None` when every lease shares one id.
+    pub fn unused(&self) -> Option<usize> {
+        match self.inner.shared {
+            Some(_) => None,
+            None => Some((self.inner.range.sessions() as usize).saturating_sub(self.in_use())),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -151,6 +151,14 @@ impl Daemon {
             .collect()
     }
 
+    /// [`Daemon::sandbox_procs`] of sessions: without the standby VMMs
+    /// (started ahead for the next session, no guest in them). A VMM
+    /// counts once its VM id (`-name agent-sandbox-<id>`) has served a
+    /// session (`ready as <id>` in the log).
+    pub fn session_procs(&self) -> Vec<i32> {
+        of_sessions(self.sandbox_procs(), &self.log())
+    }
+
     /// SIGTERM and wait (bounded) for the exit status.
     pub fn terminate(&mut self, sig: i32) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
@@ -400,4 +408,29 @@ pub fn stdout_of(v: &serde_json::Value) -> String {
 /// Whether the tests run against a VM backend (`AGENT_SANDBOX_TEST_BACKEND`).
 pub fn vm_backend() -> bool {
     super::test_backend() != "local-process"
+}
+
+/// Those of `procs` that are not standby VMMs, going by the daemon's
+/// `log` (see [`Daemon::session_procs`]).
+pub fn of_sessions(procs: Vec<i32>, log: &str) -> Vec<i32> {
+    let served: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split(": ready as ").nth(1))
+        .filter_map(|r| r.split_whitespace().next())
+        .collect();
+    procs
+        .into_iter()
+        .filter(|p| vm_id_of(*p).map_or(true, |id| served.contains(&id.as_str())))
+        .collect()
+}
+
+/// The VM id a VMM process runs (`-name agent-sandbox-<id>`), if it is one.
+pub fn vm_id_of(pid: i32) -> Option<String> {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = cmd
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let i = args.iter().position(|a| a == "-name")?;
+    Some(args.get(i + 1)?.strip_prefix("agent-sandbox-")?.to_string())
 }

@@ -302,6 +302,12 @@ impl Daemon {
             .collect()
     }
 
+    /// [`Daemon::sandbox_procs`] without standby VMMs (no guest in them;
+    /// `common::daemon::of_sessions`).
+    pub fn session_procs(&self) -> Vec<i32> {
+        super::common::daemon::of_sessions(self.sandbox_procs(), &self.log())
+    }
+
     /// SIGTERM, and the exit status.
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
