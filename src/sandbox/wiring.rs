@@ -600,7 +600,14 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         cgroup_parent: host.cgroup_parent.clone(),
         ids: vm_ids(cfg)?,
         agent_timeout: Duration::from_secs(60),
-        standby: super::standby::Standby::new(cfg.standby_vmms),
+        // Without the spawner a VMM is started by the calling thread and
+        // dies with it (PR_SET_PDEATHSIG); a standby's thread ends once its
+        // VMM is up, so standbys need the spawner (`serve`; an in-process
+        // `mcp` has none).
+        standby: super::standby::Standby::new(match host.spawner {
+            Some(_) => cfg.standby_vmms,
+            None => 0,
+        }),
     }))
 }
 
