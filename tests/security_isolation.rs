@@ -5,6 +5,18 @@
 mod common;
 
 use common::daemon::{stdout_of, Daemon};
+use std::os::unix::process::CommandExt;
+
+/// A process group, killed whole when dropped (also when a test fails).
+struct Group(std::process::Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: signalling the process group this test made.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
 
 #[test]
 fn a_guest_sees_neither_host_files_nor_host_processes() {
@@ -18,14 +30,22 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
     let file = std::env::temp_dir().join(&marker);
     std::fs::write(&file, "host secret").unwrap();
     // (`; true` keeps the shell, and with it the marker, alive.)
-    let mut sleeper = std::process::Command::new("sh")
+    // Its own process group, killed whole below: killing only the shell
+    // left `sleep` running for 5 minutes with the test's stdout, which
+    // held up whoever reads that (CI's `tee`).
+    let sleeper = std::process::Command::new("sh")
         .args(["-c", "sleep 300; true"])
         .arg(&marker)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("spawn sleep");
+    let sleeper = Group(sleeper);
     // Control: on the host, the marker is in the sleeper's command line.
     // (Right after spawn the child may not have exec'd yet.)
-    let cmdline = format!("/proc/{}/cmdline", sleeper.id());
+    let cmdline = format!("/proc/{}/cmdline", sleeper.0.id());
     assert!(common::wait_until(
         std::time::Duration::from_secs(5),
         || String::from_utf8_lossy(&std::fs::read(&cmdline).unwrap_or_default()).contains(&marker)
@@ -51,8 +71,7 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
     );
     let v = h.exec("iso", &script);
     let out = stdout_of(&v);
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    drop(sleeper);
     let _ = std::fs::remove_file(&file);
     assert!(!out.contains("FILE-VISIBLE"), "{out}");
     assert!(!out.contains("PROC-VISIBLE"), "{out}");
