@@ -312,6 +312,18 @@ fn guests_reach_only_what_their_policy_allows() {
             assert_eq!(r, "BLOCKED", "{name} reachable from a guest: {got:?}");
         }
     }
+    // A session of a's shape now runs in the standby VMM made for it, on
+    // the network that standby was given: same reach, same blocks.
+    create(&d, "c", json!({"mode": "internet"}));
+    let m = d.http().get("/metrics").text();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{") && l.ends_with(" 1")),
+        "session c did not take a standby VMM: {m}"
+    );
+    let got_c = probe(&d, "c", &t);
+    assert_eq!(got_c, got, "a session in a standby VMM reaches otherwise");
+    assert_eq!(d.http().delete("/v1/sessions/c").status, 200);
     // The daemon's API port on the host side, and 172.16.0.1 (the guest's
     // gateway: the session namespace) on the API port, too.
     let api = probe_port(
