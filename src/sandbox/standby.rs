@@ -57,6 +57,12 @@ impl Key {
     pub fn egress(&self) -> &EgressPolicy {
         &self.egress
     }
+
+    /// `self` replaces `old`: same template and policy, other images,
+    /// snapshot or machine shape.
+    fn supersedes(&self, old: &Key) -> bool {
+        self.template == old.template && self.egress == old.egress && self != old
+    }
 }
 
 /// What a VM needs before its VMM starts: an id, a uid/gid, a network.
@@ -171,12 +177,17 @@ impl Standby {
         if self.cap == 0 {
             return;
         }
-        let evicted = {
+        let mut evicted = Vec::new();
+        {
             let mut st = lock(&self.state);
             if st.closed || st.preparing.contains(&key) || st.ready.iter().any(|r| r.key == key) {
                 return;
             }
-            let mut evicted = None;
+            // Superseded: the same template and policy, but its images,
+            // snapshot or shape changed. No session will ask for it again.
+            while let Some(i) = st.ready.iter().position(|r| key.supersedes(&r.key)) {
+                evicted.push(st.ready.swap_remove(i));
+            }
             if st.ready.len() + st.preparing.len() >= self.cap {
                 let oldest = st
                     .ready
@@ -185,22 +196,23 @@ impl Standby {
                     .min_by_key(|(_, r)| r.since)
                     .map(|(i, _)| i);
                 match oldest {
-                    Some(i) => evicted = Some(st.ready.swap_remove(i)),
-                    None => return,
+                    Some(i) => evicted.push(st.ready.swap_remove(i)),
+                    None => {
+                        drop(st);
+                        evicted.into_iter().for_each(Ready::discard);
+                        return;
+                    }
                 }
             }
             st.preparing.push(key.clone());
-            evicted
-        };
+        }
         let me = self.clone();
         let k = key.clone();
         let spawned = crate::harden::thread::spawn(
             crate::harden::ThreadKind::Session,
             std::thread::Builder::new().name("vmm-standby".into()),
             move || {
-                if let Some(r) = evicted {
-                    r.discard();
-                }
+                evicted.into_iter().for_each(Ready::discard);
                 let made = make();
                 let mut st = lock(&me.state);
                 st.preparing.retain(|p| *p != k);
@@ -374,6 +386,34 @@ mod tests {
         off.refill(ka.clone(), maker(ka, a.clone()));
         settle(&off);
         assert_eq!(a.made.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_rebuilt_snapshot_replaces_its_templates_standby_below_the_cap() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = dir.path().join(crate::vm::snapshot::MANIFEST_FILE);
+        std::fs::write(&manifest, "{}").expect("manifest");
+        let (s, old, new) = (
+            Standby::new(2),
+            Arc::new(Probe::default()),
+            Arc::new(Probe::default()),
+        );
+        let k_old = key(dir.path(), "base");
+        s.refill(k_old.clone(), maker(k_old, old.clone()));
+        settle(&s);
+        let tmp = dir.path().join("m.tmp");
+        std::fs::write(&tmp, "{ }").expect("new manifest");
+        std::fs::rename(&tmp, &manifest).expect("rename");
+        let k_new = key(dir.path(), "base");
+        s.refill(k_new.clone(), maker(k_new.clone(), new.clone()));
+        settle(&s);
+        assert_eq!(
+            old.destroyed.load(Ordering::SeqCst),
+            1,
+            "the stale one stays"
+        );
+        assert_eq!(s.ready(), 1);
+        assert!(s.take(&k_new).is_some());
     }
 
     #[test]
