@@ -1,6 +1,7 @@
 //! The VM lifecycle benchmark for the Firecracker backend, on a host with
 //! working KVM and Firecracker: cold boot to the agent's READY and to the
-//! first exec, restore to the hello and to the first exec, p50/p99. Same
+//! first exec, restore to the hello and to the first exec (also into a
+//! standby VMM prepared ahead), p50/p99. Same
 //! figures as `cargo bench --bench vm` prints for QEMU, through the same
 //! code the daemon runs (jailer, per-VM uid, isolated TAP, snapshot
 //! registry). Prints numbers; asserts nothing. Run as root:
@@ -148,12 +149,31 @@ fn main() {
         drop(client);
         v.destroy().expect("destroy");
     }
+    // Into a standby VMM (jailer run, API up, files linked: what the
+    // daemon prepares ahead for the next session of a shape).
+    let (mut sb_load, mut sb_first) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let id = format!("bench-fc-standby-{i}");
+        let (c, _lease, _iso) = vm(&id, template_cfg(&id), &ids);
+        let p = be.prepare_restore(&c, &info.dir).expect("prepare restore");
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        let mut v = p.finish().expect("finish restore");
+        sb_load.push(t.elapsed());
+        let client = connect_agent(v.as_mut(), true, Duration::from_secs(30)).expect("agent");
+        exec_true(&client);
+        sb_first.push(t.elapsed());
+        drop(client);
+        v.destroy().expect("destroy");
+    }
     report("cold boot to agent hello", &mut cold);
     report("cold boot to first exec answered", &mut cold_first);
     report("restore (VMM up, snapshot loaded)", &mut restore);
     report("restore to hello answered (fixup applied)", &mut hello);
     report("restore to first exec answered", &mut first);
     report("exec `true` round trip (restored VM)", &mut rtt);
+    report("standby VMM: snapshot loaded", &mut sb_load);
+    report("standby VMM: to first exec answered", &mut sb_first);
 }
 
 /// The NIC shape snapshots are made with (MAC, and so the devices a
