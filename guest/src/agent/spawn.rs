@@ -215,6 +215,9 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
             return Some(Ok((found, count_procs(&path))));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
+        // Again while anything is left: an exec that raced the first write
+        // (a request handled on another thread) started after it.
+        let _ = std::fs::write(&kill, "1");
     }
 }
 
