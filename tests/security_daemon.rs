@@ -472,13 +472,42 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
         "{:?}",
         qemus_by_id(spawner)
     );
-    let all: Vec<i32> = qemus_by_id(spawner).into_iter().map(|(_, p)| p).collect();
     let run = d.state_dir().join("run");
     assert_eq!(
         std::fs::read_dir(&run).map_or(0, |r| r.count()),
         3,
         "run dirs of two sessions and a standby"
     );
+    // A standby whose VMM died meanwhile is removed, not handed out: the
+    // next session restores into a fresh QEMU and works.
+    let vm_two = sandbox_of(&d, &two).expect("second session's sandbox id");
+    let (dead_id, dead_pid) = qemus_by_id(spawner)
+        .into_iter()
+        .find(|(id, _)| *id != vm_one && *id != vm_two)
+        .expect("the new standby");
+    // SAFETY: a QEMU this test's daemon started.
+    unsafe { libc::kill(dead_pid, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(5), || !alive(dead_pid)));
+    let three = create_session(&d);
+    assert_eq!(exec(&d, &three, "echo three"), "three\n");
+    let vm_three = sandbox_of(&d, &three).expect("third session's sandbox id");
+    assert_ne!(vm_three, dead_id);
+    assert!(
+        d.log()
+            .contains(&format!("standby VMM {dead_id}: died while waiting")),
+        "{}",
+        d.log()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || !run.join(&dead_id).exists()),
+        "the dead standby's run dir is left"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || qemus_by_id(spawner).len() == 4),
+        "no standby after the third session: {:?}",
+        qemus_by_id(spawner)
+    );
+    let all: Vec<i32> = qemus_by_id(spawner).into_iter().map(|(_, p)| p).collect();
     let log = d.log();
     assert!(!log.contains("forbidden syscall"), "log:\n{log}");
     let st = d.terminate(libc::SIGTERM).expect("daemon exit");
