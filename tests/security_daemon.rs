@@ -478,8 +478,10 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
         3,
         "run dirs of two sessions and a standby"
     );
-    // A standby whose VMM died meanwhile is removed, not handed out: the
-    // next session restores into a fresh QEMU and works.
+    // A standby whose VMM died meanwhile is not what the next session
+    // runs in: it is removed when taken, or, when it dies between being
+    // taken and loading the guest, the session restores afresh. Either
+    // way the session works.
     let vm_two = sandbox_of(&d, &two).expect("second session's sandbox id");
     let (dead_id, dead_pid) = qemus_by_id(spawner)
         .into_iter()
@@ -492,10 +494,12 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     assert_eq!(exec(&d, &three, "echo three"), "three\n");
     let vm_three = sandbox_of(&d, &three).expect("third session's sandbox id");
     assert_ne!(vm_three, dead_id);
+    for l in d.log().lines().filter(|l| l.contains("standby VMM")) {
+        eprintln!("{l}");
+    }
     assert!(
-        d.log()
-            .contains(&format!("standby VMM {dead_id}: died while waiting")),
-        "{}",
+        d.log().contains(&format!("standby VMM {dead_id}")),
+        "the dead standby is not mentioned:\n{}",
         d.log()
     );
     assert!(

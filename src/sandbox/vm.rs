@@ -184,29 +184,41 @@ impl VmSandboxFactory {
             };
         };
         let key = Key::new(&spec.template, tpl, dir, &spec.egress);
-        let (ready, waited) = match self.standby.take(&key) {
-            Some(r) => {
-                let waited = r.since.elapsed();
-                (r, Some(waited))
-            }
-            None => match maker.prepare(&spec.id, key.clone(), tpl, dir) {
-                Ok(r) => (r, None),
-                // Standbys hold uids too: a session comes first.
-                Err(SandboxError::Failed { what: "vm uid", .. }) if self.standby.ready() > 0 => {
+        if let Some(r) = self.standby.take(&key) {
+            let waited = r.since.elapsed();
+            let Ready { prov, prepared, .. } = r;
+            match prepared.finish() {
+                Ok(vm) => return Ok((prov, vm, Some(waited))),
+                // It may die between `take` and the load like any VMM; a
+                // standby is a shortcut, never a reason for a session to
+                // fail: restore afresh below.
+                Err(e) => {
                     log::warn!(
-                        "sandbox {}: VM uids used up; removing standby VMMs",
+                        "standby VMM {} for sandbox {}: {e}; restoring afresh",
+                        prov.id,
                         spec.id
                     );
-                    self.standby.clear();
-                    (maker.prepare(&spec.id, key.clone(), tpl, dir)?, None)
+                    prov.release(true);
                 }
-                Err(e) => return Err(e),
-            },
+            }
+        }
+        let ready = match maker.prepare(&spec.id, key.clone(), tpl, dir) {
+            Ok(r) => r,
+            // Standbys hold uids too: a session comes first.
+            Err(SandboxError::Failed { what: "vm uid", .. }) if self.standby.ready() > 0 => {
+                log::warn!(
+                    "sandbox {}: VM uids used up; removing standby VMMs",
+                    spec.id
+                );
+                self.standby.clear();
+                maker.prepare(&spec.id, key.clone(), tpl, dir)?
+            }
+            Err(e) => return Err(e),
         };
         let Ready { prov, prepared, .. } = ready;
         let id = prov.id.clone();
         match prepared.finish() {
-            Ok(vm) => Ok((prov, vm, waited)),
+            Ok(vm) => Ok((prov, vm, None)),
             Err(e) => {
                 prov.release(true);
                 Err(fail(&id, e))
