@@ -144,7 +144,7 @@ in
       count = mkOption {
         type = types.ints.between 2 16777216;
         default = 65536;
-        description = "How many ids the range holds (more than maxSessions).";
+        description = "How many ids the range holds (more than maxSessions: the snapshot builder and standby VMMs take ids too).";
       };
     };
 
