@@ -164,6 +164,12 @@ pub trait SandboxFactory: Send + Sync {
     fn sweep_orphans(&self) -> Result<usize> {
         Ok(0)
     }
+    /// Get ready for sessions like `spec` without making one: a VM factory
+    /// starts a standby VMM for its shape ahead of the first such session.
+    /// Returns at once (the work runs on a thread of the factory's).
+    fn prime(&self, spec: &SandboxSpec) {
+        let _ = spec;
+    }
     /// At shutdown, after every sandbox is destroyed: release what is
     /// shared by all of them (the network's host table and routes, the
     /// snapshot namespace).

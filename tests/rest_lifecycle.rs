@@ -84,7 +84,8 @@ fn orphan_sweep_after_kill_9() {
     // ...and the next start sweeps what is left on disk.
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
     drop(d);
-    let d2 = Daemon::start_in(dir, &[]);
+    // Without standby VMMs of its own: what runs is the crash's.
+    let d2 = Daemon::start_in(dir, &["--standby-vmms", "0"]);
     assert!(
         wait_until(Duration::from_secs(5), || d2.sandbox_procs().is_empty()),
         "orphans still alive: {:?}",

@@ -732,7 +732,8 @@ fn daemon_kill_9_then_restart_leaves_nothing() {
     d.net_prefix = None;
     drop(d);
     let t0 = Instant::now();
-    let d2 = Daemon::start_in(dir, &["--net-prefix", &prefix]);
+    // Without standby VMMs of its own: what is left is the crash's.
+    let d2 = Daemon::start_in(dir, &["--net-prefix", &prefix, "--standby-vmms", "0"]);
     let pids = [first, d2.pid()];
     eprintln!("daemon pids: {pids:?}");
     let mut left = Vec::new();

@@ -385,11 +385,11 @@ fn qemus_by_id(spawner: i32) -> Vec<(String, i32)> {
         .collect()
 }
 
-/// After a session restores, the daemon starts a VMM for the next session
-/// of that shape (`--standby-vmms`): confined like any VMM, no guest yet.
-/// The next session is restored into that very process, works, is
-/// counted in the metrics; a new standby follows; nothing outlives the
-/// daemon.
+/// The daemon keeps a VMM started for the next session of a shape
+/// (`--standby-vmms`; the default template's primed at start): confined
+/// like any VMM, no guest yet. The next session is restored into that very
+/// process, works, is counted in the metrics; a new standby follows; a dead
+/// one is never what a session runs in; nothing outlives the daemon.
 #[test]
 fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     if !is_root() || !common::daemon::vm_backend() {
@@ -404,23 +404,23 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
         "4",
     ]);
     let spawner = spawner_of(d.pid()).expect("spawner process");
-    let one = create_session(&d);
-    assert_eq!(exec(&d, &one, "echo one"), "one\n");
-    let vm_one = sandbox_of(&d, &one).expect("first session's sandbox id in the log");
-    // The standby: a second QEMU, under another VM id.
-    let mut standby = None;
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            standby = qemus_by_id(spawner)
-                .into_iter()
-                .find(|(id, _)| *id != vm_one);
-            standby.is_some()
-        }),
-        "no standby VMM after the first session: {:?}\n{}",
-        qemus_by_id(spawner),
-        d.log()
-    );
-    let (sb_id, sb_pid) = standby.expect("standby");
+    // At start the daemon primes one for the default template: a QEMU
+    // before any session.
+    // Ready once the daemon says so (its QEMU runs a little earlier).
+    let standby_of = |not: &[&str]| {
+        let mut found = None;
+        wait_until(Duration::from_secs(30), || {
+            let log = d.log();
+            found = qemus_by_id(spawner).into_iter().find(|(id, _)| {
+                !not.contains(&id.as_str())
+                    && log.contains(&format!("standby VMM {id} ready for template"))
+            });
+            found.is_some()
+        });
+        found
+    };
+    let (sb_id, sb_pid) =
+        standby_of(&[]).unwrap_or_else(|| panic!("no standby VMM after start\n{}", d.log()));
     let st = status_of(&format!("/proc/{sb_pid}/status"));
     let uid: u32 = field(&st, "Uid")
         .split_whitespace()
@@ -449,23 +449,35 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     )
     .into_owned();
     assert!(cmd.contains("-incoming\0defer"), "{cmd:?}");
+    let used = || -> u64 {
+        d.http()
+            .get("/metrics")
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
 
-    // The next session of the same shape runs in that process.
+    // The first session runs in that very process.
+    let one = create_session(&d);
+    assert_eq!(exec(&d, &one, "echo one"), "one\n");
+    let vm_one = sandbox_of(&d, &one).expect("first session's sandbox id in the log");
+    assert_eq!(vm_one, sb_id);
+    assert!(alive(sb_pid), "the standby's QEMU is gone");
+    assert_eq!(used(), 1);
+    // Then one is made for the next session of that shape, which runs in it.
+    let (sb_id, sb_pid) = standby_of(&[vm_one.as_str()])
+        .unwrap_or_else(|| panic!("no standby VMM after the first session\n{}", d.log()));
     let two = create_session(&d);
     assert_eq!(exec(&d, &two, "echo two"), "two\n");
     assert_eq!(sandbox_of(&d, &two).as_deref(), Some(sb_id.as_str()));
-    assert!(alive(sb_pid), "the standby's QEMU is gone");
     assert!(
         qemus_by_id(spawner).contains(&(sb_id.clone(), sb_pid)),
         "{:?}",
         qemus_by_id(spawner)
     );
-    let m = d.http().get("/metrics").text();
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{") && l.ends_with(" 1")),
-        "{m}"
-    );
+    assert_eq!(used(), 2);
     // And a new standby is made for the session after.
     assert!(
         wait_until(Duration::from_secs(20), || qemus_by_id(spawner).len() == 3),

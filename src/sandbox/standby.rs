@@ -162,6 +162,34 @@ impl Standby {
         found
     }
 
+    /// Whether standbys are made at all (`standby_vmms` > 0).
+    pub fn enabled(&self) -> bool {
+        self.cap > 0
+    }
+
+    /// Run `f` on a thread of its own that [`Standby::close`] waits for;
+    /// not after close.
+    pub fn spawn<F>(&self, name: &str, f: F)
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        if lock(&self.state).closed {
+            return;
+        }
+        match crate::harden::thread::spawn(
+            crate::harden::ThreadKind::Session,
+            std::thread::Builder::new().name(name.into()),
+            f,
+        ) {
+            Ok(h) => {
+                let mut threads = lock(&self.threads);
+                threads.retain(|t| !t.is_finished());
+                threads.push(h);
+            }
+            Err(e) => log::warn!("standby VMMs: thread {name}: {e}"),
+        }
+    }
+
     /// How many standbys are ready (for tests and logs).
     pub fn ready(&self) -> usize {
         lock(&self.state).ready.len()
@@ -218,7 +246,7 @@ impl Standby {
                 st.preparing.retain(|p| *p != k);
                 match made {
                     Ok(r) if !st.closed => {
-                        log::debug!(
+                        log::info!(
                             "standby VMM {} ready for template {}",
                             r.prov.id,
                             k.template
@@ -260,9 +288,15 @@ impl Standby {
     /// Stop making standbys, wait for those being made, remove them all.
     pub fn close(&self) {
         lock(&self.state).closed = true;
-        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
-        for t in threads {
-            let _ = t.join();
+        // A thread that checked `closed` just before may still add one.
+        loop {
+            let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+            if threads.is_empty() {
+                break;
+            }
+            for t in threads {
+                let _ = t.join();
+            }
         }
         self.clear();
     }

@@ -228,19 +228,28 @@ impl VmSandboxFactory {
 
     /// Have a standby VMM made for the next session of `spec`'s shape.
     fn refill_standby(&self, spec: &SandboxSpec, tpl: &ResolvedTemplate) {
-        let Some(dir) = tpl.snapshot_dir.clone() else {
-            return;
-        };
-        let key = Key::new(&spec.template, tpl, &dir, &spec.egress);
-        let (maker, tpl) = (self.maker(), tpl.clone());
-        self.standby.refill(key.clone(), move || {
-            // Never the last free uid: a session may need it.
-            if maker.ids.unused().is_some_and(|n| n < 2) {
-                return Err(SandboxError::Other("VM uids nearly used up".into()));
-            }
-            maker.prepare(&super::new_sandbox_id(), key, &tpl, &dir)
-        });
+        refill_standby(&self.standby, self.maker(), spec, tpl);
     }
+}
+
+fn refill_standby(
+    standby: &Arc<Standby>,
+    maker: Maker,
+    spec: &SandboxSpec,
+    tpl: &ResolvedTemplate,
+) {
+    let Some(dir) = tpl.snapshot_dir.clone() else {
+        return;
+    };
+    let key = Key::new(&spec.template, tpl, &dir, &spec.egress);
+    let tpl = tpl.clone();
+    standby.refill(key.clone(), move || {
+        // Never the last free uid: a session may need it.
+        if maker.ids.unused().is_some_and(|n| n < 2) {
+            return Err(SandboxError::Other("VM uids nearly used up".into()));
+        }
+        maker.prepare(&super::new_sandbox_id(), key, &tpl, &dir)
+    });
 }
 
 impl SandboxFactory for VmSandboxFactory {
@@ -294,6 +303,24 @@ impl SandboxFactory for VmSandboxFactory {
                 Err(e)
             }
         }
+    }
+
+    /// Resolves `spec`'s template (which may build its snapshot) and has a
+    /// standby VMM made for it, on a thread the standby set waits for at
+    /// shutdown.
+    fn prime(&self, spec: &SandboxSpec) {
+        if !self.standby.enabled() {
+            return;
+        }
+        let (templates, maker, standby) =
+            (self.templates.clone(), self.maker(), self.standby.clone());
+        let spec = spec.clone();
+        self.standby.spawn("vmm-standby-prime", move || {
+            match templates.resolve(&spec.template, spec.vcpus, spec.mem_mib) {
+                Ok(tpl) => refill_standby(&standby, maker, &spec, &tpl),
+                Err(e) => log::warn!("standby VMM for template {}: {e}", spec.template),
+            }
+        });
     }
 
     fn sweep_orphans(&self) -> Result<usize> {

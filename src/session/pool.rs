@@ -50,8 +50,13 @@ impl Pool {
         })
     }
 
-    /// Starts the refill thread (no-op with a pool size of 0).
+    /// Starts the refill thread (no-op with a pool size of 0), and has the
+    /// factory get ready for the first session of the default template
+    /// (a VM factory starts a standby VMM for it).
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let default =
+            super::registry::template_name(&*self.factory, self.cfg.default_template.clone());
+        self.factory.prime(&self.pooled_spec(&default));
         if self.cfg.pool_size == 0 {
             return Ok(());
         }

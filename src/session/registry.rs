@@ -95,17 +95,7 @@ impl Manager {
             .template
             .clone()
             .unwrap_or_else(|| self.cfg.default_template.clone());
-        // "default" names the factory's default template (`base` for VMs).
-        let template = if template == "default" {
-            self.factory
-                .templates()
-                .into_iter()
-                .find(|t| t.is_default)
-                .map(|t| t.name)
-                .unwrap_or(template)
-        } else {
-            template
-        };
+        let template = template_name(&*self.factory, template);
         let key = (owner.to_string(), id.to_string());
         let mut map = lock(&self.sessions);
         if let Some(s) = map.get(&key) {
@@ -272,4 +262,18 @@ impl Manager {
             log::error!("shutdown: {e}");
         }
     }
+}
+
+/// The template a session asking for `name` gets: "default" names the
+/// factory's default template (`base` for VMs).
+pub(crate) fn template_name(factory: &dyn SandboxFactory, name: String) -> String {
+    if name != "default" {
+        return name;
+    }
+    factory
+        .templates()
+        .into_iter()
+        .find(|t| t.is_default)
+        .map(|t| t.name)
+        .unwrap_or(name)
 }
