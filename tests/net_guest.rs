@@ -319,15 +319,7 @@ fn guests_reach_only_what_their_policy_allows() {
     }
     // A session of a's shape now runs in the standby VMM made for it, on
     // the network that standby was given: same reach, same blocks.
-    let used = || -> u64 {
-        d.http()
-            .get("/metrics")
-            .text()
-            .lines()
-            .filter(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
+    let used = || d.standby_used();
     let before = used();
     create(&d, "c", json!({"mode": "internet"}));
     assert_eq!(used(), before + 1, "session c did not take a standby VMM");

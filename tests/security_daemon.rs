@@ -449,15 +449,7 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     )
     .into_owned();
     assert!(cmd.contains("-incoming\0defer"), "{cmd:?}");
-    let used = || -> u64 {
-        d.http()
-            .get("/metrics")
-            .text()
-            .lines()
-            .filter(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
+    let used = || d.standby_used();
 
     // The first session runs in that very process.
     let one = create_session(&d);

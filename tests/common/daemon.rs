@@ -159,6 +159,18 @@ impl Daemon {
         of_sessions(self.sandbox_procs(), &self.log())
     }
 
+    /// Sessions restored into a standby VMM so far (all templates), from
+    /// `/metrics`.
+    pub fn standby_used(&self) -> u64 {
+        self.http()
+            .get("/metrics")
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("agent_sandbox_standby_vmm_used_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// SIGTERM and wait (bounded) for the exit status.
     pub fn terminate(&mut self, sig: i32) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
