@@ -9,8 +9,9 @@
 //! and its network set-up. A standby runs no guest: it costs its VMM
 //! process's memory and no CPU.
 //!
-//! It is made again on a thread of its own after each restore of its
-//! shape, so it never sits on a session's request path. It is used only
+//! It is made on a thread of its own after each restore of its shape (and
+//! once at start for the default template: `SandboxFactory::prime`), so it
+//! never sits on a session's request path. It is used only
 //! by a session of exactly its shape (template, images, snapshot files,
 //! vCPUs, memory, egress policy); one whose snapshot was rebuilt since, or
 //! whose VMM died, is removed instead.
