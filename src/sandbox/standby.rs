@@ -51,10 +51,6 @@ impl Key {
         }
     }
 
-    pub fn template(&self) -> &str {
-        &self.template
-    }
-
     pub fn egress(&self) -> &EgressPolicy {
         &self.egress
     }
@@ -108,6 +104,15 @@ impl Ready {
             }
         };
         self.prov.release(gone);
+    }
+}
+
+/// Standbys taken out to make room: discarded when this is dropped.
+struct Evicted(Vec<Ready>);
+
+impl Drop for Evicted {
+    fn drop(&mut self) {
+        self.0.drain(..).for_each(Ready::discard);
     }
 }
 
@@ -169,13 +174,13 @@ impl Standby {
     }
 
     /// Run `f` on a thread of its own that [`Standby::close`] waits for;
-    /// not after close.
-    pub fn spawn<F>(&self, name: &str, f: F)
+    /// not after close. Whether it was started (if not, `f` is dropped).
+    pub fn spawn<F>(&self, name: &str, f: F) -> bool
     where
         F: FnOnce() + Send + 'static,
     {
         if lock(&self.state).closed {
-            return;
+            return false;
         }
         match crate::harden::thread::spawn(
             crate::harden::ThreadKind::Session,
@@ -186,8 +191,12 @@ impl Standby {
                 let mut threads = lock(&self.threads);
                 threads.retain(|t| !t.is_finished());
                 threads.push(h);
+                true
             }
-            Err(e) => log::warn!("standby VMMs: thread {name}: {e}"),
+            Err(e) => {
+                log::warn!("standby VMMs: thread {name}: {e}");
+                false
+            }
         }
     }
 
@@ -206,7 +215,9 @@ impl Standby {
         if self.cap == 0 {
             return;
         }
-        let mut evicted = Vec::new();
+        // Discarded off the caller's path, by the thread below, or here
+        // when no thread is started (the guard's Drop either way).
+        let mut evicted = Evicted(Vec::new());
         {
             let mut st = lock(&self.state);
             if st.closed || st.preparing.contains(&key) || st.ready.iter().any(|r| r.key == key) {
@@ -215,7 +226,7 @@ impl Standby {
             // Superseded: the same template and policy, but its images,
             // snapshot or shape changed. No session will ask for it again.
             while let Some(i) = st.ready.iter().position(|r| key.supersedes(&r.key)) {
-                evicted.push(st.ready.swap_remove(i));
+                evicted.0.push(st.ready.swap_remove(i));
             }
             if st.ready.len() + st.preparing.len() >= self.cap {
                 let oldest = st
@@ -225,56 +236,40 @@ impl Standby {
                     .min_by_key(|(_, r)| r.since)
                     .map(|(i, _)| i);
                 match oldest {
-                    Some(i) => evicted.push(st.ready.swap_remove(i)),
-                    None => {
-                        drop(st);
-                        evicted.into_iter().for_each(Ready::discard);
-                        return;
-                    }
+                    Some(i) => evicted.0.push(st.ready.swap_remove(i)),
+                    None => return,
                 }
             }
             st.preparing.push(key.clone());
         }
         let me = self.clone();
         let k = key.clone();
-        let spawned = crate::harden::thread::spawn(
-            crate::harden::ThreadKind::Session,
-            std::thread::Builder::new().name("vmm-standby".into()),
-            move || {
-                evicted.into_iter().for_each(Ready::discard);
-                let made = make();
-                let mut st = lock(&me.state);
-                st.preparing.retain(|p| *p != k);
-                match made {
-                    Ok(r) if !st.closed => {
-                        log::info!(
-                            "standby VMM {} ready for template {}",
-                            r.prov.id,
-                            k.template
-                        );
-                        st.ready.push(r);
-                    }
-                    Ok(r) => {
-                        drop(st);
-                        r.discard();
-                    }
-                    Err(e) => {
-                        drop(st);
-                        log::warn!("standby VMM for template {}: {e}", k.template);
-                    }
+        let started = self.spawn("vmm-standby", move || {
+            drop(evicted);
+            let made = make();
+            let mut st = lock(&me.state);
+            st.preparing.retain(|p| *p != k);
+            match made {
+                Ok(r) if !st.closed => {
+                    log::info!(
+                        "standby VMM {} ready for template {}",
+                        r.prov.id,
+                        k.template
+                    );
+                    st.ready.push(r);
                 }
-            },
-        );
-        match spawned {
-            Ok(h) => {
-                let mut threads = lock(&self.threads);
-                threads.retain(|t| !t.is_finished());
-                threads.push(h);
+                Ok(r) => {
+                    drop(st);
+                    r.discard();
+                }
+                Err(e) => {
+                    drop(st);
+                    log::warn!("standby VMM for template {}: {e}", k.template);
+                }
             }
-            Err(e) => {
-                lock(&self.state).preparing.retain(|p| *p != key);
-                log::warn!("standby VMM for template {}: thread: {e}", key.template);
-            }
+        });
+        if !started {
+            lock(&self.state).preparing.retain(|p| *p != key);
         }
     }
 
@@ -379,15 +374,27 @@ mod tests {
         }
     }
 
+    /// Ask for a standby of `k` made by `p`'s fake, and wait for it.
+    fn fill(s: &Arc<Standby>, k: &Key, p: &Arc<Probe>) {
+        s.refill(k.clone(), maker(k.clone(), p.clone()));
+        settle(s);
+    }
+
+    /// Write the snapshot manifest in `dir` anew, as a rebuild does (temp
+    /// file + rename).
+    fn rebuild(dir: &Path) {
+        let tmp = dir.join("m.tmp");
+        std::fs::write(&tmp, "{}").expect("manifest");
+        std::fs::rename(&tmp, dir.join(crate::vm::snapshot::MANIFEST_FILE)).expect("rename");
+    }
+
     #[test]
     fn one_standby_per_shape_taken_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (s, p) = (Standby::new(2), Arc::new(Probe::default()));
         let k = key(dir.path(), "base");
-        s.refill(k.clone(), maker(k.clone(), p.clone()));
-        settle(&s);
-        s.refill(k.clone(), maker(k.clone(), p.clone()));
-        settle(&s);
+        fill(&s, &k, &p);
+        fill(&s, &k, &p);
         assert_eq!(
             p.made.load(Ordering::SeqCst),
             1,
@@ -408,40 +415,32 @@ mod tests {
             Arc::new(Probe::default()),
         );
         let (ka, kb) = (key(dir.path(), "base"), key(dir.path(), "python"));
-        s.refill(ka.clone(), maker(ka.clone(), a.clone()));
-        settle(&s);
-        s.refill(kb.clone(), maker(kb.clone(), b.clone()));
-        settle(&s);
+        fill(&s, &ka, &a);
+        fill(&s, &kb, &b);
         assert_eq!(a.destroyed.load(Ordering::SeqCst), 1);
         assert_eq!(s.ready(), 1);
         assert!(s.take(&ka).is_none());
         assert!(s.take(&kb).is_some());
         // No room is made from nothing: with the cap 0, nothing is made.
         let off = Standby::new(0);
-        off.refill(ka.clone(), maker(ka, a.clone()));
-        settle(&off);
+        fill(&off, &ka, &a);
         assert_eq!(a.made.load(Ordering::SeqCst), 1);
     }
 
     #[test]
     fn a_rebuilt_snapshot_replaces_its_templates_standby_below_the_cap() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let manifest = dir.path().join(crate::vm::snapshot::MANIFEST_FILE);
-        std::fs::write(&manifest, "{}").expect("manifest");
+        rebuild(dir.path());
         let (s, old, new) = (
             Standby::new(2),
             Arc::new(Probe::default()),
             Arc::new(Probe::default()),
         );
         let k_old = key(dir.path(), "base");
-        s.refill(k_old.clone(), maker(k_old, old.clone()));
-        settle(&s);
-        let tmp = dir.path().join("m.tmp");
-        std::fs::write(&tmp, "{ }").expect("new manifest");
-        std::fs::rename(&tmp, &manifest).expect("rename");
+        fill(&s, &k_old, &old);
+        rebuild(dir.path());
         let k_new = key(dir.path(), "base");
-        s.refill(k_new.clone(), maker(k_new.clone(), new.clone()));
-        settle(&s);
+        fill(&s, &k_new, &new);
         assert_eq!(
             old.destroyed.load(Ordering::SeqCst),
             1,
@@ -456,8 +455,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (s, p) = (Standby::new(2), Arc::new(Probe::default()));
         let k = key(dir.path(), "base");
-        s.refill(k.clone(), maker(k.clone(), p.clone()));
-        settle(&s);
+        fill(&s, &k, &p);
         p.dead.store(true, Ordering::SeqCst);
         assert!(s.take(&k).is_none());
         assert_eq!(p.destroyed.load(Ordering::SeqCst), 1);
@@ -467,13 +465,9 @@ mod tests {
     #[test]
     fn a_rebuilt_snapshot_is_another_shape() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let manifest = dir.path().join(crate::vm::snapshot::MANIFEST_FILE);
-        std::fs::write(&manifest, "{}").expect("manifest");
+        rebuild(dir.path());
         let old = key(dir.path(), "base");
-        // A rebuild writes a new manifest (temp file + rename).
-        let tmp = dir.path().join("m.tmp");
-        std::fs::write(&tmp, "{ }").expect("new manifest");
-        std::fs::rename(&tmp, &manifest).expect("rename");
+        rebuild(dir.path());
         assert_ne!(old, key(dir.path(), "base"));
     }
 
@@ -482,8 +476,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (s, p) = (Standby::new(2), Arc::new(Probe::default()));
         let k = key(dir.path(), "base");
-        s.refill(k.clone(), maker(k.clone(), p.clone()));
-        settle(&s);
+        fill(&s, &k, &p);
         let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
         let (q, k2) = (Arc::new(Probe::default()), key(dir.path(), "python"));
         let slow = maker(k2.clone(), q.clone());
@@ -506,8 +499,7 @@ mod tests {
             "made after close, kept"
         );
         assert_eq!(s.ready(), 0);
-        s.refill(k.clone(), maker(k, p.clone()));
-        settle(&s);
+        fill(&s, &k, &p);
         assert_eq!(p.made.load(Ordering::SeqCst), 1, "made after close");
     }
 }
