@@ -604,8 +604,10 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         // dies with it (PR_SET_PDEATHSIG); a standby's thread ends once its
         // VMM is up, so standbys need the spawner (`serve`; an in-process
         // `mcp` has none).
+        // A standby is at most one session's worth of VMM, uid and
+        // network: never more of them than sessions.
         standby: super::standby::Standby::new(match host.spawner {
-            Some(_) => cfg.standby_vmms,
+            Some(_) => cfg.standby_vmms.min(cfg.max_sessions),
             None => 0,
         }),
     }))
