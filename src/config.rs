@@ -32,8 +32,10 @@ pub struct Config {
     /// (`sandbox::standby`); 0 turns them off.
     pub standby_vmms: usize,
     pub default_template: String,
-    /// Threads answering ordinary (non-streaming) requests.
-    pub http_workers: usize,
+    /// Open client connections in all (a thread each); 503 beyond.
+    pub max_connections: usize,
+    /// Open connections from one client address; 503 beyond.
+    pub max_connections_per_ip: usize,
     /// Streaming responses in flight at once; each holds one thread.
     pub max_streams: usize,
     /// Largest JSON request body.
@@ -140,7 +142,8 @@ impl Default for Config {
             pool_size: 0,
             standby_vmms: 2,
             default_template: "default".into(),
-            http_workers: 16,
+            max_connections: 1024,
+            max_connections_per_ip: 64,
             max_streams: 256,
             max_body: 1 << 20,
             max_file: 64 << 20,
@@ -194,7 +197,8 @@ impl Config {
         }
         for (key, v) in [
             ("max_sessions", self.max_sessions),
-            ("http_workers", self.http_workers),
+            ("max_connections", self.max_connections),
+            ("max_connections_per_ip", self.max_connections_per_ip),
             ("max_streams", self.max_streams),
             ("max_body", self.max_body),
             ("max_file", self.max_file),
@@ -299,7 +303,8 @@ pub struct FileConfig {
     pub create_timeout_secs: Option<u64>,
     pub write_timeout_secs: Option<u64>,
     pub reap_interval_secs: Option<u64>,
-    pub http_workers: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
     pub max_streams: Option<usize>,
     pub max_body: Option<usize>,
     pub max_file: Option<usize>,
@@ -414,7 +419,8 @@ impl FileConfig {
             pool_size => c.pool_size,
             standby_vmms => c.standby_vmms,
             default_template => c.default_template,
-            http_workers => c.http_workers,
+            max_connections => c.max_connections,
+            max_connections_per_ip => c.max_connections_per_ip,
             max_streams => c.max_streams,
             max_body => c.max_body,
             max_file => c.max_file,
@@ -481,7 +487,8 @@ impl FileConfig {
             create_timeout_secs: secs(c.create_timeout),
             write_timeout_secs: secs(c.write_timeout),
             reap_interval_secs: secs(c.reap_interval),
-            http_workers: Some(c.http_workers),
+            max_connections: Some(c.max_connections),
+            max_connections_per_ip: Some(c.max_connections_per_ip),
             max_streams: Some(c.max_streams),
             max_body: Some(c.max_body),
             max_file: Some(c.max_file),

@@ -196,9 +196,12 @@ struct ServeArgs {
     /// [default]
     #[arg(long)]
     default_template: Option<String>,
-    /// [16]
+    /// Open client connections in all (a thread each) [1024].
     #[arg(long)]
-    http_workers: Option<usize>,
+    max_connections: Option<usize>,
+    /// Open connections from one client address [64].
+    #[arg(long)]
+    max_connections_per_ip: Option<usize>,
     /// Long-running requests (commands, streams, transfers) in flight at once [256].
     #[arg(long)]
     max_streams: Option<usize>,
@@ -331,7 +334,8 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
         pool_size => c.pool_size,
         standby_vmms => c.standby_vmms,
         default_template => c.default_template,
-        http_workers => c.http_workers,
+        max_connections => c.max_connections,
+        max_connections_per_ip => c.max_connections_per_ip,
         max_streams => c.max_streams,
         max_body => c.max_body,
         max_file => c.max_file,

@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
+use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -392,15 +393,80 @@ impl RateLimiter {
     }
 }
 
+/// Failed authentications one client address may make in a burst, and
+/// how many per second it earns back.
+pub const AUTH_FAIL_BURST: f64 = 20.0;
+pub const AUTH_FAIL_RATE: f64 = 2.0;
+/// Client addresses tracked at once (oldest forgotten beyond).
+const AUTH_FAIL_TRACKED: usize = 4096;
+
+/// Throttles failed authentication per client address: a token bucket
+/// of [`AUTH_FAIL_BURST`] failures refilled at [`AUTH_FAIL_RATE`] per
+/// second. An address that spent it gets 429 before its key is checked.
+#[derive(Default)]
+pub struct AuthThrottle {
+    m: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+}
+
+impl AuthThrottle {
+    fn refill(b: &mut (f64, Instant), now: Instant) {
+        let dt = now.saturating_duration_since(b.1).as_secs_f64();
+        b.0 = (b.0 + dt * AUTH_FAIL_RATE).min(AUTH_FAIL_BURST);
+        b.1 = now;
+    }
+
+    /// Refuses an address that has failed too often lately.
+    pub fn check(&self, ip: IpAddr) -> Result<(), ApiError> {
+        let mut m = self.m.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = m.get_mut(&ip) else {
+            return Ok(());
+        };
+        Self::refill(b, Instant::now());
+        if b.0 >= 1.0 {
+            return Ok(());
+        }
+        let wait = ((1.0 - b.0) / AUTH_FAIL_RATE).ceil().max(1.0) as u64;
+        let mut e = ApiError::new(
+            429,
+            "auth_throttled",
+            format!("too many failed authentications from {ip}; retry in {wait} s"),
+        );
+        e.retry_after = Some(wait);
+        Err(e)
+    }
+
+    /// Counts one failed authentication of `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        let now = Instant::now();
+        let mut m = self.m.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= AUTH_FAIL_TRACKED && !m.contains_key(&ip) {
+            // Forget addresses whose bucket is full again, then the
+            // stalest one if that freed nothing.
+            m.retain(|_, b| {
+                Self::refill(b, now);
+                b.0 < AUTH_FAIL_BURST
+            });
+            if m.len() >= AUTH_FAIL_TRACKED {
+                if let Some(k) = m.iter().min_by_key(|(_, b)| b.1).map(|(k, _)| *k) {
+                    m.remove(&k);
+                }
+            }
+        }
+        let b = m.entry(ip).or_insert((AUTH_FAIL_BURST, now));
+        Self::refill(b, now);
+        b.0 = (b.0 - 1.0).max(0.0);
+    }
+}
+
 /// The token from `Authorization: Bearer` or `X-API-Key`.
-pub fn token_from_headers(headers: &[tiny_http::Header]) -> Option<String> {
+pub fn token_from_headers(headers: &[super::httpd::Header]) -> Option<String> {
     for h in headers {
-        if h.field.equiv("authorization") {
+        if h.is("authorization") {
             let v = h.value.as_str().trim();
             if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
                 return Some(v[7..].trim().to_string());
             }
-        } else if h.field.equiv("x-api-key") {
+        } else if h.is("x-api-key") {
             return Some(h.value.as_str().trim().to_string());
         }
     }

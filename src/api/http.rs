@@ -1,10 +1,10 @@
-//! HTTP plumbing over tiny_http: URL and query parsing, bounded bodies,
-//! replies, and chunked streaming written straight to the socket.
+//! HTTP plumbing over our server (`httpd`): URL and query parsing, bounded
+//! bodies, replies, and chunked streaming written straight to the socket.
 
 use super::errors::{ApiError, ApiResult};
+use super::httpd::Request;
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use tiny_http::{Header, Request, Response, StatusCode};
 
 /// What a handler answers.
 pub enum Reply {
@@ -97,10 +97,7 @@ pub fn parse_target(url: &str) -> ApiResult<Target> {
 }
 
 pub fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
-    req.headers()
-        .iter()
-        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-        .map(|h| h.value.as_str())
+    req.header(name)
 }
 
 /// Reads the whole body, refusing more than `max` bytes (413).
@@ -151,10 +148,6 @@ pub fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request, max: usize) 
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-fn hdr(name: &str, value: &str) -> Option<Header> {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
-}
-
 /// Sends a finished reply. Write errors mean the client left: nothing to do.
 pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
     let (status, ct, body) = match reply {
@@ -175,18 +168,15 @@ pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
             )
         }
     };
-    let mut resp = Response::from_data(body).with_status_code(StatusCode(status));
+    let retry = retry_after.map(|s| s.to_string());
+    let mut headers = Vec::with_capacity(2);
     if !ct.is_empty() {
-        if let Some(h) = hdr("Content-Type", &ct) {
-            resp.add_header(h);
-        }
+        headers.push(("Content-Type", ct.as_str()));
     }
-    if let Some(s) = retry_after {
-        if let Some(h) = hdr("Retry-After", &s.to_string()) {
-            resp.add_header(h);
-        }
+    if let Some(r) = &retry {
+        headers.push(("Retry-After", r.as_str()));
     }
-    let _ = req.respond(resp);
+    req.respond(status, &headers, &body);
 }
 
 /// Chunked transfer encoding over the raw connection, flushed per write so
@@ -199,7 +189,7 @@ pub struct StreamWriter {
 
 impl StreamWriter {
     pub fn start(req: Request, content_type: &str) -> StreamWriter {
-        let chunked = !matches!(req.http_version(), tiny_http::HTTPVersion(1, 0));
+        let chunked = !req.is_http10();
         let mut out = req.into_writer();
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\

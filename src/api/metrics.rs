@@ -29,6 +29,8 @@ pub struct Metrics {
     pub net_setup: Family<Labels, Histogram>,
     pub standby_used: Family<Labels, Counter>,
     pub http_requests: Family<Labels, Counter>,
+    /// The HTTP server's connection counters.
+    pub http_conn: super::httpd::Stats,
 }
 
 impl Default for Metrics {
@@ -58,6 +60,27 @@ impl Metrics {
         );
         let standby_used = Family::<Labels, Counter>::default();
         let http_requests = Family::<Labels, Counter>::default();
+        let http_conn = super::httpd::Stats::default();
+        registry.register(
+            "http_connections_refused",
+            "Connections refused over max_connections / max_connections_per_ip",
+            http_conn.refused_connections.clone(),
+        );
+        registry.register(
+            "http_bad_requests",
+            "Requests refused at the head (framing, size, time)",
+            http_conn.bad_requests.clone(),
+        );
+        registry.register(
+            "http_handler_panics",
+            "Request handlers that panicked (their connection was closed)",
+            http_conn.handler_panics.clone(),
+        );
+        registry.register(
+            "http_connections_open",
+            "Client connections open now",
+            http_conn.open_connections.clone(),
+        );
         registry.register(
             "sessions_active",
             "Sessions currently alive",
@@ -128,6 +151,7 @@ impl Metrics {
             net_setup,
             standby_used,
             http_requests,
+            http_conn,
         }
     }
 

@@ -1,16 +1,16 @@
 //! The HTTP API: parse, validate, authenticate and authorize, then hand a
 //! typed command to the session layer.
 //!
-//! Threads: tiny_http reads requests on its own connection threads; a fixed
-//! pool of `http_workers` threads routes them and answers quick requests.
-//! Anything that can take long (a command, a file transfer, a stream) runs
-//! on a thread of its own, at most `max_streams` at once (503 beyond), so
-//! slow work never starves the workers.
+//! Threads: our HTTP server (`httpd`) reads and answers each connection on
+//! a thread of its own (bounded in all and per client address). Anything
+//! that can take long (a command, a file transfer, a stream) runs on a
+//! thread of its own, at most `max_streams` at once (503 beyond).
 
 pub mod auth;
 pub mod errors;
 pub mod exec;
 pub mod http;
+pub mod httpd;
 pub mod metrics;
 pub mod rest;
 pub mod routes;
@@ -20,7 +20,7 @@ pub mod validate;
 use crate::config::Config;
 use crate::sandbox::SandboxFactory;
 use crate::session::{reaper, Manager};
-use auth::{KeyStore, Principal, RateLimiter};
+use auth::{AuthThrottle, KeyStore, Principal, RateLimiter};
 use errors::ApiError;
 use http::{respond, Reply, StreamWriter};
 use metrics::Metrics;
@@ -36,6 +36,8 @@ pub struct Ctx {
     pub mgr: Arc<Manager>,
     pub keys: Arc<KeyStore>,
     pub limiter: RateLimiter,
+    /// Failed authentications per client address.
+    pub auth_throttle: AuthThrottle,
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     closing: AtomicBool,
@@ -53,9 +55,8 @@ impl Ctx {
 
 pub struct Server {
     pub ctx: Arc<Ctx>,
-    http: Arc<Listening>,
-    addr: SocketAddr,
-    workers: Vec<JoinHandle<()>>,
+    http: Arc<httpd::Server>,
+    acceptor: Option<JoinHandle<()>>,
     reaper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
@@ -82,30 +83,15 @@ impl Server {
             .start()
             .map_err(|e| format!("start pool thread: {e}"))?;
         raise_fd_limit();
-        // On an Http thread: tiny_http's accept and connection threads
-        // inherit the filter of the thread that creates the server.
-        let first = {
-            let (addr, wt) = (cfg.listen, cfg.write_timeout);
-            crate::harden::thread::spawn(
-                crate::harden::ThreadKind::Http,
-                std::thread::Builder::new().name("http-listen".into()),
-                move || listen(addr, wt),
-            )
-            .map_err(|e| format!("start http listener thread: {e}"))?
-            .join()
-            .map_err(|_| "http listener thread panicked".to_string())??
-        };
-        let addr = first
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| "listening socket has no IP address".to_string())?;
-        let http = Arc::new(Listening {
-            addr,
-            write_timeout: cfg.write_timeout,
-            current: std::sync::Mutex::new(Arc::new(first)),
-        });
+        let listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(|e| format!("listen on {}: {e}", cfg.listen))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("listening socket {}: {e}", cfg.listen))?;
+        let http = Arc::new(httpd::Server::new(addr, metrics.http_conn.clone()));
         let ctx = Arc::new(Ctx {
             limiter: RateLimiter::new(cfg.rate_per_sec, cfg.rate_burst),
+            auth_throttle: AuthThrottle::default(),
             cfg: cfg.clone(),
             mgr: mgr.clone(),
             keys,
@@ -117,46 +103,37 @@ impl Server {
         });
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let reaper = reaper::spawn(mgr, stop_rx).map_err(|e| format!("start reaper: {e}"))?;
-        let mut workers = Vec::new();
-        for i in 0..cfg.http_workers.max(1) {
-            let ctx = ctx.clone();
-            let http = http.clone();
-            let h = crate::harden::thread::spawn(
-                crate::harden::ThreadKind::Http,
-                std::thread::Builder::new().name(format!("http-{i}")),
-                move || worker_loop(ctx, http),
-            )
-            .map_err(|e| format!("start http worker: {e}"))?;
-            workers.push(h);
-        }
-        {
-            let ctx = ctx.clone();
-            let http = http.clone();
+        // On an Http thread: the connection threads it starts inherit its
+        // seccomp filter.
+        let acceptor = {
+            let (ctx, http) = (ctx.clone(), http.clone());
+            let limits = httpd::Limits::from_config(&cfg);
+            let handler: httpd::Handler = Arc::new(move |req| handle(&ctx, req));
             crate::harden::thread::spawn(
                 crate::harden::ThreadKind::Http,
-                std::thread::Builder::new().name("http-watchdog".into()),
-                move || watchdog(ctx, http),
+                std::thread::Builder::new().name("http-accept".into()),
+                move || httpd::run(listener, limits, handler, &http),
             )
-            .map_err(|e| format!("start http watchdog: {e}"))?;
-        }
+            .map_err(|e| format!("start http acceptor: {e}"))?
+        };
         Ok(Server {
             ctx,
             http,
-            addr,
-            workers,
+            acceptor: Some(acceptor),
             reaper: Some((stop_tx, reaper)),
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.http.addr
     }
 
     /// Graceful stop: refuse new work, end every session (which cancels
     /// the commands still running in them), wait for the streams to close.
     pub fn shutdown(mut self) {
         self.ctx.closing.store(true, Ordering::Release);
-        for h in self.workers.drain(..) {
+        self.http.stop();
+        if let Some(h) = self.acceptor.take() {
             let _ = h.join();
         }
         if let Some((tx, h)) = self.reaper.take() {
@@ -168,106 +145,7 @@ impl Server {
         while self.ctx.long_running.load(Ordering::Acquire) > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));
         }
-        drop(self.http);
     }
-}
-
-/// The tiny_http server in use. tiny_http's accept thread ends for good on
-/// an accept error (it reports it) or panics when it cannot duplicate a
-/// socket (EMFILE, reported by nobody). Either way its listening socket is
-/// closed; the workers (on a reported error) or the watchdog (on a refused
-/// probe connection) then start a new server on the same address, so the
-/// API does not silently go deaf.
-struct Listening {
-    addr: SocketAddr,
-    write_timeout: Duration,
-    current: std::sync::Mutex<Arc<tiny_http::Server>>,
-}
-
-impl Listening {
-    fn get(&self) -> Arc<tiny_http::Server> {
-        match self.current.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    fn replace_dead(&self, dead: &Arc<tiny_http::Server>) {
-        let mut cur = match self.current.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if !Arc::ptr_eq(&cur, dead) {
-            return; // another worker already did it
-        }
-        // Give the old accept thread time to drop its socket, and an fd
-        // shortage time to ease.
-        std::thread::sleep(Duration::from_millis(200));
-        match listen(self.addr, self.write_timeout) {
-            Ok(s) => {
-                log::warn!("http: listening again on {}", self.addr);
-                *cur = Arc::new(s);
-            }
-            Err(e) => log::error!("http: cannot listen again on {}: {e}", self.addr),
-        }
-    }
-}
-
-/// Probes the listener every 2 s; a refused connection means tiny_http's
-/// accept thread is gone.
-fn watchdog(ctx: Arc<Ctx>, http: Arc<Listening>) {
-    while !ctx.is_closing() {
-        std::thread::sleep(Duration::from_secs(2));
-        let srv = http.get();
-        match std::net::TcpStream::connect_timeout(&http.addr, Duration::from_secs(1)) {
-            // Closed at once: tiny_http reads EOF and ends that connection.
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                if ctx.is_closing() {
-                    return;
-                }
-                log::error!("http: listener on {} is gone; restarting it", http.addr);
-                ctx.metrics.error("accept");
-                http.replace_dead(&srv);
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-fn listen(addr: SocketAddr, write_timeout: Duration) -> Result<tiny_http::Server, String> {
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|e| format!("listen on {addr}: {e}"))?;
-    // Inherited by every accepted connection (Linux copies socket options
-    // on accept): a client that stops reading a stream is dropped, which
-    // cancels its command. (A read timeout cannot be set this way: it
-    // would also make accept() time out, which ends tiny_http's accept
-    // thread.)
-    set_write_timeout(&listener, write_timeout)
-        .map_err(|e| format!("SO_SNDTIMEO on {addr}: {e}"))?;
-    tiny_http::Server::from_listener(listener, None).map_err(|e| format!("serve on {addr}: {e}"))
-}
-
-fn set_write_timeout(l: &std::net::TcpListener, d: Duration) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_usec: d.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: valid fd, pointer and length for a timeval option.
-    let r = unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Connections, sandboxes and agent sockets all take descriptors; the
@@ -286,26 +164,11 @@ fn raise_fd_limit() {
     }
 }
 
-fn worker_loop(ctx: Arc<Ctx>, http: Arc<Listening>) {
-    while !ctx.is_closing() {
-        let srv = http.get();
-        match srv.recv_timeout(Duration::from_millis(200)) {
-            Ok(Some(req)) => handle(&ctx, req),
-            Ok(None) => {}
-            Err(e) => {
-                log::error!("http: accept failed ({e}); restarting the listener");
-                ctx.metrics.error("accept");
-                http.replace_dead(&srv);
-            }
-        }
-    }
-}
-
 fn status_class(s: u16) -> String {
     format!("{}xx", s / 100)
 }
 
-fn handle(ctx: &Arc<Ctx>, mut req: tiny_http::Request) {
+fn handle(ctx: &Arc<Ctx>, mut req: httpd::Request) {
     if ctx.is_closing() {
         let e = ApiError::unavailable("the server is shutting down");
         let ra = e.retry_after;
@@ -343,7 +206,7 @@ impl Drop for LongGuard {
     }
 }
 
-fn finish(ctx: &Arc<Ctx>, req: tiny_http::Request, reply: Reply, retry_after: Option<u64>) {
+fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option<u64>) {
     match reply {
         r @ (Reply::Later(_) | Reply::Stream { .. }) => {
             let n = ctx.long_running.fetch_add(1, Ordering::AcqRel);
@@ -401,9 +264,9 @@ fn finish(ctx: &Arc<Ctx>, req: tiny_http::Request, reply: Reply, retry_after: Op
 }
 
 /// Finds the route, authenticates, authorizes, rate-limits and calls it.
-fn route(ctx: &Arc<Ctx>, req: &mut tiny_http::Request) -> Result<Reply, ApiError> {
+fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
     let target = http::parse_target(req.url())?;
-    let method = req.method().as_str().to_ascii_uppercase();
+    let method = req.method().to_ascii_uppercase();
     let (route, params) = routes::find(&method, &target)?;
     let principal = match route.scope {
         None => Principal::anonymous(),
@@ -423,23 +286,33 @@ fn route(ctx: &Arc<Ctx>, req: &mut tiny_http::Request) -> Result<Reply, ApiError
     (route.handler)(ctx, req, &principal, &params)
 }
 
-fn authenticate(ctx: &Ctx, req: &tiny_http::Request) -> Result<Principal, ApiError> {
+fn authenticate(ctx: &Ctx, req: &httpd::Request) -> Result<Principal, ApiError> {
     if !ctx.cfg.auth {
         return Ok(Principal::anonymous());
     }
+    let ip = req.peer().map(|p| p.ip());
+    if let Some(ip) = ip {
+        ctx.auth_throttle.check(ip)?;
+    }
+    let failed = |e: ApiError| {
+        if let Some(ip) = ip {
+            ctx.auth_throttle.failed(ip);
+        }
+        e
+    };
     let Some(token) = auth::token_from_headers(req.headers()) else {
-        return Err(ApiError::new(
+        return Err(failed(ApiError::new(
             401,
             "unauthorized",
             "an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)",
-        ));
+        )));
     };
     let Some(rec) = ctx.keys.verify(&token) else {
-        return Err(ApiError::new(
+        return Err(failed(ApiError::new(
             401,
             "unauthorized",
             "invalid or revoked API key",
-        ));
+        )));
     };
     ctx.limiter.check(&rec)?;
     Ok(Principal {

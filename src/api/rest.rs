@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 pub fn health(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -35,7 +35,7 @@ pub static NOT_READY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 pub fn ready(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -59,7 +59,7 @@ pub fn ready(
 
 pub fn metrics(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -72,7 +72,7 @@ pub fn metrics(
 
 pub fn templates(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -81,7 +81,7 @@ pub fn templates(
 
 pub fn list_sessions(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -116,7 +116,10 @@ pub fn session(
 }
 
 /// Streaming requested by `Accept` or `?format=`.
-pub fn stream_format(req: &tiny_http::Request, params: &Params) -> ApiResult<Option<StreamFormat>> {
+pub fn stream_format(
+    req: &super::httpd::Request,
+    params: &Params,
+) -> ApiResult<Option<StreamFormat>> {
     match params.query("format") {
         Some("ndjson") => return Ok(Some(StreamFormat::Ndjson)),
         Some("sse") => return Ok(Some(StreamFormat::Sse)),
@@ -166,7 +169,7 @@ pub fn run_exec(
 
 pub fn execute(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -196,7 +199,7 @@ struct WriteBody {
 
 pub fn write(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -301,7 +304,7 @@ pub fn read_file(
 
 pub fn read(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -407,7 +410,7 @@ pub fn list(
 
 pub fn files(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -428,7 +431,7 @@ pub fn files(
 
 pub fn delete_session(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -464,7 +467,7 @@ pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
 
 pub fn list_keys(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -484,7 +487,7 @@ struct CreateKey {
 
 pub fn create_key(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -520,7 +523,7 @@ fn drop_sessions_of(ctx: &Ctx, key: &str) {
 
 pub fn revoke_key(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -532,7 +535,7 @@ pub fn revoke_key(
 
 pub fn rotate_key(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -545,7 +548,7 @@ pub fn rotate_key(
 
 pub fn delete_key(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {

@@ -8,7 +8,8 @@ use super::{rest, v1, Ctx};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub type Handler = fn(&Arc<Ctx>, &mut tiny_http::Request, &Principal, &Params) -> ApiResult<Reply>;
+pub type Handler =
+    fn(&Arc<Ctx>, &mut super::httpd::Request, &Principal, &Params) -> ApiResult<Reply>;
 
 pub struct Route {
     pub method: &'static str,

@@ -68,7 +68,7 @@ struct CreateBody {
 
 pub fn create_session(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
@@ -131,7 +131,7 @@ pub fn create_session(
 
 pub fn list_sessions(
     ctx: &Arc<Ctx>,
-    r: &mut tiny_http::Request,
+    r: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -140,7 +140,7 @@ pub fn list_sessions(
 
 pub fn get_session(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -149,7 +149,7 @@ pub fn get_session(
 
 pub fn delete_session(
     ctx: &Arc<Ctx>,
-    r: &mut tiny_http::Request,
+    r: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -158,7 +158,7 @@ pub fn delete_session(
 
 pub fn keepalive(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -170,7 +170,7 @@ pub fn keepalive(
 /// The session's egress policy in force.
 pub fn get_network(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -186,7 +186,7 @@ fn network_state(s: &Session) -> serde_json::Value {
 /// rules are installed and read back; on failure the old policy stays.
 pub fn set_network(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -209,7 +209,7 @@ pub fn set_network(
 
 pub fn exec(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -256,7 +256,7 @@ fn simple(
 
 pub fn list_procs(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -293,7 +293,7 @@ pub fn list_procs(
 /// exec and whatever it left running); files and the session stay.
 pub fn kill_all(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -334,7 +334,7 @@ fn ensure_proc(ctx: &Ctx, s: &Session, proc: u64) -> ApiResult<()> {
 
 pub fn attach(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -365,7 +365,7 @@ pub fn attach(
 
 pub fn stdin(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -448,7 +448,7 @@ fn signal_number(s: &Sig) -> ApiResult<i32> {
 
 pub fn signal(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -475,7 +475,7 @@ struct ResizeBody {
 
 pub fn resize(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -509,7 +509,7 @@ fn path_param(params: &Params, name: &str) -> ApiResult<String> {
 
 pub fn download(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -528,7 +528,7 @@ pub fn download(
 
 pub fn upload(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -609,7 +609,7 @@ fn type_name(t: FileType) -> &'static str {
 
 pub fn stat(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -633,7 +633,7 @@ pub fn stat(
 
 pub fn list_files(
     ctx: &Arc<Ctx>,
-    _: &mut tiny_http::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -660,7 +660,7 @@ struct MkdirBody {
 
 pub fn mkdir(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -685,7 +685,7 @@ struct RemoveBody {
 
 pub fn remove(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
@@ -710,7 +710,7 @@ struct RenameBody {
 
 pub fn rename(
     ctx: &Arc<Ctx>,
-    req: &mut tiny_http::Request,
+    req: &mut super::httpd::Request,
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {

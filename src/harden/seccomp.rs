@@ -71,7 +71,7 @@ impl Mode {
 pub enum ThreadKind {
     /// Union of all kinds; the main thread after `harden::apply`.
     Baseline = 1,
-    /// tiny_http acceptor and workers, stream pumps: TCP and Unix sockets,
+    /// HTTP acceptor and connection threads, stream pumps: TCP and Unix sockets,
     /// the key file.
     Http,
     /// Session and warm-pool threads: create and destroy sandboxes

@@ -20,6 +20,7 @@ use super::server::{Conn, Engine, Sink};
 use super::{is_modern, Caller, Host, ALL_VERSIONS, MAX_MESSAGE, META_VERSION};
 use crate::api::auth;
 use crate::api::http::{header, StreamWriter};
+use crate::api::httpd::Request;
 use crate::api::Ctx;
 use crate::config::Config;
 use crate::session::{lock, Manager};
@@ -29,7 +30,6 @@ use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tiny_http::{Header, Request, Response, StatusCode};
 
 /// MCP sessions (handshake versions) kept at once.
 const MAX_MCP_SESSIONS: usize = 4096;
@@ -81,27 +81,19 @@ pub fn is_mcp_path(url: &str) -> bool {
     path == "/mcp" || path == "/mcp/"
 }
 
-fn hdr(name: &str, value: &str) -> Option<Header> {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
-}
-
 /// Answers with a status, optional JSON body and extra headers.
 fn reply(req: Request, status: u16, body: Option<&Value>, extra: &[(&str, String)]) {
     let data = body
         .map(|b| serde_json::to_vec(b).unwrap_or_default())
         .unwrap_or_default();
-    let mut resp = Response::from_data(data).with_status_code(StatusCode(status));
+    let mut headers: Vec<(&str, &str)> = Vec::with_capacity(extra.len() + 1);
     if body.is_some() {
-        if let Some(h) = hdr("Content-Type", "application/json") {
-            resp.add_header(h);
-        }
+        headers.push(("Content-Type", "application/json"));
     }
     for (k, v) in extra {
-        if let Some(h) = hdr(k, v) {
-            resp.add_header(h);
-        }
+        headers.push((k, v.as_str()));
     }
-    let _ = req.respond(resp);
+    req.respond(status, &headers, &data);
 }
 
 fn fail(req: Request, status: u16, id: Option<&Value>, e: RpcError, extra: &[(&str, String)]) {
@@ -130,15 +122,25 @@ fn authenticate(ctx: &Ctx, req: &Request) -> Result<Caller, (u16, String, Option
             admin: true,
         });
     }
-    let token = auth::token_from_headers(req.headers()).ok_or((
-        401,
-        "an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)".to_string(),
-        None,
-    ))?;
-    let rec =
-        ctx.keys
-            .verify(&token)
-            .ok_or((401, "invalid or revoked API key".to_string(), None))?;
+    let ip = req.peer().map(|p| p.ip());
+    if let Some(ip) = ip {
+        ctx.auth_throttle
+            .check(ip)
+            .map_err(|e| (e.status, e.message, e.retry_after))?;
+    }
+    let failed = |m: &str| {
+        if let Some(ip) = ip {
+            ctx.auth_throttle.failed(ip);
+        }
+        (401, m.to_string(), None)
+    };
+    let token = auth::token_from_headers(req.headers()).ok_or_else(|| {
+        failed("an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)")
+    })?;
+    let rec = ctx
+        .keys
+        .verify(&token)
+        .ok_or_else(|| failed("invalid or revoked API key"))?;
     ctx.limiter
         .check(&rec)
         .map_err(|e| (e.status, e.message, e.retry_after))?;
@@ -169,7 +171,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
             );
         }
     }
-    let method = req.method().as_str().to_ascii_uppercase();
+    let method = req.method().to_ascii_uppercase();
     if !matches!(method.as_str(), "POST" | "DELETE") {
         let allow = [("Allow", "POST, DELETE".to_string())];
         let msg = if method == "GET" {

@@ -1,5 +1,5 @@
 //! REST request handling: raw bytes as one HTTP request on a loopback
-//! connection to an in-process server (tiny_http parsing, routing, auth,
+//! connection to an in-process server (HTTP parsing, routing, auth,
 //! JSON bodies, validation, the MCP HTTP endpoint), over a factory that
 //! makes no sandboxes. `TOKEN` in an input is replaced by a valid API key,
 //! so seeds can reach authenticated handlers. A panic in any server thread
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = c.shutdown(Shutdown::Write);
     let mut resp = Vec::new();
     let _ = c.take(4 << 20).read_to_end(&mut resp);
-    // Whatever came back is a status line or nothing (a request tiny_http
+    // Whatever came back is a status line or nothing (a request the server
     // could not parse is dropped).
     if !resp.is_empty() {
         assert!(
