@@ -197,7 +197,7 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
     let bad = check_hardened(pid, "idle daemon");
     assert!(bad.is_empty(), "{bad:#?}");
     let names = threads(pid);
-    for want in ["thread-broker", "spawner-client", "reaper", "http-0"] {
+    for want in ["thread-broker", "spawner-client", "reaper", "http-accept"] {
         assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
     }
 
