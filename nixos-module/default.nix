@@ -121,13 +121,13 @@ in
     defaultVcpus = mkOption {
       type = types.ints.between 1 32;
       default = 1;
-      description = "vCPUs of a session that asks for none.";
+      description = "vCPUs of a session that asks for none; at most `settings.max_vcpus` (default 8).";
     };
 
     defaultMemMib = mkOption {
       type = types.ints.between 128 65536;
       default = 512;
-      description = "Guest RAM (MiB) of a session that asks for none.";
+      description = "Guest RAM (MiB) of a session that asks for none; at most `settings.max_mem_mib` (default 8192).";
     };
 
     vmIds = {

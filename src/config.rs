@@ -57,6 +57,16 @@ pub struct Config {
     pub default_vcpus: u32,
     pub default_mem_mib: u32,
     pub default_disk_mib: u32,
+    /// Largest session shape a request may ask for (`session::limits`;
+    /// vCPUs and memory are also bounded by the host's).
+    pub max_vcpus: u32,
+    pub max_mem_mib: u32,
+    pub max_disk_mib: u32,
+    /// What one API key may hold at once: live sessions, and their vCPUs
+    /// and memory summed.
+    pub max_sessions_per_key: usize,
+    pub max_vcpus_per_key: u32,
+    pub max_mem_mib_per_key: u32,
     /// `Origin` values the MCP endpoint accepts (browsers); empty = none.
     pub mcp_allowed_origins: Vec<String>,
     /// Per-session networking (namespace, veth, TAP, NAT, egress policy);
@@ -158,6 +168,12 @@ impl Default for Config {
             default_vcpus: 1,
             default_mem_mib: 256,
             default_disk_mib: 1024,
+            max_vcpus: 8,
+            max_mem_mib: 8192,
+            max_disk_mib: 65536,
+            max_sessions_per_key: 16,
+            max_vcpus_per_key: 32,
+            max_mem_mib_per_key: 16384,
             mcp_allowed_origins: Vec::new(),
             network: None,
             net_prefix: None,
@@ -197,6 +213,7 @@ impl Config {
         }
         for (key, v) in [
             ("max_sessions", self.max_sessions),
+            ("max_sessions_per_key", self.max_sessions_per_key),
             ("max_connections", self.max_connections),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("max_streams", self.max_streams),
@@ -228,21 +245,55 @@ impl Config {
                 self.max_exec_timeout.as_secs()
             ));
         }
+        use crate::session::limits::{DISK_MIB, MEM_MIB, VCPUS};
         // The same bounds the REST API puts on a session's request.
-        if !(1..=64).contains(&self.default_vcpus) {
-            return Err(format!("default_vcpus {}: 1..=64", self.default_vcpus));
+        for (key, v, range) in [
+            ("default_vcpus", self.default_vcpus, &VCPUS),
+            ("default_mem_mib", self.default_mem_mib, &MEM_MIB),
+            ("default_disk_mib", self.default_disk_mib, &DISK_MIB),
+            ("max_vcpus", self.max_vcpus, &VCPUS),
+            ("max_mem_mib", self.max_mem_mib, &MEM_MIB),
+            ("max_disk_mib", self.max_disk_mib, &DISK_MIB),
+        ] {
+            if !range.contains(&v) {
+                return Err(format!("{key} {v}: {}..={}", range.start(), range.end()));
+            }
         }
-        if !(64..=65536).contains(&self.default_mem_mib) {
-            return Err(format!(
-                "default_mem_mib {}: 64..=65536",
-                self.default_mem_mib
-            ));
-        }
-        if !(16..=1_048_576).contains(&self.default_disk_mib) {
-            return Err(format!(
-                "default_disk_mib {}: 16..=1048576",
-                self.default_disk_mib
-            ));
+        for (key, default, max, max_key) in [
+            (
+                "default_vcpus",
+                self.default_vcpus,
+                self.max_vcpus,
+                "max_vcpus",
+            ),
+            (
+                "default_mem_mib",
+                self.default_mem_mib,
+                self.max_mem_mib,
+                "max_mem_mib",
+            ),
+            (
+                "default_disk_mib",
+                self.default_disk_mib,
+                self.max_disk_mib,
+                "max_disk_mib",
+            ),
+            (
+                "default_vcpus",
+                self.default_vcpus,
+                self.max_vcpus_per_key,
+                "max_vcpus_per_key",
+            ),
+            (
+                "default_mem_mib",
+                self.default_mem_mib,
+                self.max_mem_mib_per_key,
+                "max_mem_mib_per_key",
+            ),
+        ] {
+            if default > max {
+                return Err(format!("{key} {default} exceeds {max_key} {max}"));
+            }
         }
         if self.default_template.is_empty() {
             return Err("default_template: must not be empty".into());
@@ -314,6 +365,12 @@ pub struct FileConfig {
     pub default_vcpus: Option<u32>,
     pub default_mem_mib: Option<u32>,
     pub default_disk_mib: Option<u32>,
+    pub max_vcpus: Option<u32>,
+    pub max_mem_mib: Option<u32>,
+    pub max_disk_mib: Option<u32>,
+    pub max_sessions_per_key: Option<usize>,
+    pub max_vcpus_per_key: Option<u32>,
+    pub max_mem_mib_per_key: Option<u32>,
     pub mcp_http: Option<bool>,
     pub mcp_allowed_origins: Option<Vec<String>>,
     pub egress: Option<EgressPolicy>,
@@ -430,6 +487,12 @@ impl FileConfig {
             default_vcpus => c.default_vcpus,
             default_mem_mib => c.default_mem_mib,
             default_disk_mib => c.default_disk_mib,
+            max_vcpus => c.max_vcpus,
+            max_mem_mib => c.max_mem_mib,
+            max_disk_mib => c.max_disk_mib,
+            max_sessions_per_key => c.max_sessions_per_key,
+            max_vcpus_per_key => c.max_vcpus_per_key,
+            max_mem_mib_per_key => c.max_mem_mib_per_key,
             mcp_http => c.mcp_http,
             mcp_allowed_origins => c.mcp_allowed_origins,
             egress => c.default_egress,
@@ -498,6 +561,12 @@ impl FileConfig {
             default_vcpus: Some(c.default_vcpus),
             default_mem_mib: Some(c.default_mem_mib),
             default_disk_mib: Some(c.default_disk_mib),
+            max_vcpus: Some(c.max_vcpus),
+            max_mem_mib: Some(c.max_mem_mib),
+            max_disk_mib: Some(c.max_disk_mib),
+            max_sessions_per_key: Some(c.max_sessions_per_key),
+            max_vcpus_per_key: Some(c.max_vcpus_per_key),
+            max_mem_mib_per_key: Some(c.max_mem_mib_per_key),
             mcp_http: Some(c.mcp_http),
             mcp_allowed_origins: Some(c.mcp_allowed_origins.clone()),
             egress: Some(c.default_egress.clone()),

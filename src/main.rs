@@ -186,6 +186,24 @@ struct ServeArgs {
     /// [64]
     #[arg(long)]
     max_sessions: Option<usize>,
+    /// Most vCPUs one session may ask for (also at most the host's online CPUs) [8].
+    #[arg(long)]
+    max_vcpus: Option<u32>,
+    /// Most guest memory (MiB) one session may ask for (also at most a share of the host RAM) [8192].
+    #[arg(long)]
+    max_mem_mib: Option<u32>,
+    /// Most disk (MiB) one session may ask for [65536].
+    #[arg(long)]
+    max_disk_mib: Option<u32>,
+    /// Live sessions one API key may hold [16].
+    #[arg(long)]
+    max_sessions_per_key: Option<usize>,
+    /// vCPUs of all live sessions of one API key [32].
+    #[arg(long)]
+    max_vcpus_per_key: Option<u32>,
+    /// Memory (MiB) of all live sessions of one API key [16384].
+    #[arg(long)]
+    max_mem_mib_per_key: Option<u32>,
     /// Warm sandboxes kept ready per template [0].
     #[arg(long)]
     pool_size: Option<usize>,
@@ -331,6 +349,12 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
         idle_timeout => c.idle_timeout,
         max_lifetime => c.max_lifetime,
         max_sessions => c.max_sessions,
+        max_vcpus => c.max_vcpus,
+        max_mem_mib => c.max_mem_mib,
+        max_disk_mib => c.max_disk_mib,
+        max_sessions_per_key => c.max_sessions_per_key,
+        max_vcpus_per_key => c.max_vcpus_per_key,
+        max_mem_mib_per_key => c.max_mem_mib_per_key,
         pool_size => c.pool_size,
         standby_vmms => c.standby_vmms,
         default_template => c.default_template,

@@ -135,6 +135,16 @@ fn file_values_and_semantic_checks() {
         (json!({"max_sessions": 0}), "max_sessions"),
         (json!({"rate_limit": 0}), "rate_limit"),
         (json!({"default_vcpus": 0}), "default_vcpus"),
+        (json!({"max_vcpus": 65}), "max_vcpus"),
+        (json!({"max_sessions_per_key": 0}), "max_sessions_per_key"),
+        (
+            json!({"default_mem_mib": 4096, "max_mem_mib": 2048}),
+            "exceeds max_mem_mib",
+        ),
+        (
+            json!({"default_vcpus": 4, "max_vcpus_per_key": 2}),
+            "exceeds max_vcpus_per_key",
+        ),
         (
             json!({"exec_timeout_secs": 100, "max_exec_timeout_secs": 10}),
             "exec_timeout_secs",

@@ -652,7 +652,7 @@ fn bad_input_gets_clear_4xx() {
         ),
         (
             400,
-            "bad_request",
+            "invalid_shape",
             h.post("/v1/sessions", &json!({"vcpus": 0})),
         ),
         (

@@ -51,7 +51,8 @@ trap cleanup EXIT
 
 "${RUNAS[@]}" env HOME="$STATE" "$BIN" serve --listen 127.0.0.1:0 --backend "$BACKEND" \
     --agent-bin "$AGENT" --state-dir "$STATE/state" \
-    --rate-limit 100000 --rate-burst 100000 --max-sessions 10000 \
+    --rate-limit 100000 --rate-burst 100000 --max-sessions 10000 --max-sessions-per-key 10000 \
+    --max-vcpus-per-key 1000000 --max-mem-mib-per-key 1000000000 \
     --exec-timeout 5s --max-file 1048576 >"$OUT" 2>"$STATE/daemon.log" &
 PID=$!
 for _ in $(seq 100); do

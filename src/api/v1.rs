@@ -78,15 +78,8 @@ pub fn create_session(
         None => format!("s-{:012x}", crate::agent::random_u64() & 0xffff_ffff_ffff),
     };
     validate::session_id(&id)?;
-    if b.vcpus.is_some_and(|v| !(1..=64).contains(&v)) {
-        return Err(ApiError::bad_request("vcpus must be 1..=64"));
-    }
-    if b.memory_mib.is_some_and(|m| !(64..=65536).contains(&m)) {
-        return Err(ApiError::bad_request("memoryMib must be 64..=65536"));
-    }
-    if b.disk_mib.is_some_and(|m| !(16..=1_048_576).contains(&m)) {
-        return Err(ApiError::bad_request("diskMib must be 16..=1048576"));
-    }
+    // The shape is checked (400 invalid_shape) by the session manager,
+    // against the configured and host maxima, with the defaults filled in.
     if let Some(e) = &b.egress {
         e.validate().map_err(ApiError::bad_request)?;
     }

@@ -11,6 +11,7 @@ use crate::api::errors::ApiError;
 use crate::api::{rest, validate};
 use crate::proto::{channel, Event, ExecRequest, Request, Response};
 use crate::sandbox::{EgressMode, EgressPolicy};
+use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::session::{Session, SessionOptions};
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
@@ -279,9 +280,12 @@ fn create_session_in() -> Value {
                 "type": "object",
                 "additionalProperties": false,
                 "properties": {
-                    "vcpus": {"type": "integer", "minimum": 1, "maximum": 64},
-                    "memoryMib": {"type": "integer", "minimum": 64, "maximum": 65536},
-                    "diskMib": {"type": "integer", "minimum": 16, "maximum": 1048576},
+                    "vcpus": {"type": "integer", "minimum": VCPUS.start(), "maximum": VCPUS.end(),
+                              "description": "At most the daemon's max_vcpus and the host's online CPUs"},
+                    "memoryMib": {"type": "integer", "minimum": MEM_MIB.start(), "maximum": MEM_MIB.end(),
+                                  "description": format!("At most the daemon's max_mem_mib and {HOST_MEM_PERCENT}% of the host's RAM")},
+                    "diskMib": {"type": "integer", "minimum": DISK_MIB.start(), "maximum": DISK_MIB.end(),
+                                "description": "At most the daemon's max_disk_mib"},
                     "ttl": {"type": "number", "exclusiveMinimum": 0, "description": "Maximum lifetime in seconds"},
                     "idleTimeout": {"type": "number", "exclusiveMinimum": 0, "description": "Idle timeout in seconds"}
                 }
@@ -718,17 +722,18 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         Some(_) => return Err("argument limits must be an object".into()),
     };
     known_only(limits, &create_session_in()["properties"]["limits"])?;
-    let range = |k: &str, lo: u64, hi: u64| -> Result<Option<u32>, String> {
-        match opt_u64(limits, k)? {
-            Some(v) if !(lo..=hi).contains(&v) => Err(format!("limits.{k} must be {lo}..={hi}")),
-            v => Ok(v.map(|v| v as u32)),
-        }
+    // Within what any request may ask; the session manager then checks the
+    // configured and host maxima.
+    let range = |k: &str, r: &std::ops::RangeInclusive<u32>| -> Result<Option<u32>, String> {
+        opt_u64(limits, k)?
+            .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(msg))
+            .transpose()
     };
     let opts = SessionOptions {
         template,
-        vcpus: range("vcpus", 1, 64)?,
-        mem_mib: range("memoryMib", 64, 65536)?,
-        disk_mib: range("diskMib", 16, 1_048_576)?,
+        vcpus: range("vcpus", &VCPUS)?,
+        mem_mib: range("memoryMib", &MEM_MIB)?,
+        disk_mib: range("diskMib", &DISK_MIB)?,
         ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
         idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
         env: opt_env(a)?,

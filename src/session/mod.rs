@@ -9,6 +9,7 @@
 //! session thread nor any other session, and one session can run several
 //! commands at once.
 
+pub mod limits;
 pub mod pool;
 pub mod reaper;
 pub mod registry;
@@ -78,6 +79,8 @@ pub struct Session {
     /// Key id that created it.
     pub owner: String,
     pub spec: SandboxSpec,
+    /// What it counts against its key's quota.
+    pub charge: limits::Charge,
     pub created: Instant,
     pub created_unix_ms: u64,
     pub expires: Instant,

@@ -1,5 +1,6 @@
 //! The session registry and the manager that owns sessions' lifecycles.
 
+use super::limits::{Charge, Host, Limits};
 use super::pool::Pool;
 use super::{lock, worker, Cmd, Session, State};
 use crate::api::errors::ApiError;
@@ -33,6 +34,8 @@ pub struct Manager {
     pub factory: Arc<dyn SandboxFactory>,
     pub metrics: Arc<Metrics>,
     pub pool: Arc<Pool>,
+    /// Session shape bounds and per-key quotas.
+    pub limits: Limits,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
 }
@@ -44,11 +47,33 @@ impl Manager {
         metrics: Arc<Metrics>,
     ) -> Arc<Manager> {
         let pool = Pool::new(cfg.clone(), factory.clone(), metrics.clone());
+        let limits = Limits::new(&cfg, Host::probe());
+        log::info!(
+            "session shapes: at most {} vCPUs ({}), {} MiB memory ({}), {} MiB disk; per key: {} \
+             sessions, {} vCPUs, {} MiB",
+            limits.vcpus.max,
+            limits.vcpus.why,
+            limits.mem_mib.max,
+            limits.mem_mib.why,
+            limits.disk_mib.max,
+            limits.quota.sessions,
+            limits.quota.vcpus,
+            limits.quota.mem_mib
+        );
+        if let Err(e) =
+            limits.check_shape(cfg.default_vcpus, cfg.default_mem_mib, cfg.default_disk_mib)
+        {
+            log::warn!(
+                "the default session shape does not fit this host: {}",
+                e.message
+            );
+        }
         Arc::new(Manager {
             cfg,
             factory,
             metrics,
             pool,
+            limits,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         })
@@ -108,12 +133,39 @@ impl Manager {
             }
             return Ok((s.clone(), false));
         }
-        if !self.factory.templates().iter().any(|t| t.name == template) {
+        let vcpus = opts.vcpus.unwrap_or(self.cfg.default_vcpus);
+        let mem_mib = opts.mem_mib.unwrap_or(self.cfg.default_mem_mib);
+        let disk_mib = opts.disk_mib.unwrap_or(self.cfg.default_disk_mib);
+        self.limits.check_shape(vcpus, mem_mib, disk_mib)?;
+        let Some(tpl) = self
+            .factory
+            .templates()
+            .into_iter()
+            .find(|t| t.name == template)
+        else {
             return Err(ApiError::new(
                 400,
                 "unknown_template",
                 format!("unknown template {template:?} (see GET /exec/templates)"),
             ));
+        };
+        // A session that fits its template's snapshot runs at the
+        // snapshot's shape: count the larger of the two (an upper bound on
+        // what its VM gets either way).
+        let charge = Charge {
+            vcpus: vcpus.max(tpl.vcpus),
+            mem_mib: mem_mib.max(tpl.mem_mib),
+        };
+        // Checked and inserted under one lock: concurrent creates of one
+        // key see each other.
+        let held: Vec<Charge> = map
+            .values()
+            .filter(|s| s.owner == owner)
+            .map(|s| s.charge)
+            .collect();
+        if let Err(e) = self.limits.check_quota(owner, &held, charge) {
+            self.metrics.error("quota_exceeded");
+            return Err(e);
         }
         if map.len() >= self.cfg.max_sessions {
             let mut e = ApiError::new(
@@ -136,9 +188,9 @@ impl Manager {
         let spec = SandboxSpec {
             id: new_sandbox_id(),
             template,
-            vcpus: opts.vcpus.unwrap_or(self.cfg.default_vcpus),
-            mem_mib: opts.mem_mib.unwrap_or(self.cfg.default_mem_mib),
-            disk_mib: opts.disk_mib.unwrap_or(self.cfg.default_disk_mib),
+            vcpus,
+            mem_mib,
+            disk_mib,
             env: opts.env,
             egress: opts
                 .egress
@@ -150,6 +202,7 @@ impl Manager {
             id: id.to_string(),
             owner: owner.to_string(),
             spec,
+            charge,
             created: now,
             created_unix_ms: super::now_unix_ms(),
             expires: now + lifetime,

@@ -67,8 +67,21 @@ impl Daemon {
         Self::start_in(dir, extra)
     }
 
+    /// A daemon on the `local-process` backend whatever the tests' backend
+    /// (for API-level checks that need no VM).
+    pub fn start_local(extra: &[&str]) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("sbx-daemon-test")
+            .tempdir()
+            .expect("tempdir");
+        Self::start_backend(dir, "local-process", extra)
+    }
+
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        let backend = super::test_backend();
+        Self::start_backend(dir, &super::test_backend(), extra)
+    }
+
+    fn start_backend(dir: tempfile::TempDir, backend: &str, extra: &[&str]) -> Daemon {
         let mut net_prefix = extra
             .iter()
             .position(|a| *a == "--net-prefix")
@@ -81,7 +94,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(dir.path())
             .arg("--backend")
-            .arg(&backend);
+            .arg(backend);
         if backend == "local-process" {
             cmd.arg("--agent-bin").arg(agent_bin());
         }
