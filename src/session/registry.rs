@@ -33,6 +33,8 @@ pub struct Manager {
     pub factory: Arc<dyn SandboxFactory>,
     pub metrics: Arc<Metrics>,
     pub pool: Arc<Pool>,
+    /// Memory all replies built from guest data hold (REST and MCP alike).
+    pub replies: Arc<crate::budget::ReplyBudget>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
 }
@@ -44,11 +46,13 @@ impl Manager {
         metrics: Arc<Metrics>,
     ) -> Arc<Manager> {
         let pool = Pool::new(cfg.clone(), factory.clone(), metrics.clone());
+        let replies = crate::budget::ReplyBudget::new(cfg.max_reply_memory as u64);
         Arc::new(Manager {
             cfg,
             factory,
             metrics,
             pool,
+            replies,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         })
