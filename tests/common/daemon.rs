@@ -68,7 +68,27 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        let backend = super::test_backend();
+        Self::start_with(dir, &super::test_backend(), &agent_bin(), extra)
+    }
+
+    /// A `local-process` daemon whose sandboxes run `agent` (a stand-in
+    /// for the guest agent, such as a hostile one), whatever the test
+    /// backend is.
+    pub fn start_local(agent: &std::path::Path, extra: &[&str]) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("sbx-daemon-test")
+            .tempdir()
+            .expect("tempdir");
+        Self::start_with(dir, "local-process", agent, extra)
+    }
+
+    fn start_with(
+        dir: tempfile::TempDir,
+        backend: &str,
+        agent: &std::path::Path,
+        extra: &[&str],
+    ) -> Daemon {
+        let backend = backend.to_string();
         let mut net_prefix = extra
             .iter()
             .position(|a| *a == "--net-prefix")
@@ -83,7 +103,7 @@ impl Daemon {
             .arg("--backend")
             .arg(&backend);
         if backend == "local-process" {
-            cmd.arg("--agent-bin").arg(agent_bin());
+            cmd.arg("--agent-bin").arg(agent);
         }
         if backend != "local-process" {
             // VMs of test daemons have no network unless a test builds its
