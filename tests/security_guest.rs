@@ -471,3 +471,64 @@ fn forged_log_lines_are_escaped_cut_and_rate_limited() {
         "no suppressed-lines note: {forged:?}"
     );
 }
+
+/// Root in a real QEMU guest writes 16 MB of base64 to its serial console
+/// (~0.8 MB/s under TCG, all of it kept before the fix). `console.log` in
+/// the VM's run dir rotates at 1 MiB into a single `console.log.1`: at most
+/// 2 MiB.
+#[test]
+fn a_console_flood_stays_within_the_console_log_cap() {
+    if common::test_backend() != "qemu" {
+        eprintln!("SKIP: the console flood needs a QEMU guest (no guest images)");
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let bystander = create(&d, json!({}));
+    let flooder = create(&d, json!({}));
+    let needle = format!("/{flooder}: ready as ");
+    let sandbox = d
+        .log()
+        .lines()
+        .find_map(|l| {
+            let rest = &l[l.find(&needle)? + needle.len()..];
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .expect("sandbox id of the flooding session");
+    let run = d.state_dir().join("run").join(&sandbox);
+    assert!(
+        run.join("console.log").exists(),
+        "no console.log in {run:?}"
+    );
+    let watch = Watch::start(d.http(), bystander);
+    let r = d.http().post(
+        &format!("/v1/sessions/{flooder}/exec"),
+        &json!({"command": "id -u; head -c 12000000 /dev/urandom | base64 > /dev/ttyS0; echo flooded"}),
+    );
+    watch.finish("console flood");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out = stdout_of(&r.json());
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["0", "flooded"],
+        "{}",
+        r.text()
+    );
+    let size = |name: &str| std::fs::metadata(run.join(name)).map(|m| m.len());
+    let cur = size("console.log").expect("console.log");
+    let old = size("console.log.1").expect("console.log.1: the flood never filled 1 MiB");
+    eprintln!("after the flood: console.log {cur} bytes, console.log.1 {old} bytes");
+    assert!(cur <= MIB && old <= MIB, "console.log {cur}, .1 {old}");
+    let logs: Vec<_> = std::fs::read_dir(&run)
+        .expect("run dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("console"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    // Still the same VM, still answering.
+    let r = d.http().post(
+        &format!("/v1/sessions/{flooder}/exec"),
+        &json!({"command": "echo alive"}),
+    );
+    assert_eq!(stdout_of(&r.json()).trim(), "alive", "{}", r.text());
+}
