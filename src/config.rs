@@ -44,6 +44,9 @@ pub struct Config {
     pub max_file: usize,
     /// Output kept for a buffered (non-streaming) exec answer.
     pub max_output: usize,
+    /// Bytes of guest data (file contents, listings, their JSON) all
+    /// replies in flight may hold together (`budget::ReplyBudget`).
+    pub max_reply_memory: usize,
     pub default_exec_timeout: Duration,
     pub max_exec_timeout: Duration,
     /// Socket write timeout: a client that stops reading is dropped.
@@ -158,6 +161,7 @@ impl Default for Config {
             max_body: 1 << 20,
             max_file: 64 << 20,
             max_output: 16 << 20,
+            max_reply_memory: 512 << 20,
             default_exec_timeout: Duration::from_secs(600),
             max_exec_timeout: Duration::from_secs(24 * 3600),
             write_timeout: Duration::from_secs(60),
@@ -189,6 +193,17 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Largest JSON reply built from guest data (a file read, a listing):
+    /// room for a `max_file` file in base64 plus the fields around it. A
+    /// file whose text would escape to more (control bytes take six bytes
+    /// each) is refused with 413 and read as base64 or raw bytes instead.
+    pub fn max_json_reply(&self) -> usize {
+        self.max_file
+            .div_ceil(3)
+            .saturating_mul(4)
+            .saturating_add(64 << 10)
+    }
+
     /// Checks what the types cannot: ranges, combinations, the network
     /// section. Messages name the config key.
     pub fn validate(&self) -> Result<(), String> {
@@ -220,6 +235,7 @@ impl Config {
             ("max_body", self.max_body),
             ("max_file", self.max_file),
             ("max_output", self.max_output),
+            ("max_reply_memory", self.max_reply_memory),
         ] {
             if v == 0 {
                 return Err(format!("{key}: must be at least 1"));
@@ -237,6 +253,16 @@ impl Config {
             if d.is_zero() {
                 return Err(format!("{key}: must be at least 1 second"));
             }
+        }
+        // The largest read a client may ask for must fit: the file itself
+        // and its base64 JSON reply.
+        let one_read = self.max_file.saturating_add(self.max_json_reply());
+        if self.max_reply_memory < one_read {
+            return Err(format!(
+                "max_reply_memory {}: must hold one max_file read and its JSON reply \
+                 ({one_read} bytes with max_file {})",
+                self.max_reply_memory, self.max_file
+            ));
         }
         if self.default_exec_timeout > self.max_exec_timeout {
             return Err(format!(
@@ -360,6 +386,7 @@ pub struct FileConfig {
     pub max_body: Option<usize>,
     pub max_file: Option<usize>,
     pub max_output: Option<usize>,
+    pub max_reply_memory: Option<usize>,
     pub rate_limit: Option<f64>,
     pub rate_burst: Option<f64>,
     pub default_vcpus: Option<u32>,
@@ -482,6 +509,7 @@ impl FileConfig {
             max_body => c.max_body,
             max_file => c.max_file,
             max_output => c.max_output,
+            max_reply_memory => c.max_reply_memory,
             rate_limit => c.rate_per_sec,
             rate_burst => c.rate_burst,
             default_vcpus => c.default_vcpus,
@@ -556,6 +584,7 @@ impl FileConfig {
             max_body: Some(c.max_body),
             max_file: Some(c.max_file),
             max_output: Some(c.max_output),
+            max_reply_memory: Some(c.max_reply_memory),
             rate_limit: Some(c.rate_per_sec),
             rate_burst: Some(c.rate_burst),
             default_vcpus: Some(c.default_vcpus),

@@ -6,6 +6,7 @@ pub use sandbox_agent::proto;
 pub mod admin;
 pub mod agent;
 pub mod api;
+pub mod budget;
 pub mod config;
 pub mod harden;
 pub mod mcp;

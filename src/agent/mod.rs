@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub mod guestlog;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The agent answered the request with an error.
@@ -39,6 +41,10 @@ pub enum ClientError {
     Protocol(String),
     #[error("timed out after {0:?} waiting for the agent")]
     Timeout(Duration),
+    /// The guest's answer went over a host-side budget (entries, bytes):
+    /// the call was ended, the connection lives on.
+    #[error("agent reply refused: {0}")]
+    OverBudget(String),
     #[error("agent connection: {0}")]
     Io(#[from] io::Error),
 }
@@ -60,6 +66,10 @@ pub enum Inbound {
     Response(Response),
     /// Final.
     Error(ErrorBody),
+    /// Final, made by the host: the guest's reply went over a budget.
+    /// [`Call`] turns it into [`ClientError::OverBudget`]; callers never
+    /// receive it.
+    OverBudget(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,11 +93,17 @@ struct Route {
     recv_credit: Arc<[AtomicI64; 2]>,
     /// Non-data bytes (events) received, bounded per call.
     event_bytes: u64,
+    /// Directory entries received, and how many the request asked for at
+    /// most (a `List`'s `max_entries`).
+    entries: u64,
+    max_entries: u64,
 }
 
-/// Events per call are few and small (a start notice, listing batches);
-/// more than this is a misbehaving guest.
-const MAX_EVENT_BYTES_PER_CALL: u64 = 256 << 20;
+/// Event JSON one call may bring. Events are a start notice and listing
+/// batches: 32 MiB is 100k entries of 300-byte paths. Past it the call is
+/// ended ([`ClientError::OverBudget`]), so a guest can make the host hold
+/// at most this much per call however it inflates a listing.
+pub const MAX_EVENT_BYTES_PER_CALL: u64 = 32 << 20;
 
 struct Shared {
     writer: Mutex<UnixStream>,
@@ -114,6 +130,8 @@ struct Shared {
     credit_waiters: AtomicUsize,
     /// Wakes the background reader out of its poll to yield the token.
     yield_fd: OwnedFd,
+    /// Throttles the log lines this guest's connection errors cause.
+    log_bucket: guestlog::LogBucket,
 }
 
 impl Shared {
@@ -163,6 +181,10 @@ impl Shared {
             return;
         }
         *lock(&self.close_reason) = reason.clone();
+        let n = self.log_bucket.take_suppressed();
+        if n > 0 {
+            log::warn!("agent connection closed; {n} guest log lines were suppressed");
+        }
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
         self.poke();
         drop(lock(&self.want_lock));
@@ -256,6 +278,7 @@ impl AgentClient {
             bg_holding: AtomicBool::new(false),
             credit_waiters: AtomicUsize::new(0),
             yield_fd,
+            log_bucket: guestlog::LogBucket::default(),
         });
         shared.put_token(Input::new(r));
         let s2 = shared.clone();
@@ -323,6 +346,13 @@ impl AgentClient {
             AtomicI64::new(INITIAL_WINDOW as i64),
             AtomicI64::new(INITIAL_WINDOW as i64),
         ]);
+        // Only a listing brings entries, at most as many as it asked for.
+        let max_entries = match req {
+            Request::List { max_entries, .. } => max_entries
+                .unwrap_or(proto::limits::MAX_LIST_ENTRIES)
+                .min(proto::limits::MAX_LIST_ENTRIES),
+            _ => 0,
+        };
         lock(&self.shared.routes).insert(
             id,
             Route {
@@ -330,6 +360,8 @@ impl AgentClient {
                 send_credit: send_credit.clone(),
                 recv_credit: recv_credit.clone(),
                 event_bytes: 0,
+                entries: 0,
+                max_entries,
             },
         );
         let call = Call {
@@ -526,6 +558,12 @@ impl Call {
                 }
             }
             Inbound::Response(_) | Inbound::Error(_) => self.done = true,
+            Inbound::OverBudget(why) => {
+                self.done = true;
+                // The host ended the call: tell the guest to stop too.
+                let _ = self.cancel();
+                return Err(ClientError::OverBudget(why.clone()));
+            }
             _ => {}
         }
         Ok(m)
@@ -974,7 +1012,14 @@ fn route(shared: &Shared, f: Frame) -> std::result::Result<(), String> {
         if kind == Kind::Error {
             let e: ErrorBody = serde_json::from_slice(&f.payload)
                 .map_err(|e| format!("bad connection error frame: {e}"))?;
-            log::warn!("agent reports: {e}");
+            // Guest text: escaped, cut and rate-limited (see guestlog).
+            if let Some(n) = shared.log_bucket.admit() {
+                log::warn!(
+                    "agent reports: {}{}",
+                    guestlog::untrusted(&e.to_string()),
+                    guestlog::suppressed_note(n)
+                );
+            }
         }
         return Ok(());
     }
@@ -1020,11 +1065,31 @@ fn route(shared: &Shared, f: Frame) -> std::result::Result<(), String> {
         Kind::Event => {
             rt.event_bytes += f.payload.len() as u64;
             if rt.event_bytes > MAX_EVENT_BYTES_PER_CALL {
-                return Err(format!("call {id}: too many events"));
+                end_over_budget(
+                    &mut routes,
+                    id,
+                    format!(
+                        "the agent sent more than {MAX_EVENT_BYTES_PER_CALL} bytes of events \
+                         for one request"
+                    ),
+                );
+                return Ok(());
             }
-            Inbound::Event(
-                serde_json::from_slice(&f.payload).map_err(|e| format!("bad event: {e}"))?,
-            )
+            let ev: Event =
+                serde_json::from_slice(&f.payload).map_err(|e| format!("bad event: {e}"))?;
+            if let Event::Entries { entries } = &ev {
+                rt.entries += entries.len() as u64;
+                if rt.entries > rt.max_entries {
+                    let max = rt.max_entries;
+                    end_over_budget(
+                        &mut routes,
+                        id,
+                        format!("the agent sent more than the {max} entries asked for"),
+                    );
+                    return Ok(());
+                }
+            }
+            Inbound::Event(ev)
         }
         Kind::Response => {
             let r = serde_json::from_slice(&f.payload).map_err(|e| format!("bad response: {e}"))?;
@@ -1048,6 +1113,15 @@ fn route(shared: &Shared, f: Frame) -> std::result::Result<(), String> {
     };
     let _ = rt.tx.send(msg);
     Ok(())
+}
+
+/// Ends call `id` because its guest went over a budget: the caller gets
+/// [`ClientError::OverBudget`], later frames of the call are dropped as
+/// stale. The connection and other calls are untouched.
+fn end_over_budget(routes: &mut HashMap<u64, Route>, id: u64, why: String) {
+    if let Some(rt) = routes.remove(&id) {
+        let _ = rt.tx.send(Inbound::OverBudget(why));
+    }
 }
 
 /// Reads until a hello frame carrying `nonce` arrives, skipping anything
@@ -1087,9 +1161,11 @@ fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<Hello
                     if end > buf.len() {
                         break;
                     }
-                    if let Ok(e) =
+                    if let Ok(mut e) =
                         serde_json::from_slice::<ErrorBody>(&buf[start + HEADER_LEN..end])
                     {
+                        // Ends up in the daemon's log (session start failed).
+                        e.message = guestlog::untrusted(&e.message).to_string();
                         return Err(ClientError::Agent(e));
                     }
                     start += 1;

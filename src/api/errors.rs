@@ -81,6 +81,10 @@ impl ApiError {
             ClientError::Closed(m) => {
                 ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
             }
+            // The guest answered with more than the host accepts.
+            ClientError::OverBudget(m) => {
+                ApiError::new(502, "guest_reply_too_large", format!("{what}: {m}"))
+            }
             other => ApiError::new(502, "agent_error", format!("{what}: {other}")),
         }
     }

@@ -234,7 +234,10 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
                                 _ => 500,
                             };
                             count(&ctx2, status);
-                            respond(req, out, None)
+                            // A deferred 503 (a budget or capacity ran
+                            // out meanwhile) is worth a retry shortly.
+                            let retry = (status == 503).then_some(1);
+                            respond(req, out, retry)
                         }
                         Reply::Stream { content_type, job } => {
                             count(&ctx2, 200);

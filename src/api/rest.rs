@@ -7,10 +7,11 @@ use super::http::{header, json_body, ok_json, Reply};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::ClientError;
+use crate::budget::{self, Lease};
 use crate::proto::{DirEntry, FileType};
 use crate::session::{Session, SessionOptions};
 use base64::Engine;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -261,9 +262,12 @@ pub fn write_file(
     }
 }
 
-/// Reads a whole file through the session (bounded by `max`).
+/// Reads a whole file through the session (bounded by `max`), the memory
+/// it takes leased from `lease` as it grows. The guest has `wait` for each
+/// piece: one that stalls cannot hold the lease for ever.
 pub fn read_file(
     session: &Session,
+    lease: &mut Lease,
     path: &str,
     max: u64,
     wait: std::time::Duration,
@@ -276,18 +280,26 @@ pub fn read_file(
         },
         wait,
     )?;
-    let mut out = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
     loop {
-        match call.recv() {
+        match call.recv_deadline(std::time::Instant::now() + wait) {
             Ok(crate::agent::Inbound::Data { bytes, .. }) => {
-                out.extend_from_slice(&bytes);
-                if out.len() as u64 > max {
+                let len = out.len() + bytes.len();
+                if len as u64 > max {
                     return Err(ApiError::new(
                         413,
                         "file_too_large",
                         format!("{path} is larger than {max} bytes"),
                     ));
                 }
+                if len > out.capacity() {
+                    // Doubling, but never past `max`: what is leased is
+                    // what is allocated.
+                    let cap = (out.capacity() * 2).clamp(len, max as usize);
+                    lease.hold(cap as u64)?;
+                    out.reserve_exact(cap - out.len());
+                }
+                out.extend_from_slice(&bytes);
             }
             Ok(crate::agent::Inbound::Response(_)) => return Ok(out),
             Ok(crate::agent::Inbound::Error(e)) => {
@@ -315,33 +327,82 @@ pub fn read(
     validate::path(&path, "path")?;
     let want_b64 = exec::encoding(params.query("encoding"))? == exec::Encoding::Base64;
     let session = session(ctx, p, params.get("session"), None)?;
+    // Before the request waits for anything: a full budget is a 503 with
+    // Retry-After now, not a failure half-way.
+    let mut lease = ctx.mgr.replies.admit()?;
     let activity = session.activity();
     let max = ctx.cfg.max_file as u64;
+    let max_reply = ctx.cfg.max_json_reply();
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        match read_file(&session, &path, max, wait) {
-            Ok(data) => {
-                let size = data.len();
-                let (content, enc) = match (want_b64, String::from_utf8(data)) {
-                    (false, Ok(s)) => (s, "utf8"),
-                    (_, Ok(s)) => (
-                        base64::engine::general_purpose::STANDARD.encode(s),
-                        "base64",
-                    ),
-                    (_, Err(e)) => (
-                        base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
-                        "base64",
-                    ),
-                };
-                Reply::Json(
-                    200,
-                    json!({"path": path, "content": content, "encoding": enc, "size": size}),
-                )
-            }
-            Err(e) => e.into(),
-        }
+        let r = read_file(&session, &mut lease, &path, max, wait).and_then(|data| {
+            let hint = format!(
+                "read it with ?encoding=base64, or as raw bytes from \
+                 GET /v1/sessions/{}/files/content?path=...",
+                session.id
+            );
+            file_reply(&mut lease, &path, data, want_b64, max_reply, &hint)
+        });
+        r.unwrap_or_else(Reply::from)
     })))
+}
+
+/// The JSON answer of a file read.
+#[derive(Serialize)]
+pub struct FileContent<'a> {
+    pub path: &'a str,
+    pub content: String,
+    pub encoding: &'static str,
+    pub size: usize,
+}
+
+/// `data` as text when it is UTF-8 and base64 is not asked for, else as
+/// base64 (its memory leased first).
+pub fn file_content<'a>(
+    lease: &mut Lease,
+    path: &'a str,
+    data: Vec<u8>,
+    want_b64: bool,
+) -> ApiResult<FileContent<'a>> {
+    let size = data.len();
+    let (content, encoding) = match (want_b64, String::from_utf8(data)) {
+        (false, Ok(s)) => (s, "utf8"),
+        (_, r) => {
+            let data = r.map(String::into_bytes).unwrap_or_else(|e| e.into_bytes());
+            lease.grow(base64_len(size) as u64)?;
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+            drop(data);
+            lease.shrink_to(b64.len() as u64);
+            (b64, "base64")
+        }
+    };
+    Ok(FileContent {
+        path,
+        content,
+        encoding,
+        size,
+    })
+}
+
+/// [`file_content`] as a JSON reply, sized before it is built
+/// ([`budget::json_reply`]): text that escapes past `max_reply` is refused
+/// with 413 and `hint`.
+fn file_reply(
+    lease: &mut Lease,
+    path: &str,
+    data: Vec<u8>,
+    want_b64: bool,
+    max_reply: usize,
+    hint: &str,
+) -> ApiResult<Reply> {
+    let out = file_content(lease, path, data, want_b64)?;
+    budget::json_reply(lease, 200, &out, max_reply, hint)
+}
+
+/// Length of the padded base64 of `n` bytes.
+pub fn base64_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
 }
 
 fn type_name(t: FileType) -> &'static str {
@@ -353,42 +414,83 @@ fn type_name(t: FileType) -> &'static str {
     }
 }
 
-pub fn entry_json(e: &DirEntry) -> Value {
-    json!({
-        "path": e.path,
-        "name": e.path.rsplit('/').next().unwrap_or(&e.path),
-        "type": type_name(e.file_type),
-        "size": e.size,
-        "mode": e.mode,
-        "mtime": e.mtime_ms,
-    })
+/// One entry of a listing as the API shows it (serialized as is: a
+/// `Value` per entry costs ten times the entry).
+#[derive(Serialize)]
+pub struct EntryOut {
+    path: String,
+    name: String,
+    #[serde(rename = "type")]
+    file_type: &'static str,
+    size: u64,
+    mode: u32,
+    mtime: i64,
 }
 
-/// Lists `path` through the session.
+impl From<DirEntry> for EntryOut {
+    fn from(e: DirEntry) -> EntryOut {
+        EntryOut {
+            name: e.path.rsplit('/').next().unwrap_or(&e.path).to_string(),
+            file_type: type_name(e.file_type),
+            size: e.size,
+            mode: e.mode,
+            mtime: e.mtime_ms,
+            path: e.path,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct Listing {
+    pub path: String,
+    pub files: Vec<EntryOut>,
+    pub truncated: bool,
+}
+
+/// Entries a listing asks the guest for; the agent client ends the call
+/// if the guest sends more (and bounds their bytes).
+pub const MAX_LIST_ENTRIES: u64 = 100_000;
+
+/// Lists `path` through the session, the memory it takes leased from
+/// `lease`. The guest has `wait` for each batch.
 pub fn list(
     session: &Session,
+    lease: &mut Lease,
     path: &str,
     recursive: bool,
     wait: std::time::Duration,
-) -> ApiResult<Value> {
+) -> ApiResult<Listing> {
     let mut call = session.call(
         crate::proto::Request::List {
             path: path.to_string(),
             recursive,
-            max_entries: Some(100_000),
+            max_entries: Some(MAX_LIST_ENTRIES),
         },
         wait,
     )?;
-    let mut files = Vec::new();
+    let mut files: Vec<EntryOut> = Vec::new();
+    let mut held = 0u64;
     loop {
-        match call.recv() {
+        match call.recv_deadline(std::time::Instant::now() + wait) {
             Ok(crate::agent::Inbound::Event(crate::proto::Event::Entries { entries })) => {
-                files.extend(entries.iter().map(entry_json))
+                // Two strings and the fixed fields per entry.
+                held += entries
+                    .iter()
+                    .map(|e| 2 * e.path.len() as u64 + 96)
+                    .sum::<u64>();
+                lease.hold(held)?;
+                files.extend(entries.into_iter().map(EntryOut::from))
             }
             Ok(crate::agent::Inbound::Response(crate::proto::Response::Listed {
                 truncated,
                 ..
-            })) => return Ok(json!({"path": path, "files": files, "truncated": truncated})),
+            })) => {
+                return Ok(Listing {
+                    path: path.to_string(),
+                    files,
+                    truncated,
+                })
+            }
             Ok(crate::agent::Inbound::Response(r)) => {
                 return Err(ApiError::new(
                     502,
@@ -418,15 +520,36 @@ pub fn files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let session = session(ctx, p, params.get("session"), None)?;
+    let lease = ctx.mgr.replies.admit()?;
     let activity = session.activity();
     let wait = ctx.cfg.create_timeout;
+    let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        match list(&session, &path, recursive, wait) {
-            Ok(v) => Reply::Json(200, v),
-            Err(e) => e.into(),
-        }
+        list_reply(&session, lease, &path, recursive, wait, max_reply)
     })))
+}
+
+/// A listing as a JSON reply (both APIs serve the same shape).
+pub fn list_reply(
+    session: &Session,
+    mut lease: Lease,
+    path: &str,
+    recursive: bool,
+    wait: std::time::Duration,
+    max_reply: usize,
+) -> Reply {
+    list(session, &mut lease, path, recursive, wait)
+        .and_then(|l| {
+            budget::json_reply(
+                &mut lease,
+                200,
+                &l,
+                max_reply,
+                "list a subdirectory, or without recursive",
+            )
+        })
+        .unwrap_or_else(Reply::from)
 }
 
 pub fn delete_session(

@@ -508,11 +508,12 @@ pub fn download(
 ) -> ApiResult<Reply> {
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
+    let mut lease = ctx.mgr.replies.admit()?;
     let max = ctx.cfg.max_file as u64;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
-        match rest::read_file(&s, &path, max, wait) {
+        match rest::read_file(&s, &mut lease, &path, max, wait) {
             Ok(data) => Reply::Bytes(200, "application/octet-stream".into(), data),
             Err(e) => e.into(),
         }
@@ -634,13 +635,12 @@ pub fn list_files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let s = own_session(ctx, p, params)?;
+    let lease = ctx.mgr.replies.admit()?;
     let wait = ctx.cfg.create_timeout;
+    let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
-        match rest::list(&s, &path, recursive, wait) {
-            Ok(v) => Reply::Json(200, v),
-            Err(e) => e.into(),
-        }
+        rest::list_reply(&s, lease, &path, recursive, wait, max_reply)
     })))
 }
 

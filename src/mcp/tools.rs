@@ -942,24 +942,29 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     validate::path(&path, "path").map_err(msg)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
+    let mut lease = ctx.host.mgr.replies.admit().map_err(msg)?;
     // Base64 grows 4/3 and must fit in one message.
     let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
-    let data = rest::read_file(&s, &path, max, wait(ctx)).map_err(msg)?;
-    let size = data.len();
-    match String::from_utf8(data) {
-        Ok(text) => {
-            Ok(json!({"path": path, "size": size, "encoding": "utf8", "content": text}).into())
-        }
-        Err(e) => {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(e.as_bytes());
-            let uri = format!("sandbox://{id}/{}", path.trim_start_matches('/'));
-            Ok(ToolOut {
-                structured: json!({"path": path, "size": size, "encoding": "base64", "content": b64}),
-                extra: vec![json!({"type": "resource", "resource": {
-                    "uri": uri, "mimeType": "application/octet-stream", "blob": b64}})],
-            })
-        }
+    let data = rest::read_file(&s, &mut lease, &path, max, wait(ctx)).map_err(msg)?;
+    // Text that JSON escapes to more than its base64 (control bytes take
+    // six bytes each) goes as base64 too: the answer stays within 4/3.
+    let as_text = std::str::from_utf8(&data)
+        .is_ok_and(|t| crate::budget::json_len(t) <= rest::base64_len(t.len()) + 2);
+    let c = rest::file_content(&mut lease, &path, data, !as_text).map_err(msg)?;
+    // The structured copy and the one in the text block.
+    lease.grow(2 * c.content.len() as u64).map_err(msg)?;
+    if c.encoding == "utf8" {
+        return Ok(
+            json!({"path": path, "size": c.size, "encoding": "utf8", "content": c.content}).into(),
+        );
     }
+    let uri = format!("sandbox://{id}/{}", path.trim_start_matches('/'));
+    let b64 = c.content;
+    Ok(ToolOut {
+        structured: json!({"path": path, "size": c.size, "encoding": "base64", "content": b64}),
+        extra: vec![json!({"type": "resource", "resource": {
+            "uri": uri, "mimeType": "application/octet-stream", "blob": b64}})],
+    })
 }
 
 fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -970,8 +975,21 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    Ok(rest::list(&s, &path, recursive, wait(ctx))
-        .map_err(msg)?
+    let mut lease = ctx.host.mgr.replies.admit().map_err(msg)?;
+    let l = rest::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(msg)?;
+    // Sized before it becomes a `Value` (ten times the bytes).
+    let len = crate::budget::json_len(&l);
+    if len > super::MAX_MESSAGE / 2 {
+        return Err(crate::budget::too_large(
+            len,
+            super::MAX_MESSAGE / 2,
+            "list a subdirectory, or without recursive",
+        )
+        .message);
+    }
+    lease.grow(10 * len as u64).map_err(msg)?;
+    Ok(serde_json::to_value(&l)
+        .map_err(|e| format!("listing: {e}"))?
         .into())
 }
 

@@ -36,6 +36,8 @@ pub struct Manager {
     pub pool: Arc<Pool>,
     /// Session shape bounds and per-key quotas.
     pub limits: Limits,
+    /// Memory all replies built from guest data hold (REST and MCP alike).
+    pub replies: Arc<crate::budget::ReplyBudget>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
 }
@@ -68,12 +70,14 @@ impl Manager {
                 e.message
             );
         }
+        let replies = crate::budget::ReplyBudget::new(cfg.max_reply_memory as u64);
         Arc::new(Manager {
             cfg,
             factory,
             metrics,
             pool,
             limits,
+            replies,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         })

@@ -84,6 +84,11 @@ const MEM_PATH: &str = "/proc/self/fd/5";
 /// Bytes of console output kept in memory for error messages.
 const CONSOLE_TAIL: usize = 8 * 1024;
 
+/// `console.log` grows to this, then becomes `console.log.1` (replacing
+/// the one before) and a new `console.log` starts: a guest flooding its
+/// serial port costs the host at most twice this on disk.
+pub const CONSOLE_LOG_MAX: u64 = 1 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
@@ -1239,8 +1244,42 @@ struct ConsoleState {
     eof: bool,
 }
 
+/// The console's file in the run dir, bounded by rotation
+/// ([`CONSOLE_LOG_MAX`]).
+struct ConsoleLog {
+    path: PathBuf,
+    file: fs::File,
+    size: u64,
+}
+
+impl ConsoleLog {
+    fn open(path: PathBuf) -> io::Result<ConsoleLog> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)?;
+        let size = file.metadata()?.len();
+        Ok(ConsoleLog { path, file, size })
+    }
+
+    /// Appends, rotating first when `chunk` would take the file past the
+    /// cap. An error stops the logging (the in-memory tail goes on).
+    fn write(&mut self, chunk: &[u8]) -> io::Result<()> {
+        if self.size > 0 && self.size + chunk.len() as u64 > CONSOLE_LOG_MAX {
+            let mut old = self.path.clone().into_os_string();
+            old.push(".1");
+            fs::rename(&self.path, &old)?;
+            *self = ConsoleLog::open(self.path.clone())?;
+        }
+        self.file.write_all(chunk)?;
+        self.size += chunk.len() as u64;
+        Ok(())
+    }
+}
+
 impl Console {
-    fn run(self: Arc<Self>, mut from: fs::File, mut log: Option<fs::File>) {
+    fn run(self: Arc<Self>, mut from: fs::File, mut log: Option<ConsoleLog>) {
         let mut buf = [0u8; 4096];
         let mut window: Vec<u8> = Vec::new();
         loop {
@@ -1252,7 +1291,8 @@ impl Console {
             };
             let chunk = &buf[..n];
             if let Some(l) = log.as_mut() {
-                if l.write_all(chunk).is_err() {
+                if let Err(e) = l.write(chunk) {
+                    log::warn!("{}: {e}; console no longer logged", l.path.display());
                     log = None;
                 }
             }
@@ -1293,7 +1333,11 @@ impl Console {
             .copied()
             .collect();
         out.extend_from_slice(last);
-        out.join(" | ")
+        // Guest output, bound for error messages and the daemon's log.
+        out.iter()
+            .map(|l| crate::agent::guestlog::untrusted(l).to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 
     /// Wait until the VMM's output has been read to its end.
@@ -1373,11 +1417,7 @@ impl QemuVm {
     ) -> Result<()> {
         let (rd, wr) = pipe().map_err(|e| io_err("create console pipe".into(), e))?;
         let log_path = self.cfg.run_dir.join(CONSOLE_LOG);
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&log_path)
+        let log = ConsoleLog::open(log_path.clone())
             .map_err(|e| io_err(format!("create {}", log_path.display()), e))?;
         let mut full = vec![bin.as_os_str().to_owned()];
         full.extend(argv.iter().cloned());
@@ -1751,6 +1791,38 @@ impl Drop for QemuVm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn console_log_rotates_within_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CONSOLE_LOG);
+        let mut log = ConsoleLog::open(path.clone()).unwrap();
+        let chunk = [b'x'; 4096];
+        // Five times the cap: the flood a guest can make.
+        for _ in 0..(5 * CONSOLE_LOG_MAX as usize / chunk.len()) {
+            log.write(&chunk).unwrap();
+        }
+        let cur = fs::metadata(&path).unwrap().len();
+        let old = fs::metadata(dir.path().join("console.log.1"))
+            .unwrap()
+            .len();
+        assert!(
+            cur <= CONSOLE_LOG_MAX && old <= CONSOLE_LOG_MAX,
+            "{cur} {old}"
+        );
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn console_tail_is_escaped() {
+        let c = Console::default();
+        lock(&c.state)
+            .tail
+            .extend(b"boot ok\nsession a/b: destroyed\x1b[31m\n".iter());
+        let t = c.tail();
+        assert!(!t.contains('\x1b'), "{t:?}");
+        assert!(t.contains("\\u{1b}[31m"), "{t:?}");
+    }
 
     #[test]
     fn tb_count_is_read_from_info_jit() {

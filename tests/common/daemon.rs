@@ -70,18 +70,31 @@ impl Daemon {
     /// A daemon on the `local-process` backend whatever the tests' backend
     /// (for API-level checks that need no VM).
     pub fn start_local(extra: &[&str]) -> Daemon {
+        Self::start_local_agent(&agent_bin(), extra)
+    }
+
+    /// A `local-process` daemon whose sandboxes run `agent` (a stand-in
+    /// for the guest agent, such as a hostile one), whatever the test
+    /// backend is.
+    pub fn start_local_agent(agent: &std::path::Path, extra: &[&str]) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("sbx-daemon-test")
             .tempdir()
             .expect("tempdir");
-        Self::start_backend(dir, "local-process", extra)
+        Self::start_with(dir, "local-process", agent, extra)
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        Self::start_backend(dir, &super::test_backend(), extra)
+        Self::start_with(dir, &super::test_backend(), &agent_bin(), extra)
     }
 
-    fn start_backend(dir: tempfile::TempDir, backend: &str, extra: &[&str]) -> Daemon {
+    fn start_with(
+        dir: tempfile::TempDir,
+        backend: &str,
+        agent: &std::path::Path,
+        extra: &[&str],
+    ) -> Daemon {
+        let backend = backend.to_string();
         let mut net_prefix = extra
             .iter()
             .position(|a| *a == "--net-prefix")
@@ -94,9 +107,9 @@ impl Daemon {
             .arg("--state-dir")
             .arg(dir.path())
             .arg("--backend")
-            .arg(backend);
+            .arg(&backend);
         if backend == "local-process" {
-            cmd.arg("--agent-bin").arg(agent_bin());
+            cmd.arg("--agent-bin").arg(agent);
         }
         if backend != "local-process" {
             // VMs of test daemons have no network unless a test builds its
