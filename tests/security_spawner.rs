@@ -287,6 +287,7 @@ fn main() {
              [ -e /etc/passwd ] && echo passwd-visible; \
              echo hi > {w}/out && echo wrote-work; \
              (echo x > /new) 2>/dev/null || echo root-read-only; \
+             echo x > /dev/null && echo devnull-writable; \
              read _ignored"
             ));
             req.cwd = Some(work.display().to_string());
@@ -356,6 +357,7 @@ fn main() {
                 ),
                 (out.contains("wrote-work"), "a writable work dir"),
                 (out.contains("root-read-only"), "a read-only root"),
+                (out.contains("devnull-writable"), "a writable /dev/null"),
             ];
             for (ok, what) in checks {
                 if !ok {

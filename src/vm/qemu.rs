@@ -358,8 +358,8 @@ impl QemuBackend {
 
     /// The host paths every jailed QEMU needs: its binary, its dynamic
     /// loader and the libraries it links (the loader's own trace, as `ldd`
-    /// prints it), its module directory (TCG is a module in Debian's
-    /// build), its firmware directories (`-L help`), the loader cache and
+    /// prints it), its modules (TCG is one in Debian's build), its
+    /// firmware directories (`-L help`), the loader cache and
     /// the harmless devices. Found once, by running the binary.
     fn jail_base(&self) -> Result<Arc<Vec<Bind>>> {
         let mut slot = lock(&self.jail_base);
@@ -406,9 +406,14 @@ impl QemuBackend {
                 prefix.join("lib/qemu"),
                 prefix.join("lib64/qemu"),
             ] {
-                if let Ok(c) = fs::canonicalize(&d) {
-                    paths.push(c);
-                }
+                // Only the modules (the same dir names may hold helper
+                // programs, some setuid root, that QEMU must not see).
+                let Ok(rd) = fs::read_dir(&d) else { continue };
+                paths.extend(
+                    rd.flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "so") && p.is_file()),
+                );
             }
         }
         paths.push(PathBuf::from("/etc/ld.so.cache"));
