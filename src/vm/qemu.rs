@@ -189,6 +189,8 @@ pub struct QemuBackend {
     probe_kernel: Mutex<Option<PathBuf>>,
     /// What every jailed QEMU sees besides its VM's own files, once known.
     jail_base: Mutex<Option<Arc<Vec<Bind>>>>,
+    /// Whether running unjailed was logged.
+    unjailed_said: std::sync::Once,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -227,6 +229,7 @@ impl QemuBackend {
             version: Mutex::new(None),
             probe_kernel: Mutex::new(None),
             jail_base: Mutex::new(None),
+            unjailed_said: std::sync::Once::new(),
         }
     }
 
@@ -440,6 +443,12 @@ impl QemuBackend {
     /// and /dev/kvm under KVM. `None` when the launcher cannot jail.
     fn jail_for(&self, cfg: &VmConfig, accel: Accel, incoming: bool) -> Result<Option<Jail>> {
         if !self.cfg.launcher.can_jail() {
+            self.unjailed_said.call_once(|| {
+                log::info!(
+                    "qemu: VMMs run in the host's mount, pid and network namespaces: the {} launcher cannot jail them (only the spawner of a daemon running as root can)",
+                    self.cfg.launcher.kind()
+                )
+            });
             return Ok(None);
         }
         let mut binds: Vec<Bind> = self.jail_base()?.as_ref().clone();
@@ -2123,6 +2132,46 @@ mod tests {
             Err(VmError::BadFile { path, .. }) => assert_eq!(path, src),
             other => panic!("{:?}", other.err()),
         }
+    }
+
+    #[test]
+    fn loader_trace_gives_library_paths_and_refuses_missing_ones() {
+        let trace = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                     \tlibz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x00007f11)\n\
+                     \t/lib64/ld-linux-x86-64.so.2 (0x00007f12)\n";
+        assert_eq!(
+            parse_ld_trace(trace).unwrap(),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libz.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2")
+            ]
+        );
+        let e = parse_ld_trace("\tlibgone.so.3 => not found\n").unwrap_err();
+        assert!(e.contains("libgone.so.3"), "{e}");
+        assert!(parse_ld_trace("\tstatically linked\n").is_err());
+    }
+
+    #[test]
+    fn jail_binds_lose_duplicates_and_nested_paths() {
+        let b = |p: &str, w: bool| Bind {
+            path: p.into(),
+            writable: w,
+        };
+        let got = without_overlaps(vec![
+            b("/usr/share/qemu/keymaps", false),
+            b("/usr/share/qemu", false),
+            b("/usr/share/qemu-extra", false),
+            b("/run/vm", true),
+            b("/run/vm", true),
+        ]);
+        assert_eq!(
+            got,
+            [
+                b("/run/vm", true),
+                b("/usr/share/qemu", false),
+                b("/usr/share/qemu-extra", false)
+            ]
+        );
     }
 
     #[test]
