@@ -159,6 +159,15 @@ fn check_jailed(d: &Daemon, pid: i32, api: SocketAddr) {
                 .map(Path::to_path_buf)
         })
         .expect("run dir from the agent socket path");
+    // On the host the jail's mount point is an empty directory.
+    let mount_point = run_dir.join("jail");
+    assert!(
+        std::fs::read_dir(&mount_point)
+            .unwrap_or_else(|e| panic!("{what}: {}: {e}", mount_point.display()))
+            .next()
+            .is_none(),
+        "{what}: the jail's root shows on the host"
+    );
     let mut files = Vec::new();
     walk(
         &root,
