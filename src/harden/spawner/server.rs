@@ -377,8 +377,9 @@ impl PreparedJail {
                 add_dir(p, &mut dirs);
             }
             let src = cstr(&b.path, "jail bind")?;
-            // SAFETY: statvfs into a local struct with a valid C string.
+            // SAFETY: statvfs is plain data; all-zero is a valid value.
             let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid C string and a local struct to fill.
             if unsafe { libc::statvfs(src.as_ptr(), &mut st) } != 0 {
                 return Err(format!(
                     "statvfs {}: {}",
