@@ -5,6 +5,10 @@
 //!
 //!   cargo bench --bench vm [-- ITERATIONS] [restore]   (restore: skip cold boots)
 //!
+//! `AGENT_SANDBOX_BENCH_LAUNCHER=spawner` starts QEMU as the daemon does
+//! (through the spawner, jailed; root only), `spawner-nojail` the same
+//! without the jail.
+//!
 //! Under TCG it also counts the guest code blocks QEMU translated per
 //! phase (`info jit`), a measure of the restored guest's work that does
 //! not move with the host's speed.
@@ -16,7 +20,12 @@ mod common;
 use common::{exec_true, report, report_count};
 
 use agent_sandbox::agent::{AgentClient, Started};
+use agent_sandbox::harden::spawner::{fork_spawner, Policy, Program, SpawnerClient};
+use agent_sandbox::harden::Mode;
+use agent_sandbox::vm::jailer;
+use agent_sandbox::vm::launch::{Launch, Launcher, VmmProcess};
 use agent_sandbox::vm::{connect_agent, Backend, PreparedRestore, Vm};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn rss_kib(pid: i32) -> u64 {
@@ -52,7 +61,79 @@ fn cpu_time(pid: Option<i32>) -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// A spawner that does not jail: the A/B baseline of `spawner`.
+struct NoJail(SpawnerClient);
+
+impl jailer::Spawner for NoJail {
+    fn run(
+        &self,
+        argv: &[std::ffi::OsString],
+        deadline: Instant,
+    ) -> agent_sandbox::vm::Result<jailer::Output> {
+        jailer::Spawner::run(&self.0, argv, deadline)
+    }
+}
+
+impl Launcher for NoJail {
+    fn start(
+        &self,
+        l: &Launch,
+        fds: &[(std::os::fd::BorrowedFd<'_>, std::os::fd::RawFd)],
+    ) -> agent_sandbox::vm::Result<Box<dyn VmmProcess>> {
+        self.0.start(l, fds)
+    }
+    fn kind(&self) -> &'static str {
+        "spawner"
+    }
+    fn can_jail(&self) -> bool {
+        false
+    }
+    fn run_env(
+        &self,
+        argv: &[std::ffi::OsString],
+        env: &[(String, String)],
+        deadline: Instant,
+    ) -> agent_sandbox::vm::Result<jailer::Output> {
+        Launcher::run_env(&self.0, argv, env, deadline)
+    }
+}
+
+/// `AGENT_SANDBOX_BENCH_LAUNCHER=spawner` (QEMU jailed, as the daemon
+/// runs it; needs root) or `spawner-nojail`; else QEMU starts directly.
+/// Forks the spawner while this process is still single-threaded.
+fn choose_launcher() {
+    let which = std::env::var("AGENT_SANDBOX_BENCH_LAUNCHER").unwrap_or_default();
+    if which.is_empty() || which == "direct" {
+        return;
+    }
+    let qemu = agent_sandbox::vm::qemu::find_in_path(std::path::Path::new("qemu-system-x86_64"))
+        .expect("qemu-system-x86_64 in PATH");
+    let policy = Policy {
+        programs: vec![Program {
+            path: qemu,
+            may_run_as_root: false,
+        }],
+        uids: vm::VM_UID..=vm::VM_UID,
+        gids: vm::VM_GID..=vm::VM_GID,
+        tool_uid: vm::VM_UID,
+        tool_gid: vm::VM_GID,
+        netns_dirs: vec!["/run/netns".into()],
+        cgroup_dirs: vec![],
+    };
+    let client = fork_spawner(policy, Mode::Enforce)
+        .and_then(|f| f.start_client())
+        .expect("spawner (run as root)");
+    let l: Arc<dyn Launcher> = match which.as_str() {
+        "spawner" => Arc::new(client),
+        "spawner-nojail" => Arc::new(NoJail(client)),
+        other => panic!("AGENT_SANDBOX_BENCH_LAUNCHER={other}: spawner, spawner-nojail or direct"),
+    };
+    println!("QEMU starts through: {which}");
+    let _ = vm::LAUNCHER.set(l);
+}
+
 fn main() {
+    choose_launcher();
     let n: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())

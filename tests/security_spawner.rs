@@ -12,7 +12,7 @@ mod common;
 
 use agent_sandbox::harden::caps;
 use agent_sandbox::harden::spawner::{
-    fork_spawner, Policy, ProcLimits, Program, SpawnError, SpawnRequest, SpawnerClient,
+    fork_spawner, Bind, Jail, Policy, ProcLimits, Program, SpawnError, SpawnRequest, SpawnerClient,
 };
 use agent_sandbox::harden::Mode;
 use agent_sandbox::vm::jailer::Spawner as _;
@@ -245,6 +245,170 @@ fn main() {
             ),
         ];
         for (req, want) in cases {
+            match client.spawn(&req, &[]) {
+                Err(SpawnError::Failed(m)) if m.contains(want) => {}
+                other => return Err(format!("{req:?}: got {other:?}, want error with {want:?}")),
+            }
+        }
+        Ok(())
+    });
+
+    t.check(
+        "jailed_child_has_its_own_namespaces_and_only_its_binds",
+        || {
+            let dir = tempfile::Builder::new()
+                .prefix("asbx-jail-test")
+                .tempdir()
+                .map_err(|e| e.to_string())?;
+            let work = dir.path().join("w");
+            let root = dir.path().join("root");
+            for d in [&work, &root] {
+                std::fs::create_dir(d).map_err(|e| e.to_string())?;
+            }
+            std::os::unix::fs::chown(&work, Some(NOBODY), Some(NOBODY))
+                .map_err(|e| e.to_string())?;
+            // dash, its loader and libc, a writable dir, /dev/null: only shell
+            // builtins inside. It waits on stdin so its namespaces can be read.
+            let mut binds: Vec<Bind> = ["/bin/sh", "/lib64/ld-linux-x86-64.so.2", "/dev/null"]
+                .iter()
+                .chain(&["/lib/x86_64-linux-gnu/libc.so.6"])
+                .map(|p| Bind {
+                    path: p.to_string(),
+                    writable: false,
+                })
+                .collect();
+            binds.push(Bind {
+                path: work.display().to_string(),
+                writable: true,
+            });
+            let w = work.display();
+            let mut req = sh(&format!(
+                "echo pid=$$; for f in /* /*/* /proc/*; do echo \"$f\"; done; \
+             [ -e /etc/passwd ] && echo passwd-visible; \
+             echo hi > {w}/out && echo wrote-work; \
+             (echo x > /new) 2>/dev/null || echo root-read-only; \
+             echo x > /dev/null && echo devnull-writable; \
+             read _ignored"
+            ));
+            req.cwd = Some(work.display().to_string());
+            req.jail = Some(Jail {
+                root: root.display().to_string(),
+                binds,
+                proc: true,
+            });
+            req.fds = vec![0, 1];
+            let (in_r, in_w) = pipe();
+            let (out_r, out_w) = pipe();
+            let child = client
+                .spawn(&req, &[in_r.as_fd(), out_w.as_fd()])
+                .map_err(|e| e.to_string())?;
+            drop((in_r, out_w));
+            let mut same = Vec::new();
+            for ns in ["net", "mnt", "pid", "ipc"] {
+                let theirs = std::fs::read_link(format!("/proc/{}/ns/{ns}", child.pid()))
+                    .map_err(|e| format!("ns/{ns} of the child: {e}"))?;
+                let ours =
+                    std::fs::read_link(format!("/proc/self/ns/{ns}")).map_err(|e| e.to_string())?;
+                if theirs == ours {
+                    same.push(ns);
+                }
+            }
+            drop(in_w);
+            let out = read_all(out_r);
+            child
+                .wait_until(Instant::now() + Duration::from_secs(10))
+                .map_err(|e| e.to_string())?
+                .ok_or("no exit within 10 s")?;
+            if !same.is_empty() {
+                return Err(format!(
+                    "child shares the namespaces {same:?} with the test"
+                ));
+            }
+            let lines: Vec<&str> = out.lines().collect();
+            let top: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with('/') && l.matches('/').count() == 1)
+                .collect();
+            // The work dir's top-level ancestor (/tmp) is the only other one.
+            let first = format!("/{}", w.to_string().split('/').nth(1).unwrap_or(""));
+            let mut want_top = vec!["/bin", "/dev", "/lib", "/lib64", "/proc", first.as_str()];
+            want_top.sort();
+            want_top.dedup();
+            let mut got_top = top.clone();
+            got_top.sort();
+            let checks = [
+                (
+                    lines.first() == Some(&"pid=1"),
+                    "pid 1 in its own pid namespace",
+                ),
+                (
+                    got_top == want_top,
+                    "only the bound paths at the top of its root",
+                ),
+                (!out.contains("passwd-visible"), "no /etc/passwd"),
+                (
+                    lines.contains(&"/dev/null") && !lines.contains(&"/dev/sda"),
+                    "only /dev/null in /dev",
+                ),
+                (
+                    lines.contains(&"/proc/1") && !lines.iter().any(|l| l.starts_with("/proc/sys")),
+                    "a pid-only /proc",
+                ),
+                (out.contains("wrote-work"), "a writable work dir"),
+                (out.contains("root-read-only"), "a read-only root"),
+                (out.contains("devnull-writable"), "a writable /dev/null"),
+            ];
+            for (ok, what) in checks {
+                if !ok {
+                    return Err(format!("jailed child lacks {what}; its output:\n{out}"));
+                }
+            }
+            if std::fs::read_to_string(work.join("out")).map_err(|e| e.to_string())? != "hi\n" {
+                return Err("the work dir write did not reach the host".into());
+            }
+            if std::fs::read_dir(&root)
+                .map_err(|e| e.to_string())?
+                .next()
+                .is_some()
+            {
+                return Err("the jail's root mount is visible on the host".into());
+            }
+            Ok(())
+        },
+    );
+
+    t.check("jail_requests_are_checked", || {
+        let jail = |binds: &[&str]| Jail {
+            root: "/tmp/asbx-jail-root".into(),
+            binds: binds
+                .iter()
+                .map(|p| Bind {
+                    path: p.to_string(),
+                    writable: false,
+                })
+                .collect(),
+            proc: true,
+        };
+        let cases = [
+            (jail(&["/proc/1/root"]), "no host /proc"),
+            (jail(&["/usr", "/usr/bin"]), "overlap"),
+            (jail(&["/tmp/asbx-jail-root/x"]), "under the jail root"),
+            (jail(&["/usr/../etc"]), "not a plain absolute path"),
+            (jail(&["lib"]), "not a plain absolute path"),
+            (
+                Jail {
+                    root: "/".into(),
+                    ..jail(&[])
+                },
+                "not a plain absolute path",
+            ),
+        ];
+        for (j, want) in cases {
+            let req = SpawnRequest {
+                jail: Some(j),
+                ..sh("true")
+            };
             match client.spawn(&req, &[]) {
                 Err(SpawnError::Failed(m)) if m.contains(want) => {}
                 other => return Err(format!("{req:?}: got {other:?}, want error with {want:?}")),

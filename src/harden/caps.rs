@@ -128,7 +128,7 @@ impl Need {
                 },
                 Keep {
                     cap: CAP_SYS_ADMIN,
-                    why: "spawner: setns() into a session netns, move a child into a cgroup it does not own",
+                    why: "spawner: setns() into a session netns, move a child into a cgroup it does not own, a jailed QEMU's new namespaces, mounts and pivot_root",
                 },
                 Keep {
                     cap: CAP_DAC_OVERRIDE,

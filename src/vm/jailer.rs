@@ -323,11 +323,28 @@ pub struct DirectSpawner;
 
 impl Spawner for DirectSpawner {
     fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        self.run_env(argv, None, deadline)
+    }
+}
+
+impl DirectSpawner {
+    /// [`Spawner::run`]; with `Some(env)` that is the whole environment
+    /// (else ours is inherited).
+    pub fn run_env(
+        &self,
+        argv: &[OsString],
+        env: Option<&[(String, String)]>,
+        deadline: Instant,
+    ) -> Result<Output> {
         let Some((prog, args)) = argv.split_first() else {
             return Err(VmError::Other("empty argv".into()));
         };
         let prog_s = prog.to_string_lossy().into_owned();
-        let mut child = Command::new(prog)
+        let mut cmd = Command::new(prog);
+        if let Some(env) = env {
+            cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

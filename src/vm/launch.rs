@@ -21,7 +21,9 @@ use std::time::Instant;
 
 use super::jailer::{self, DirectSpawner, Output, Pidfd};
 use super::{Result, VmError};
-use crate::harden::spawner::{Child as SpawnedChild, ProcLimits, SpawnRequest, SpawnerClient};
+use crate::harden::spawner::{
+    Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
+};
 
 const NAME: &str = "launch";
 
@@ -37,6 +39,8 @@ pub struct Launch {
     pub cgroup: Option<PathBuf>,
     /// File-size and open-file limits.
     pub limits: ProcLimits,
+    /// Own namespaces and a minimal root ([`Launcher::can_jail`] only).
+    pub jail: Option<Jail>,
 }
 
 /// A started VMM. Dropping it does not kill it (the owner's teardown does).
@@ -55,6 +59,16 @@ pub trait Launcher: jailer::Spawner {
     fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>>;
     /// `direct` or `spawner`, for logs.
     fn kind(&self) -> &'static str;
+    /// Whether [`Launch::jail`] can be honoured: new namespaces and mounts
+    /// need the privileged spawner of a daemon running as root.
+    fn can_jail(&self) -> bool;
+    /// [`jailer::Spawner::run`] with `env` as the whole environment.
+    fn run_env(
+        &self,
+        argv: &[OsString],
+        env: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<Output>;
 }
 
 /// The launcher tools and tests get by default.
@@ -140,6 +154,7 @@ impl Launcher for SpawnerClient {
             fds: fds.iter().map(|(_, t)| *t).collect(),
             new_process_group: true,
             limits: l.limits,
+            jail: l.jail.clone(),
         };
         let pass: Vec<BorrowedFd<'_>> = fds.iter().map(|(f, _)| *f).collect();
         let child = self
@@ -155,6 +170,20 @@ impl Launcher for SpawnerClient {
 
     fn kind(&self) -> &'static str {
         "spawner"
+    }
+
+    fn can_jail(&self) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    fn run_env(
+        &self,
+        argv: &[OsString],
+        env: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<Output> {
+        SpawnerClient::run_env(self, argv, env, deadline)
     }
 }
 
@@ -222,6 +251,11 @@ impl Launcher for Direct {
         let Some((prog, args)) = l.argv.split_first() else {
             return Err(VmError::Other("launch: empty argv".into()));
         };
+        if l.jail.is_some() {
+            return Err(VmError::Other(
+                "launch: the direct launcher cannot jail (see Launcher::can_jail)".into(),
+            ));
+        }
         let cg = l.cgroup.as_deref().map(open_cgroup_procs).transpose()?;
         let cg_raw = cg.as_ref().map(AsRawFd::as_raw_fd);
         let pairs: Vec<(RawFd, RawFd)> = fds.iter().map(|(f, t)| (f.as_raw_fd(), *t)).collect();
@@ -296,5 +330,20 @@ impl Launcher for Direct {
 
     fn kind(&self) -> &'static str {
         "direct"
+    }
+
+    /// Namespaces need a fresh child of a single-threaded parent (a pid
+    /// namespace cannot be entered after fork): only the spawner jails.
+    fn can_jail(&self) -> bool {
+        false
+    }
+
+    fn run_env(
+        &self,
+        argv: &[OsString],
+        env: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<Output> {
+        DirectSpawner.run_env(argv, Some(env), deadline)
     }
 }

@@ -10,6 +10,7 @@
 
 use agent_sandbox::agent::{AgentClient, ExecOutput};
 use agent_sandbox::proto::ExecRequest;
+use agent_sandbox::vm::launch::Launcher;
 use agent_sandbox::vm::qemu::{QemuBackend, QemuConfig};
 use agent_sandbox::vm::templates::{Registry, RegistryConfig};
 use agent_sandbox::vm::VmConfig;
@@ -149,6 +150,10 @@ fn which(bin: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// How [`env`]'s backend starts QEMU (default: directly); set before the
+/// first [`env`] (benchmarks: through a spawner, jailed or not).
+pub static LAUNCHER: OnceLock<Arc<dyn Launcher>> = OnceLock::new();
+
 /// The shared environment, or `None` (with the reason printed) to skip.
 pub fn env() -> Option<&'static VmEnv> {
     static ENV: OnceLock<Result<VmEnv, String>> = OnceLock::new();
@@ -188,6 +193,10 @@ pub fn env() -> Option<&'static VmEnv> {
         }
         let backend = Arc::new(QemuBackend::new(QemuConfig {
             accel_cache: Some(work.join("accel.json")),
+            launcher: LAUNCHER
+                .get()
+                .cloned()
+                .unwrap_or_else(agent_sandbox::vm::launch::direct),
             ..QemuConfig::default()
         }));
         let mut rc = RegistryConfig::new(

@@ -74,7 +74,54 @@ pub struct SpawnRequest {
     /// Resource limits set (soft = hard) before exec.
     #[serde(default)]
     pub limits: ProcLimits,
+    /// Start it in namespaces of its own with a minimal root.
+    #[serde(default)]
+    pub jail: Option<Jail>,
 }
+
+/// What a jailed program gets, as the Firecracker jailer gives Firecracker:
+/// new mount, pid and IPC namespaces, a new empty network namespace
+/// (unless `netns` names one to enter), and as its root a read-only tmpfs
+/// holding only `binds`, each at its host path (so its argv needs no
+/// rewriting), and optionally a procfs of its own pid namespace.
+///
+/// Binds give no access the program's uid would not have on the host
+/// (permissions still apply); they only decide what it can name at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jail {
+    /// An existing directory the new root is mounted on (in the child's
+    /// own mount namespace only; on the host it stays an empty directory).
+    pub root: String,
+    /// Host files and directories visible inside, in mount order.
+    pub binds: Vec<Bind>,
+    /// `/proc` with only the jail's own processes (`subset=pid`).
+    #[serde(default)]
+    pub proc: bool,
+}
+
+/// One host path made visible inside a [`Jail`] at the same path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bind {
+    pub path: String,
+    /// Read-write (then also noexec); read-only otherwise.
+    #[serde(default)]
+    pub writable: bool,
+}
+
+/// Device nodes a jail may bind (every other bind is `nodev`).
+pub const JAIL_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/kvm",
+];
+
+/// Most binds one jail may have.
+pub const MAX_JAIL_BINDS: usize = 128;
 
 /// Resource limits of a started program. Lowering a limit needs no
 /// privilege, so the spawner applies whatever it is asked (up to the hard
@@ -213,8 +260,61 @@ impl Policy {
                 return Err(format!("cwd {cwd:?} must be absolute"));
             }
         }
+        if let Some(j) = &req.jail {
+            check_jail(j)?;
+        }
         Ok(())
     }
+}
+
+/// Absolute, only normal components, not `/` itself.
+fn plain_abs(p: &str) -> bool {
+    let p = Path::new(p);
+    p.is_absolute()
+        && p.components().count() > 1
+        && p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::RootDir
+            )
+        })
+}
+
+fn check_jail(j: &Jail) -> Result<(), String> {
+    if !plain_abs(&j.root) {
+        return Err(format!(
+            "jail root {:?} is not a plain absolute path",
+            j.root
+        ));
+    }
+    if j.binds.len() > MAX_JAIL_BINDS {
+        return Err(format!("more than {MAX_JAIL_BINDS} jail binds"));
+    }
+    let root = Path::new(&j.root);
+    for (i, b) in j.binds.iter().enumerate() {
+        if !plain_abs(&b.path) {
+            return Err(format!(
+                "jail bind {:?} is not a plain absolute path",
+                b.path
+            ));
+        }
+        let p = Path::new(&b.path);
+        // Under the root it would be hidden by the root's own mount.
+        if p.starts_with(root) {
+            return Err(format!("jail bind {:?} is under the jail root", b.path));
+        }
+        // Nested binds would need mount points inside a read-only bind.
+        if let Some(o) = j.binds[..i].iter().find(|o| {
+            let o = Path::new(&o.path);
+            o.starts_with(p) || p.starts_with(o)
+        }) {
+            return Err(format!("jail binds {:?} and {:?} overlap", o.path, b.path));
+        }
+        if p.starts_with("/proc") {
+            return Err(format!("jail bind {:?}: no host /proc in a jail", b.path));
+        }
+    }
+    Ok(())
 }
 
 /// Syscalls the spawner (and so every VMM it starts) may not make: they
@@ -620,7 +720,7 @@ impl SpawnerClient {
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let msg = wire::Request::Spawn {
             id,
-            req: req.clone(),
+            req: Box::new(req.clone()),
         };
         let (reply, mut got, slot) = self.inner.call(&msg, id, &raw, CALL_TIMEOUT)?;
         match (reply, slot) {
@@ -798,6 +898,18 @@ const BACKEND: &str = "spawner";
 
 impl jailer::Spawner for SpawnerClient {
     fn run(&self, argv: &[OsString], deadline: Instant) -> crate::vm::Result<Output> {
+        self.run_env(argv, &[], deadline)
+    }
+}
+
+impl SpawnerClient {
+    /// [`jailer::Spawner::run`] with `env` as the whole environment.
+    pub fn run_env(
+        &self,
+        argv: &[OsString],
+        env: &[(String, String)],
+        deadline: Instant,
+    ) -> crate::vm::Result<Output> {
         let budget_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
@@ -829,7 +941,7 @@ impl jailer::Spawner for SpawnerClient {
         let (err_r, err_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
         let req = SpawnRequest {
             argv,
-            env: vec![],
+            env: env.to_vec(),
             cwd: Some("/".into()),
             uid,
             gid,

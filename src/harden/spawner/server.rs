@@ -232,7 +232,29 @@ impl Server {
         let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
         // SAFETY: this process is single-threaded, so the child may run
         // anything; it only makes plain syscalls on data prepared above.
-        let pid = unsafe { libc::fork() };
+        // A jailed child is cloned straight into its new namespaces (a
+        // pid namespace applies only to children, so it cannot be entered
+        // after fork); with no stack given, clone returns twice like fork.
+        let pid = unsafe {
+            match &prep.jail {
+                None => libc::fork(),
+                Some(_) => {
+                    let mut flags =
+                        libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::SIGCHLD;
+                    if prep.netns.is_none() {
+                        flags |= libc::CLONE_NEWNET;
+                    }
+                    libc::syscall(
+                        libc::SYS_clone,
+                        flags as libc::c_ulong,
+                        0usize,
+                        0usize,
+                        0usize,
+                        0usize,
+                    ) as libc::pid_t
+                }
+            }
+        };
         if pid < 0 {
             return Err(format!("fork: {}", io::Error::last_os_error()));
         }
@@ -256,10 +278,20 @@ impl Server {
             let mut st = 0;
             // SAFETY: reaping the child that just failed.
             unsafe { libc::waitpid(pid, &mut st, 0) };
+            let what = match (step.checked_sub(BIND_STEP), &req.jail) {
+                (Some(i), Some(j)) if i >= 0 => format!(
+                    "jail: bind mount of {}",
+                    j.binds.get(i as usize).map_or("?", |b| b.path.as_str())
+                ),
+                _ => STEPS
+                    .get(step as usize)
+                    .copied()
+                    .unwrap_or("setup")
+                    .to_string(),
+            };
             return Err(format!(
-                "{}: {} failed: {}",
+                "{}: {what} failed: {}",
                 req.argv.first().map(String::as_str).unwrap_or("?"),
-                STEPS.get(step as usize).copied().unwrap_or("setup"),
                 io::Error::from_raw_os_error(errno)
             ));
         }
@@ -287,7 +319,116 @@ const STEPS: &[&str] = &[
     "execve",
     "prctl(PR_SET_PDEATHSIG)",
     "setrlimit",
+    "jail: making mounts private",
+    "jail: tmpfs root",
+    "jail: mount point",
+    "jail: procfs",
+    "jail: read-only root",
+    "jail: pivot_root",
 ];
+
+/// Error step of the jail's bind mount `i`: `BIND_STEP + i`.
+const BIND_STEP: i32 = 100;
+
+/// A [`super::Jail`] resolved before fork.
+struct PreparedJail {
+    root: CString,
+    /// Directories to create in the new root, parents first.
+    dirs: Vec<CString>,
+    binds: Vec<PreparedBind>,
+    /// Where the jail's procfs goes.
+    proc_dir: Option<CString>,
+}
+
+struct PreparedBind {
+    src: CString,
+    /// The same path under the new root.
+    dst: CString,
+    is_dir: bool,
+    /// Flags of the remount that makes it read-only (or noexec) and
+    /// keeps the source mount's own restrictions.
+    remount: libc::c_ulong,
+}
+
+impl PreparedJail {
+    fn new(j: &super::Jail) -> Result<PreparedJail, String> {
+        use std::os::unix::fs::FileTypeExt;
+        let root = j.root.trim_end_matches('/');
+        let inside = |p: &std::path::Path| cstr(&format!("{root}{}", p.display()), "jail path");
+        let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+        let mut binds = Vec::with_capacity(j.binds.len());
+        let add_dir = |d: &std::path::Path, dirs: &mut Vec<std::path::PathBuf>| {
+            let mut anc: Vec<&std::path::Path> =
+                d.ancestors().filter(|a| a.parent().is_some()).collect();
+            anc.reverse();
+            for a in anc {
+                if !dirs.iter().any(|x| x == a) {
+                    dirs.push(a.to_path_buf());
+                }
+            }
+        };
+        for b in &j.binds {
+            let p = std::path::Path::new(&b.path);
+            let m = std::fs::metadata(p).map_err(|e| format!("jail bind {}: {e}", b.path))?;
+            if let Some(parent) = p.parent() {
+                add_dir(parent, &mut dirs);
+            }
+            if m.is_dir() {
+                add_dir(p, &mut dirs);
+            }
+            let src = cstr(&b.path, "jail bind")?;
+            // SAFETY: statvfs is plain data; all-zero is a valid value.
+            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid C string and a local struct to fill.
+            if unsafe { libc::statvfs(src.as_ptr(), &mut st) } != 0 {
+                return Err(format!(
+                    "statvfs {}: {}",
+                    b.path,
+                    io::Error::last_os_error()
+                ));
+            }
+            let mut remount = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID;
+            for (st_flag, ms) in [
+                (libc::ST_RDONLY, libc::MS_RDONLY),
+                (libc::ST_NOEXEC, libc::MS_NOEXEC),
+                (libc::ST_NODEV, libc::MS_NODEV),
+            ] {
+                if st.f_flag & st_flag != 0 {
+                    remount |= ms;
+                }
+            }
+            remount |= if b.writable {
+                libc::MS_NOEXEC
+            } else {
+                libc::MS_RDONLY
+            };
+            let device =
+                m.file_type().is_char_device() && super::JAIL_DEVICES.contains(&b.path.as_str());
+            if !device {
+                remount |= libc::MS_NODEV;
+            }
+            binds.push(PreparedBind {
+                src,
+                dst: inside(p)?,
+                is_dir: m.is_dir(),
+                remount,
+            });
+        }
+        let proc_dir = if j.proc {
+            let p = std::path::Path::new("/proc");
+            add_dir(p, &mut dirs);
+            Some(inside(p)?)
+        } else {
+            None
+        };
+        Ok(PreparedJail {
+            root: cstr(root, "jail root")?,
+            dirs: dirs.iter().map(|d| inside(d)).collect::<Result<_, _>>()?,
+            binds,
+            proc_dir,
+        })
+    }
+}
 
 /// Everything the child needs, allocated before fork.
 struct Prepared {
@@ -304,6 +445,7 @@ struct Prepared {
     gid: u32,
     new_process_group: bool,
     limits: super::ProcLimits,
+    jail: Option<PreparedJail>,
 }
 
 fn cstr(s: &str, what: &str) -> Result<CString, String> {
@@ -368,6 +510,7 @@ impl Prepared {
             gid: req.gid,
             new_process_group: req.new_process_group,
             limits: req.limits,
+            jail: req.jail.as_ref().map(PreparedJail::new).transpose()?,
         })
     }
 
@@ -454,6 +597,11 @@ impl Prepared {
             {
                 fail(5);
             }
+            if let Some(j) = &self.jail {
+                if let Err(step) = j.enter() {
+                    fail(step);
+                }
+            }
             if let Some(cwd) = &self.cwd {
                 if libc::chdir(cwd.as_ptr()) != 0 {
                     fail(6);
@@ -488,6 +636,112 @@ impl Prepared {
             libc::execve(self.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
             fail(10)
         }
+    }
+}
+
+impl PreparedJail {
+    /// In the cloned child (own mount namespace), as root: build the new
+    /// root and make it the process's `/`. `Err(step)` with errno set.
+    ///
+    /// # Safety
+    /// Plain syscalls on prepared buffers; for a child between fork and exec.
+    unsafe fn enter(&self) -> Result<(), i32> {
+        let null = std::ptr::null::<libc::c_char>();
+        let errno = || *libc::__errno_location();
+        // Nothing mounted below may propagate to the host's mount table.
+        if libc::mount(
+            null,
+            c"/".as_ptr(),
+            null,
+            libc::MS_REC | libc::MS_PRIVATE,
+            null.cast(),
+        ) != 0
+        {
+            return Err(13);
+        }
+        let tmpfs = c"tmpfs".as_ptr();
+        if libc::mount(
+            tmpfs,
+            self.root.as_ptr(),
+            tmpfs,
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"mode=0755,size=64k".as_ptr().cast(),
+        ) != 0
+        {
+            return Err(14);
+        }
+        // The program's uid must traverse what is made here.
+        let old_mask = libc::umask(0o022);
+        for d in &self.dirs {
+            if libc::mkdir(d.as_ptr(), 0o755) != 0 && errno() != libc::EEXIST {
+                return Err(15);
+            }
+        }
+        for (i, b) in self.binds.iter().enumerate() {
+            let step = BIND_STEP + i as i32;
+            if !b.is_dir {
+                let fd = libc::open(
+                    b.dst.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o644,
+                );
+                if fd < 0 {
+                    return Err(step);
+                }
+                libc::close(fd);
+            }
+            if libc::mount(
+                b.src.as_ptr(),
+                b.dst.as_ptr(),
+                null,
+                libc::MS_BIND,
+                null.cast(),
+            ) != 0
+                || libc::mount(null, b.dst.as_ptr(), null, b.remount, null.cast()) != 0
+            {
+                return Err(step);
+            }
+        }
+        libc::umask(old_mask);
+        if let Some(p) = &self.proc_dir {
+            let proc_ = c"proc".as_ptr();
+            if libc::mount(
+                proc_,
+                p.as_ptr(),
+                proc_,
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"subset=pid".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(16);
+            }
+        }
+        if libc::mount(
+            null,
+            self.root.as_ptr(),
+            null,
+            libc::MS_REMOUNT
+                | libc::MS_BIND
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC,
+            null.cast(),
+        ) != 0
+        {
+            return Err(17);
+        }
+        // pivot_root(".", ".") stacks the old root on the new one; the
+        // detach then drops the old root (and every host mount) for good.
+        let dot = c".".as_ptr();
+        if libc::chdir(self.root.as_ptr()) != 0
+            || libc::syscall(libc::SYS_pivot_root, dot, dot) != 0
+            || libc::umount2(dot, libc::MNT_DETACH) != 0
+            || libc::chdir(c"/".as_ptr()) != 0
+        {
+            return Err(18);
+        }
+        Ok(())
     }
 }
 

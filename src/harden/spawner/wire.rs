@@ -17,7 +17,10 @@ pub const MAX_FDS: usize = 16;
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Start a process; the message carries `req.fds.len()` fds, in order.
-    Spawn { id: u64, req: super::SpawnRequest },
+    Spawn {
+        id: u64,
+        req: Box<super::SpawnRequest>,
+    },
     /// Signal a process this spawner started (its group when `group`).
     Kill {
         id: u64,
