@@ -88,7 +88,8 @@ pub fn create_session(
         return Err(ApiError::bad_request("diskMib must be 16..=1048576"));
     }
     if let Some(e) = &b.egress {
-        e.validate().map_err(ApiError::bad_request)?;
+        e.validate(ctx.cfg.network.as_ref())
+            .map_err(ApiError::bad_request)?;
     }
     if let Some(t) = &b.template {
         if t.is_empty() || t.len() > 64 {
@@ -191,7 +192,9 @@ pub fn set_network(
     params: &Params,
 ) -> ApiResult<Reply> {
     let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
-    policy.validate().map_err(ApiError::bad_request)?;
+    policy
+        .validate(ctx.cfg.network.as_ref())
+        .map_err(ApiError::bad_request)?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
