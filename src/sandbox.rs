@@ -70,10 +70,7 @@ impl EgressPolicy {
     /// bad one is a 400 at create time, not a failed start: also refuses
     /// an allowlist rule that `net` (the daemon's network configuration)
     /// always blocks.
-    pub fn validate(
-        &self,
-        net: Option<&crate::net::NetConfig>,
-    ) -> std::result::Result<(), String> {
+    pub fn validate(&self, net: Option<&crate::net::NetConfig>) -> std::result::Result<(), String> {
         self.to_net()?.check_reachable(net)
     }
 

@@ -45,8 +45,16 @@ impl Cidr {
     }
     /// Whether the two networks share an address.
     pub fn overlaps(&self, o: &Cidr) -> bool {
-        let shorter = if self.prefix_len <= o.prefix_len { self } else { o };
-        let other = if self.prefix_len <= o.prefix_len { o } else { self };
+        let shorter = if self.prefix_len <= o.prefix_len {
+            self
+        } else {
+            o
+        };
+        let other = if self.prefix_len <= o.prefix_len {
+            o
+        } else {
+            self
+        };
         shorter.contains(other.network())
     }
     /// Whether every address of `self` lies in `o`.
@@ -366,20 +374,38 @@ mod tests {
             let e = allow(bad).check_reachable(ALWAYS_BLOCKED, &[]).unwrap_err();
             assert!(e.contains(bad.split(':').next().unwrap()), "{bad}: {e}");
         }
-        for good in ["0.0.0.0/0:443", "198.51.100.0/24", "10.0.0.0/7", "8.8.8.8:53"] {
+        for good in [
+            "0.0.0.0/0:443",
+            "198.51.100.0/24",
+            "10.0.0.0/7",
+            "8.8.8.8:53",
+        ] {
             allow(good)
                 .check_reachable(ALWAYS_BLOCKED, &[])
                 .unwrap_or_else(|e| panic!("{good}: {e}"));
         }
         // An operator's exception makes part of a blocked range reachable.
         let exc: Cidr = "10.1.2.0/24".parse().unwrap();
-        assert!(allow("10.1.2.3").check_reachable(ALWAYS_BLOCKED, &[exc]).is_ok());
-        assert!(allow("10.0.0.0/8").check_reachable(ALWAYS_BLOCKED, &[exc]).is_ok());
-        assert!(allow("10.9.0.0/16").check_reachable(ALWAYS_BLOCKED, &[exc]).is_err());
+        assert!(allow("10.1.2.3")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_ok());
+        assert!(allow("10.0.0.0/8")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_ok());
+        assert!(allow("10.9.0.0/16")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_err());
         // Union coverage: two halves, each blocked on its own.
-        let halves: Vec<Cidr> = vec!["203.0.113.0/25".parse().unwrap(), "203.0.113.128/25".parse().unwrap()];
-        assert!(allow("203.0.113.0/24").check_reachable(&halves, &[]).is_err());
-        assert!(allow("203.0.112.0/23").check_reachable(&halves, &[]).is_ok());
+        let halves: Vec<Cidr> = vec![
+            "203.0.113.0/25".parse().unwrap(),
+            "203.0.113.128/25".parse().unwrap(),
+        ];
+        assert!(allow("203.0.113.0/24")
+            .check_reachable(&halves, &[])
+            .is_err());
+        assert!(allow("203.0.112.0/23")
+            .check_reachable(&halves, &[])
+            .is_ok());
         // Denylists may name anything.
         let deny = EgressPolicy::Denylist {
             rules: vec!["10.0.0.0/8".parse().unwrap()],

@@ -85,7 +85,10 @@ pub fn host_table(cfg: &NetConfig, uplink_nets: &[Cidr]) -> Table {
             Verdict::Accept,
         ));
     }
-    for c in blocked_set(cfg).into_iter().chain(uplink_nets.iter().copied()) {
+    for c in blocked_set(cfg)
+        .into_iter()
+        .chain(uplink_nets.iter().copied())
+    {
         forward.push(r(vec![Match::Iif(ours()), Match::Daddr(c)], Verdict::Drop));
     }
     forward.extend([
