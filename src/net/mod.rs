@@ -199,6 +199,10 @@ impl Net {
             netns::sysctl("net.ipv4.ip_forward", "1")?;
             let mut rtnl = Rtnl::open(&name)?;
             let uplink_nets = rtnl.connected_nets(uplink)?;
+            log::info!(
+                "uplink {uplink} networks {:?}: blocked for sessions",
+                uplink_nets.iter().map(Cidr::to_string).collect::<Vec<_>>()
+            );
             let table = firewall::host_table(&cfg, &uplink_nets);
             let mut nft = Nft::open(&name)?;
             let mut b = nft.batch();
