@@ -169,6 +169,12 @@ print(json.dumps(out))
             "CID {cid} port 5000 reached as uid 65534: {got}"
         );
     }
+    // The kernel layer: without CONFIG_VSOCKETS_LOOPBACK there is no
+    // transport for CID 1 at all (with it: a reset, or the agent).
+    assert_eq!(
+        got["1"], "ENODEV",
+        "the guest kernel still has vsock loopback: {got}"
+    );
     if let Some(own) = got["own_cid"]
         .as_u64()
         .filter(|c| *c != 2 && *c != 0xFFFF_FFFF)
