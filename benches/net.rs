@@ -169,7 +169,9 @@ fn main() {
     let mut cdown = Vec::with_capacity(n);
     let mut cdown_async = Vec::with_capacity(n);
     {
-        let host_table = firewall::host_table(&cfg).to_nft_script();
+        // The uplink network, as the daemon reads it from up0.
+        let uplink: agent_sandbox::net::Cidr = "192.0.2.0/24".parse().unwrap();
+        let host_table = firewall::host_table(&cfg, &[uplink]).to_nft_script();
         nft_in(h, &host_table);
         run(&[
             "ip",

@@ -325,7 +325,7 @@ impl Config {
             return Err("default_template: must not be empty".into());
         }
         self.default_egress
-            .validate()
+            .validate(self.network.as_ref())
             .map_err(|e| format!("egress: {e}"))?;
         for name in self.artifacts.images.keys() {
             if name.is_empty()

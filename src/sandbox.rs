@@ -67,9 +67,11 @@ pub enum EgressMode {
 
 impl EgressPolicy {
     /// Checks the policy the way the networking layer will apply it, so a
-    /// bad one is a 400 at create time, not a failed start.
-    pub fn validate(&self) -> std::result::Result<(), String> {
-        self.to_net().map(|_| ())
+    /// bad one is a 400 at create time, not a failed start: also refuses
+    /// an allowlist rule that `net` (the daemon's network configuration)
+    /// always blocks.
+    pub fn validate(&self, net: Option<&crate::net::NetConfig>) -> std::result::Result<(), String> {
+        self.to_net()?.check_reachable(net)
     }
 
     /// The networking layer's form: `bandwidthKbps` limits both ways.

@@ -441,3 +441,100 @@ fn nft_batch_is_atomic_and_names_the_failing_message() {
     );
     assert_eq!(n, 1);
 }
+
+/// The uplink's own networks are blocked like RFC 1918 space, whatever
+/// their addresses: here TEST-NET ranges (not in the built-in set), one
+/// the uplink has at start (its gateway's), one it gains later as a
+/// second address (seen at the next session start) and one reached by an
+/// on-link route. Each has a listener the host itself reaches; the guests
+/// reach none of them, while the internet address stays reachable.
+#[test]
+fn uplink_networks_are_blocked_whatever_their_addresses() {
+    if skip_unless_root("uplink_networks_are_blocked_whatever_their_addresses") {
+        return;
+    }
+    let prefix = "asbxu1";
+    let mut topo = Topology::new("u1");
+    let cfg = config(&topo, prefix);
+    let _sweep = SweepGuard(cfg.clone());
+    let (h, i) = (topo.host.clone(), topo.internet.clone());
+    let gateway = Ipv4Addr::new(192, 0, 2, 1);
+    let later = Ipv4Addr::new(203, 0, 113, 1);
+    let onlink = Ipv4Addr::new(192, 88, 99, 1);
+    let _srv = Servers::start(&i, &[INTERNET, gateway]);
+    // The host namespace reaches the listener: a None below is the firewall.
+    assert!(tcp_probe(&h, gateway).is_some(), "test bench broken");
+
+    let net = Net::new(cfg.clone()).unwrap();
+    let mut s1 = net.create_session(EgressPolicy::Internet).unwrap();
+    let g1 = Guest::attach(&mut topo, s1.netns(), "tap0", 1);
+    assert_eq!(tcp_probe(&g1.ns, INTERNET).as_deref(), Some("192.0.2.2"));
+    blocked(&g1.ns, gateway);
+
+    // The uplink gains a network (a second address) and an on-link route.
+    sh(&[
+        "ip",
+        "-n",
+        &h,
+        "addr",
+        "add",
+        "203.0.113.2/24",
+        "dev",
+        "up0",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &i,
+        "addr",
+        "add",
+        "203.0.113.1/24",
+        "dev",
+        "wan0",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &h,
+        "route",
+        "add",
+        "192.88.99.0/24",
+        "dev",
+        "up0",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &i,
+        "addr",
+        "add",
+        "192.88.99.1/32",
+        "dev",
+        "wan0",
+    ]);
+    let _srv2 = Servers::start(&i, &[later, onlink]);
+    for dst in [later, onlink] {
+        assert!(tcp_probe(&h, dst).is_some(), "test bench broken for {dst}");
+    }
+    let mut s2 = net.create_session(EgressPolicy::Internet).unwrap();
+    let g2 = Guest::attach(&mut topo, s2.netns(), "tap0", 2);
+    for g in [&g1, &g2] {
+        for dst in [gateway, later, onlink] {
+            blocked(&g.ns, dst);
+        }
+        assert_eq!(tcp_probe(&g.ns, INTERNET).as_deref(), Some("192.0.2.2"));
+        assert_eq!(udp_probe(&g.ns, INTERNET).as_deref(), Some("192.0.2.2"));
+    }
+    // No allowlist opens them either (only the host's allow_exceptions do).
+    let allow: EgressPolicy =
+        serde_json::from_str(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#).unwrap();
+    s1.set_policy(&allow).unwrap();
+    blocked(&g1.ns, later);
+    assert!(tcp_probe(&g1.ns, INTERNET).is_some());
+
+    drop((g1, g2));
+    s1.teardown().unwrap();
+    s2.teardown().unwrap();
+    net.close().unwrap();
+    assert_eq!(leftovers(&topo, prefix), Vec::<String>::new());
+}

@@ -757,3 +757,65 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
         assert_eq!(t.join().unwrap(), 200);
     }
 }
+
+/// An allowlist rule whose every address is always blocked (here: RFC 1918
+/// space and the metadata address) can never match: REST (create and PUT
+/// network) answers 400 naming the rule, the MCP `create_session` tool an
+/// error naming it, and nothing is created. A rule that is only partly
+/// blocked (`0.0.0.0/0:443`) is still accepted.
+#[test]
+fn always_blocked_allowlist_rules_are_refused_naming_the_rule() {
+    let d = Daemon::start(&[]);
+    let h = d.http();
+    // Canonical forms: the error names the rule as the API shows it.
+    for rule in ["10.1.2.0/24:443/tcp", "169.254.169.254/32"] {
+        let body = json!({"mode": "allowlist", "rules": ["198.51.100.0/24", rule]});
+        let r = h.post("/v1/sessions", &json!({"id": "blk", "egress": body}));
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.code(), "bad_request", "{}", r.text());
+        assert!(r.text().contains(rule), "rule not named: {}", r.text());
+        let r = h.put("/v1/sessions/blk/network", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains(rule), "rule not named: {}", r.text());
+
+        // MCP, stateless 2026-07-28 over the daemon's /mcp.
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        let v = "2026-07-28";
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "create_session",
+            "arguments": {"sessionId": "blk", "egress": body},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": v,
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}});
+        let mut resp = agent
+            .post(format!("{}/mcp", d.base))
+            .header("Authorization", &format!("Bearer {}", d.key))
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", v)
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "create_session")
+            .content_type("application/json")
+            .send(call.to_string().as_bytes())
+            .expect("POST /mcp");
+        let text = resp.body_mut().read_to_string().expect("MCP answer");
+        let data = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("data:"))
+            .unwrap_or(&text)
+            .trim();
+        let m: serde_json::Value = serde_json::from_str(data).expect("MCP JSON");
+        assert_eq!(m["result"]["isError"], true, "{m}");
+        let msg = m["result"]["content"][0]["text"].as_str().unwrap_or("");
+        assert!(msg.contains(rule) && msg.contains("always-blocked"), "{m}");
+    }
+    assert_eq!(h.get("/v1/sessions/blk").status, 404, "nothing was created");
+    // Partly public: accepted (the request gets past validation).
+    let ok = json!({"mode": "allowlist", "rules": ["0.0.0.0/0:443/tcp"]});
+    let r = h.put("/v1/sessions/ghost/network", &ok);
+    assert_eq!(r.status, 404, "{}", r.text());
+}

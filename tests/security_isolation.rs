@@ -104,3 +104,85 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
         "{out}"
     );
 }
+
+/// Inside the guest, as uid 65534, the agent is out of reach over vsock:
+/// connecting to port 5000 at the loopback CID (1), CID 3 and the guest's
+/// own CID fails, or is closed at once without a byte (the agent takes
+/// only the host, CID 2). Before, such a connection ran commands as root
+/// whatever uid the API asked for. Exec through the API keeps working.
+#[test]
+fn a_guest_user_cannot_reach_the_agent_over_vsock() {
+    if common::test_backend() == "local-process" {
+        eprintln!("SKIP: the local-process backend has no guest kernel or vsock");
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let h = d.http();
+    let r = h.post(
+        "/v1/sessions",
+        &serde_json::json!({"id": "vs", "template": "python"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The probe opens /dev/vsock (root only) for the own CID, then drops
+    // to nobody before it connects. The host speaks first on a protocol
+    // connection, so a live agent leaves recv() waiting: a timeout there
+    // means it was reached.
+    let probe = r#"
+import errno, fcntl, json, os, socket, struct
+out = {}
+try:
+    with open("/dev/vsock", "rb") as f:
+        raw = fcntl.ioctl(f, socket.IOCTL_VM_SOCKETS_GET_LOCAL_CID, b"\0" * 4)
+    own = struct.unpack("I", raw)[0]
+except OSError as e:
+    own = None
+out["own_cid"] = own
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+out["uid"] = os.getuid()
+cids = {1, 3}
+if own is not None and own not in (0xFFFFFFFF, 2):
+    cids.add(own)
+for cid in sorted(cids):
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((cid, 5000))
+    except OSError as e:
+        out[str(cid)] = errno.errorcode.get(e.errno, "timeout") if e.errno else "timeout"
+        continue
+    try:
+        out[str(cid)] = "closed" if s.recv(1) == b"" else "answered"
+    except OSError:
+        out[str(cid)] = "reached"
+print(json.dumps(out))
+"#;
+    let v = h.exec("vs", &format!("python3 -c '{probe}'"));
+    let out = stdout_of(&v);
+    eprintln!("vsock probe as nobody: {out}");
+    assert_eq!(v["exitCode"], 0, "{v}");
+    let got: serde_json::Value = serde_json::from_str(out.trim()).expect("probe JSON");
+    assert_eq!(got["uid"], 65534, "{got}");
+    for cid in ["1", "3"] {
+        let r = got[cid].as_str().unwrap_or("missing");
+        assert!(
+            r != "reached" && r != "answered" && r != "missing",
+            "CID {cid} port 5000 reached as uid 65534: {got}"
+        );
+    }
+    // The kernel layer: without CONFIG_VSOCKETS_LOOPBACK there is no
+    // transport for CID 1 at all (with it: a reset, or the agent).
+    assert_eq!(
+        got["1"], "ENODEV",
+        "the guest kernel still has vsock loopback: {got}"
+    );
+    if let Some(own) = got["own_cid"]
+        .as_u64()
+        .filter(|c| *c != 2 && *c != 0xFFFF_FFFF)
+    {
+        let r = got[own.to_string()].as_str().unwrap_or("missing");
+        assert!(r != "reached" && r != "answered", "own CID reached: {got}");
+    }
+    // The API's own path still works (as root, as before).
+    let v = h.exec("vs", "id -u");
+    assert_eq!(stdout_of(&v).trim(), "0", "{v}");
+}

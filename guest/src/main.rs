@@ -119,13 +119,16 @@ fn main() {
         base_env.retain(|(ek, _)| *ek != k);
         base_env.push((k, v));
     }
+    // Exactly one host transport: the virtio-serial port where the VMM
+    // gives one (QEMU), else vsock (Firecracker). /dev/vsock exists in
+    // every guest, so a vsock listener beside the serial port would be a
+    // second door that only guest processes can reach.
     if listen.is_empty() && pid1 {
         if agent::find_serial_port(sandbox_agent::proto::SERIAL_PORT_NAME).is_some() {
             listen.push(Listen::Serial(
                 sandbox_agent::proto::SERIAL_PORT_NAME.into(),
             ));
-        }
-        if std::path::Path::new("/dev/vsock").exists() {
+        } else if std::path::Path::new("/dev/vsock").exists() {
             listen.push(Listen::Vsock(sandbox_agent::proto::DEFAULT_VSOCK_PORT));
         }
     }

@@ -81,7 +81,8 @@ pub fn create_session(
     // The shape is checked (400 invalid_shape) by the session manager,
     // against the configured and host maxima, with the defaults filled in.
     if let Some(e) = &b.egress {
-        e.validate().map_err(ApiError::bad_request)?;
+        e.validate(ctx.cfg.network.as_ref())
+            .map_err(ApiError::bad_request)?;
     }
     if let Some(t) = &b.template {
         if t.is_empty() || t.len() > 64 {
@@ -184,7 +185,9 @@ pub fn set_network(
     params: &Params,
 ) -> ApiResult<Reply> {
     let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
-    policy.validate().map_err(ApiError::bad_request)?;
+    policy
+        .validate(ctx.cfg.network.as_ref())
+        .map_err(ApiError::bad_request)?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {

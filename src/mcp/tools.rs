@@ -688,7 +688,10 @@ fn new_id() -> String {
 
 // ---- handlers ---------------------------------------------------------------
 
-fn egress(v: Option<&Value>) -> Result<Option<EgressPolicy>, String> {
+fn egress(
+    v: Option<&Value>,
+    net: Option<&crate::net::NetConfig>,
+) -> Result<Option<EgressPolicy>, String> {
     let p = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(m)) => {
@@ -701,7 +704,7 @@ fn egress(v: Option<&Value>) -> Result<Option<EgressPolicy>, String> {
         }
         Some(o) => serde_json::from_value(o.clone()).map_err(|e| format!("egress: {e}"))?,
     };
-    p.validate()?;
+    p.validate(net)?;
     Ok(Some(p))
 }
 
@@ -737,7 +740,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
         idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
         env: opt_env(a)?,
-        egress: egress(a.get("egress"))?,
+        egress: egress(a.get("egress"), ctx.host.cfg.network.as_ref())?,
     };
     let (s, _) = ctx
         .host

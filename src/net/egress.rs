@@ -43,6 +43,39 @@ impl Cidr {
     pub fn contains(&self, a: Ipv4Addr) -> bool {
         u32::from(a) & u32::from(self.mask()) == u32::from(self.network())
     }
+    /// Whether the two networks share an address.
+    pub fn overlaps(&self, o: &Cidr) -> bool {
+        let shorter = if self.prefix_len <= o.prefix_len {
+            self
+        } else {
+            o
+        };
+        let other = if self.prefix_len <= o.prefix_len {
+            o
+        } else {
+            self
+        };
+        shorter.contains(other.network())
+    }
+    /// Whether every address of `self` lies in `o`.
+    pub fn within(&self, o: &Cidr) -> bool {
+        self.prefix_len >= o.prefix_len && o.contains(self.network())
+    }
+    /// Whether every address of `self` lies in the union of `nets`.
+    pub fn covered_by(&self, nets: &[Cidr]) -> bool {
+        if nets.iter().any(|n| self.within(n)) {
+            return true;
+        }
+        // Only a net strictly inside `self` can cover part of it: split
+        // in halves while there is one (at most 32 levels deep).
+        if self.prefix_len >= 32 || !nets.iter().any(|n| n.overlaps(self)) {
+            return false;
+        }
+        let l = self.prefix_len + 1;
+        let lo = Cidr::new(self.network(), l);
+        let hi = Cidr::new(self.nth(1 << (32 - u32::from(l))), l);
+        lo.covered_by(nets) && hi.covered_by(nets)
+    }
     /// The `n`th address of the network.
     pub fn nth(&self, n: u32) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.network()).wrapping_add(n))
@@ -207,6 +240,31 @@ impl EgressPolicy {
         }
     }
 
+    /// Refuses an allowlist rule of which no address is reachable: all
+    /// of it lies in `blocked` (the union) and none in `exceptions`. Such a
+    /// rule would be accepted and then silently never match anything.
+    /// (A denylist rule there is merely redundant; `0.0.0.0/0:443` in an
+    /// allowlist is fine: its public part is reachable.)
+    pub fn check_reachable(&self, blocked: &[Cidr], exceptions: &[Cidr]) -> Result<(), String> {
+        let EgressPolicy::Allowlist { rules } = self else {
+            return Ok(());
+        };
+        for r in rules {
+            if r.net.covered_by(blocked) && !exceptions.iter().any(|e| e.overlaps(&r.net)) {
+                let within = blocked
+                    .iter()
+                    .find(|b| r.net.overlaps(b))
+                    .map(|b| format!(" (in {b})"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "allowlist rule \"{r}\" names only always-blocked addresses{within}: \
+                     no session may reach them whatever its policy"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Rules of the per-session `policy` chain (evaluated only for traffic
     /// that already passed the always-blocked checks).
     pub fn to_rules(&self) -> Vec<Rule> {
@@ -298,6 +356,61 @@ mod tests {
             serde_json::to_string(&EgressPolicy::default()).unwrap(),
             r#"{"mode":"internet"}"#
         );
+    }
+
+    #[test]
+    fn unreachable_allowlist_rules_are_refused() {
+        let allow = |r: &str| EgressPolicy::Allowlist {
+            rules: vec![r.parse().unwrap()],
+        };
+        for bad in [
+            "10.1.2.3:443/tcp",
+            "169.254.169.254",
+            "192.168.0.0/16",
+            "100.64.0.0/10:53",
+            // Two adjacent blocked ranges together (224/4 and 240/4).
+            "224.0.0.0/3",
+        ] {
+            let e = allow(bad).check_reachable(ALWAYS_BLOCKED, &[]).unwrap_err();
+            assert!(e.contains(bad.split(':').next().unwrap()), "{bad}: {e}");
+        }
+        for good in [
+            "0.0.0.0/0:443",
+            "198.51.100.0/24",
+            "10.0.0.0/7",
+            "8.8.8.8:53",
+        ] {
+            allow(good)
+                .check_reachable(ALWAYS_BLOCKED, &[])
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        // An operator's exception makes part of a blocked range reachable.
+        let exc: Cidr = "10.1.2.0/24".parse().unwrap();
+        assert!(allow("10.1.2.3")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_ok());
+        assert!(allow("10.0.0.0/8")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_ok());
+        assert!(allow("10.9.0.0/16")
+            .check_reachable(ALWAYS_BLOCKED, &[exc])
+            .is_err());
+        // Union coverage: two halves, each blocked on its own.
+        let halves: Vec<Cidr> = vec![
+            "203.0.113.0/25".parse().unwrap(),
+            "203.0.113.128/25".parse().unwrap(),
+        ];
+        assert!(allow("203.0.113.0/24")
+            .check_reachable(&halves, &[])
+            .is_err());
+        assert!(allow("203.0.112.0/23")
+            .check_reachable(&halves, &[])
+            .is_ok());
+        // Denylists may name anything.
+        let deny = EgressPolicy::Denylist {
+            rules: vec!["10.0.0.0/8".parse().unwrap()],
+        };
+        assert!(deny.check_reachable(ALWAYS_BLOCKED, &[]).is_ok());
     }
 
     #[test]

@@ -66,7 +66,11 @@ pub fn blocked_set(cfg: &NetConfig) -> Vec<Cidr> {
     v
 }
 
-pub fn host_table(cfg: &NetConfig) -> Table {
+/// The host table. `uplink_nets`: the networks attached to the uplink
+/// ([`super::rtnl::Rtnl::connected_nets`]), blocked whatever their
+/// addresses: the host's LAN is no more the sessions' business than
+/// RFC 1918 space is, and a public LAN is not in [`ALWAYS_BLOCKED`].
+pub fn host_table(cfg: &NetConfig, uplink_nets: &[Cidr]) -> Table {
     let ours = || IfName::Prefix(cfg.prefix.clone());
     let uplink = IfName::Exact(cfg.uplink_if.clone());
     let r = Rule::new;
@@ -81,7 +85,10 @@ pub fn host_table(cfg: &NetConfig) -> Table {
             Verdict::Accept,
         ));
     }
-    for c in blocked_set(cfg) {
+    for c in blocked_set(cfg)
+        .into_iter()
+        .chain(uplink_nets.iter().copied())
+    {
         forward.push(r(vec![Match::Iif(ours()), Match::Daddr(c)], Verdict::Drop));
     }
     forward.extend([

@@ -73,6 +73,34 @@ pub type Result<T> = std::result::Result<T, NetError>;
 struct Host {
     rtnl: Rtnl,
     nft: Nft,
+    /// The table in force and the uplink networks it was built with.
+    table: nft::Table,
+    uplink_nets: Vec<Cidr>,
+}
+
+impl Host {
+    /// Re-read the uplink's attached networks and, when they changed (an
+    /// address added by DHCP, a link that came up late), install the host
+    /// table anew with them. One link lookup and two small dumps.
+    fn refresh_uplink(&mut self, cfg: &NetConfig, ns: &str) -> Result<()> {
+        let nets = self.rtnl.connected_nets(&cfg.uplink_if)?;
+        if nets == self.uplink_nets {
+            return Ok(());
+        }
+        let table = firewall::host_table(cfg, &nets);
+        let mut b = self.nft.batch();
+        b.replace_table(&table);
+        self.nft.commit(b)?;
+        verify(&mut self.nft, &table, ns)?;
+        log::info!(
+            "uplink {} networks now {:?}: blocked for sessions",
+            cfg.uplink_if,
+            nets.iter().map(Cidr::to_string).collect::<Vec<_>>()
+        );
+        self.table = table;
+        self.uplink_nets = nets;
+        Ok(())
+    }
 }
 
 struct Inner {
@@ -80,7 +108,6 @@ struct Inner {
     /// The host namespace (`None`: the daemon's), for DNS forwarder threads.
     host_ns: Option<File>,
     host: Mutex<Host>,
-    host_table: nft::Table,
     blocks: Arc<Blocks>,
     reap: Sender<Reap>,
 }
@@ -166,12 +193,17 @@ impl Net {
             Some(p) => format!("host netns {}", p.display()),
             None => "host netns".into(),
         };
-        let table = firewall::host_table(&cfg);
         let guest = cfg.guest_cidr;
         let uplink = cfg.uplink_if.as_str();
         let (host, reaper_rtnl) = netns::run_in(host_ns.as_ref(), &name, || {
             netns::sysctl("net.ipv4.ip_forward", "1")?;
             let mut rtnl = Rtnl::open(&name)?;
+            let uplink_nets = rtnl.connected_nets(uplink)?;
+            log::info!(
+                "uplink {uplink} networks {:?}: blocked for sessions",
+                uplink_nets.iter().map(Cidr::to_string).collect::<Vec<_>>()
+            );
+            let table = firewall::host_table(&cfg, &uplink_nets);
             let mut nft = Nft::open(&name)?;
             let mut b = nft.batch();
             b.replace_table(&table);
@@ -185,7 +217,15 @@ impl Net {
                 // egress until it does.
                 log::warn!("uplink interface {uplink} does not exist in {name}");
             }
-            Ok((Host { rtnl, nft }, Rtnl::open(&name)?))
+            Ok((
+                Host {
+                    rtnl,
+                    nft,
+                    table,
+                    uplink_nets,
+                },
+                Rtnl::open(&name)?,
+            ))
         })?;
         let blocks = Arc::new(Blocks {
             state: Mutex::new(Alloc {
@@ -214,7 +254,6 @@ impl Net {
                 cfg,
                 host_ns,
                 host: Mutex::new(host),
-                host_table: table,
                 blocks,
                 reap: tx,
             }),
@@ -451,19 +490,20 @@ impl Net {
         let nsfd = ns.as_raw_fd();
         {
             let mut h = lock(&inner.host);
+            let h = &mut *h;
             // Fail closed: the host table must be in place before any
             // session link is; someone may have flushed the ruleset since.
-            let host_table = &inner.host_table;
-            if verify(&mut h.nft, host_table, &inner.host_name()).is_err() {
+            if verify(&mut h.nft, &h.table, &inner.host_name()).is_err() {
                 log::warn!(
                     "host nftables table {} missing or changed; reinstalling",
                     cfg.prefix
                 );
                 let mut b = h.nft.batch();
-                b.replace_table(host_table);
+                b.replace_table(&h.table);
                 h.nft.commit(b)?;
-                verify(&mut h.nft, host_table, &inner.host_name())?;
+                verify(&mut h.nft, &h.table, &inner.host_name())?;
             }
+            h.refresh_uplink(cfg, &inner.host_name())?;
             h.rtnl.add_veth(host_if, peer_if, nsfd)?;
             let idx = h.rtnl.need_index(host_if)?;
             h.rtnl.quiet_strict_link(idx, host_if)?;
@@ -628,6 +668,8 @@ fn apply_bandwidth(
 impl Inner {
     fn check_policy(&self, p: &NetPolicy) -> Result<()> {
         p.validate().map_err(NetError::Invalid)?;
+        p.check_reachable(Some(&self.cfg))
+            .map_err(NetError::Invalid)?;
         if !p.domains.is_empty() && self.cfg.dns_upstreams.is_empty() {
             return Err(NetError::invalid(
                 "a domain allowlist needs dns_upstreams in the network config",

@@ -14,7 +14,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::egress::{EgressPolicy, EgressRule};
+use super::egress::{EgressPolicy, EgressRule, ALWAYS_BLOCKED};
+use super::{firewall, NetConfig};
 
 /// At most this many domain patterns per session.
 pub const MAX_DOMAINS: usize = 256;
@@ -187,6 +188,20 @@ impl NetPolicy {
             }
         }
         Ok(())
+    }
+}
+
+impl NetPolicy {
+    /// [`EgressPolicy::check_reachable`] against what `net` always blocks
+    /// (the built-in set when networking is off: such a rule could never
+    /// match either). The API runs this before accepting a policy.
+    pub fn check_reachable(&self, net: Option<&NetConfig>) -> Result<(), String> {
+        match net {
+            Some(c) => self
+                .egress
+                .check_reachable(&firewall::blocked_set(c), &c.allow_exceptions),
+            None => self.egress.check_reachable(ALWAYS_BLOCKED, &[]),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Route netlink (links, addresses, routes) over a blocking socket, built on
 //! netlink-packet-route. A socket acts in the namespace it was opened in.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::RawFd;
 
 use netlink_packet_core::{
@@ -19,7 +19,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use super::NetError;
+use super::{Cidr, NetError};
 
 pub struct Rtnl {
     sock: Socket,
@@ -314,6 +314,75 @@ impl Rtnl {
                 std::io::Error::from_raw_os_error(e),
             )),
         }
+    }
+
+    /// The IPv4 networks directly attached to link `name`: those of its
+    /// addresses (a point-to-point address gives its peer's) and its
+    /// on-link (scope link) routes other than a default route. Sorted,
+    /// without duplicates; empty when the link does not exist.
+    pub fn connected_nets(&mut self, name: &str) -> Result<Vec<Cidr>, NetError> {
+        let Some(index) = self.link_index(name)? else {
+            return Ok(Vec::new());
+        };
+        let mut nets = Vec::new();
+        let mut am = AddressMessage::default();
+        am.header.family = AddressFamily::Inet;
+        let addrs = self.exec(RouteNetlinkMessage::GetAddress(am), NLM_F_DUMP, &|| {
+            format!("list addresses of {name}")
+        })?;
+        for m in addrs {
+            let RouteNetlinkMessage::NewAddress(a) = m else {
+                continue;
+            };
+            if a.header.index != index {
+                continue;
+            }
+            let addr = a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Address(IpAddr::V4(v)) => Some(*v),
+                _ => None,
+            });
+            if let Some(v) = addr {
+                let c = Cidr::new(v, a.header.prefix_len.min(32));
+                nets.push(Cidr::new(c.network(), c.prefix_len));
+            }
+        }
+        let mut rm = RouteMessage::default();
+        rm.header.address_family = AddressFamily::Inet;
+        let routes = self.exec(RouteNetlinkMessage::GetRoute(rm), NLM_F_DUMP, &|| {
+            format!("list routes of {name}")
+        })?;
+        for m in routes {
+            let RouteNetlinkMessage::NewRoute(r) = m else {
+                continue;
+            };
+            let h = &r.header;
+            // Local and broadcast routes (table local) are of the host's
+            // own addresses; a default route "dev X" is not one subnet.
+            if h.kind != RouteType::Unicast
+                || h.scope != RouteScope::Link
+                || h.destination_prefix_length == 0
+            {
+                continue;
+            }
+            let mut oif = None;
+            let mut dst = None;
+            for x in &r.attributes {
+                match x {
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(*d),
+                    _ => {}
+                }
+            }
+            if let (Some(i), Some(d)) = (oif, dst) {
+                if i == index {
+                    let c = Cidr::new(d, h.destination_prefix_length.min(32));
+                    nets.push(Cidr::new(c.network(), c.prefix_len));
+                }
+            }
+        }
+        nets.sort_by_key(|c| (u32::from(c.addr), c.prefix_len));
+        nets.dedup();
+        Ok(nets)
     }
 
     /// All links of this namespace.

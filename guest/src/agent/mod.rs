@@ -243,10 +243,18 @@ pub fn run(cfg: Config) -> Result<(), String> {
             Listen::Vsock(port) => {
                 let lst = vsock::VsockListener::bind_with_cid_port(vsock::VMADDR_CID_ANY, *port)
                     .map_err(|e| format!("bind vsock port {port}: {e}"))?;
+                let mut refused = Refusals::default();
                 std::thread::Builder::new()
                     .name("listen-vsock".into())
                     .spawn(move || loop {
                         match lst.accept() {
+                            // Only the host: a guest process reaching us
+                            // through vsock loopback (CID 1) or its own CID
+                            // would run as root whatever uid the API asked.
+                            Ok((s, peer)) if peer.cid() != vsock::VMADDR_CID_HOST => {
+                                drop(s);
+                                refused.note(peer.cid(), peer.port());
+                            }
                             // SAFETY: into_raw_fd hands over ownership.
                             Ok((s, _)) => {
                                 spawn_conn(&a, unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) })
@@ -275,6 +283,34 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let _ = t.join();
     }
     Err("all listeners stopped".into())
+}
+
+/// Connections refused for their peer, logged the first time and then at
+/// most once per [`Refusals::EVERY`] with a count, so a guest process that
+/// keeps trying cannot flood the console.
+#[derive(Default)]
+pub struct Refusals {
+    last_log: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Refusals {
+    pub const EVERY: Duration = Duration::from_secs(60);
+
+    /// Count one refusal; true when it was logged.
+    pub fn note(&mut self, cid: u32, port: u32) -> bool {
+        self.unlogged += 1;
+        if self.last_log.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return false;
+        }
+        log::warn!(
+            "refused {} vsock connection(s) not from the host (last from CID {cid} port {port})",
+            self.unlogged
+        );
+        self.last_log = Some(Instant::now());
+        self.unlogged = 0;
+        true
+    }
 }
 
 fn spawn_conn(agent: &Arc<Agent>, fd: OwnedFd) {
@@ -488,5 +524,20 @@ fn with_running(
     match f(&p) {
         Ok(()) => req.respond(&Response::Ok),
         Err(e) => req.fail(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Refusals;
+
+    #[test]
+    fn refusals_log_once_then_rate_limited() {
+        let mut r = Refusals::default();
+        assert!(r.note(1, 1024), "first refusal is logged");
+        for _ in 0..1000 {
+            assert!(!r.note(3, 1025), "repeats within the window are not");
+        }
+        assert_eq!(r.unlogged, 1000, "but counted for the next line");
     }
 }
