@@ -236,6 +236,12 @@ pub fn new_sandbox_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(1);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let r = crate::agent::random_u64() & 0xffff_ffff;
+    // Not a secret: pid and sequence make it unique in this run, the
+    // random part across runs (a clock if the kernel gives no random).
+    let r = crate::agent::random_u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }) & 0xffff_ffff;
     format!("{ID_PREFIX}{}-{n}-{r:08x}", std::process::id())
 }

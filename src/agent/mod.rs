@@ -226,7 +226,7 @@ impl AgentClient {
         start: Started,
     ) -> Result<AgentClient> {
         let deadline = Instant::now() + timeout;
-        let nonce = random_u64();
+        let nonce = random_u64()?;
         // Taken last thing before the hello goes out: the guest clock is
         // set to it.
         let restored = match start {
@@ -1226,20 +1226,32 @@ pub fn restore_fixup(warm_up: bool) -> io::Result<RestoreFixup> {
     })
 }
 
-/// A nonce, not a secret: it only has to differ between connections.
-pub fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u64::from_le_bytes(b);
+/// Fills `buf` from getrandom(2), the kernel's CSPRNG (it blocks only
+/// until the pool is seeded at boot). There is no fallback: keys, nonces
+/// and ids made from a guessable source would be worse than an error.
+pub fn secure_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: writes at most rest.len() bytes into rest.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(std::io::Error::new(e.kind(), format!("getrandom(2): {e}")));
+        }
+        done += n as usize;
     }
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    t ^ ((std::process::id() as u64) << 32)
+    Ok(())
+}
+
+/// A random u64 from [`secure_random`].
+pub fn random_u64() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    secure_random(&mut b)?;
+    Ok(u64::from_le_bytes(b))
 }
 
 impl From<DecodeError> for ClientError {

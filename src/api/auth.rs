@@ -92,13 +92,12 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut s = String::with_capacity(bytes * 2);
-    while s.len() < bytes * 2 {
-        s.push_str(&format!("{:016x}", crate::agent::random_u64()));
-    }
-    s.truncate(bytes * 2);
-    s
+/// `bytes` random bytes from getrandom(2) as hex; key creation fails
+/// closed when the kernel gives none.
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut b = vec![0u8; bytes];
+    crate::agent::secure_random(&mut b).map_err(|e| format!("making key material: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn hash_token(token: &str) -> String {
@@ -269,8 +268,8 @@ impl KeyStore {
                 return Err(format!("rate/burst {v} out of range (0, 1e6]"));
             }
         }
-        let id = format!("k{}", random_hex(6));
-        let token = format!("asbx_{id}_{}", random_hex(24));
+        let id = format!("k{}", random_hex(6)?);
+        let token = format!("asbx_{id}_{}", random_hex(24)?);
         let rec = KeyRecord {
             id,
             name: name.to_string(),
@@ -291,7 +290,7 @@ impl KeyStore {
 
     /// New secret for an existing key id (same id, scopes, sessions).
     pub fn rotate(&self, id: &str) -> Result<(KeyRecord, String), String> {
-        let token = format!("asbx_{id}_{}", random_hex(24));
+        let token = format!("asbx_{id}_{}", random_hex(24)?);
         let hash = hash_token(&token);
         let rec = self.update(|keys| {
             let k = keys
@@ -494,6 +493,14 @@ mod tests {
         s.revoke(&rec.id).unwrap();
         assert!(s.verify(&tok2).is_none());
         assert!(s.create("b", vec!["root".into()], None, None).is_err());
+    }
+
+    #[test]
+    fn key_material_is_random_hex_of_the_asked_length() {
+        let (a, b) = (random_hex(24).unwrap(), random_hex(24).unwrap());
+        assert_eq!(a.len(), 48);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
     }
 
     #[test]

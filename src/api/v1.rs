@@ -75,7 +75,11 @@ pub fn create_session(
     let b: CreateBody = json_body(req, ctx.cfg.max_body)?;
     let id = match b.id {
         Some(id) => id,
-        None => format!("s-{:012x}", crate::agent::random_u64() & 0xffff_ffff_ffff),
+        None => {
+            let r = crate::agent::random_u64()
+                .map_err(|e| ApiError::internal(format!("making a session id: {e}")))?;
+            format!("s-{:012x}", r & 0xffff_ffff_ffff)
+        }
     };
     validate::session_id(&id)?;
     // The shape is checked (400 invalid_shape) by the session manager,

@@ -323,11 +323,17 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
                 &[("Retry-After", "5".into())],
             );
         }
-        let sid = format!(
-            "{:016x}{:016x}",
-            crate::agent::random_u64(),
-            crate::agent::random_u64()
-        );
+        let mut b = [0u8; 16];
+        if let Err(e) = crate::agent::secure_random(&mut b) {
+            return fail(
+                req,
+                500,
+                None,
+                RpcError::new(jsonrpc::INTERNAL_ERROR, format!("making a session id: {e}")),
+                &[],
+            );
+        }
+        let sid: String = b.iter().map(|x| format!("{x:02x}")).collect();
         let conn = Arc::new(Conn::new(format!("http:{sid}"), caller.clone()));
         new_session = Some((sid, conn.clone()));
         conn

@@ -682,8 +682,9 @@ fn session_json(s: &Session) -> Value {
     })
 }
 
-fn new_id() -> String {
-    format!("s-{:012x}", crate::agent::random_u64() & 0xffff_ffff_ffff)
+fn new_id() -> Result<String, String> {
+    let r = crate::agent::random_u64().map_err(|e| format!("making a session id: {e}"))?;
+    Ok(format!("s-{:012x}", r & 0xffff_ffff_ffff))
 }
 
 // ---- handlers ---------------------------------------------------------------
@@ -715,7 +716,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             validate::session_id(&id).map_err(msg)?;
             id
         }
-        None => new_id(),
+        None => new_id()?,
     };
     let template = opt_str(a, "template")?;
     let empty = Map::new();
@@ -826,7 +827,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             validate::session_id(&id).map_err(msg)?;
             id
         }
-        None => new_id(),
+        None => new_id()?,
     };
     let opts = SessionOptions {
         template: opt_str(a, "template")?,

@@ -143,7 +143,10 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// A marker unique to this call, for finding processes in /proc.
 pub fn marker() -> String {
-    format!("{}", 100_000 + agent_sandbox::agent::random_u64() % 800_000)
+    format!(
+        "{}",
+        100_000 + agent_sandbox::agent::random_u64().expect("getrandom") % 800_000
+    )
 }
 
 /// Live `sleep <marker>` processes (exact command line), not the shells
