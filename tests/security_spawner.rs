@@ -147,6 +147,42 @@ fn main() {
         Ok(())
     });
 
+    t.check("a_denylisted_syscall_is_refused_and_audited", || {
+        // syslog(SYSLOG_ACTION_SIZE_BUFFER) is harmless if it ran; the
+        // spawner's denylist answers EPERM and, with FLAG_LOG, the kernel
+        // writes an audit record (code=0x50001) that .ci/seccomp-audit
+        // counts as its proof that it sees refused syscalls.
+        let (r, w) = pipe();
+        let req = SpawnRequest {
+            argv: vec![
+                // python3 itself is not a program the spawner starts.
+                "/usr/bin/setpriv".into(),
+                "--reuid=65534".into(),
+                "--regid=65534".into(),
+                "--clear-groups".into(),
+                "/usr/bin/python3".into(),
+                "-c".into(),
+                "import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+                 print(l.syscall(103, 10, 0, 0), ctypes.get_errno())"
+                    .into(),
+            ],
+            uid: 0,
+            gid: 0,
+            fds: vec![1],
+            ..SpawnRequest::default()
+        };
+        let c = client
+            .spawn(&req, &[w.as_fd()])
+            .map_err(|e| e.to_string())?;
+        drop(w);
+        let out = read_all(r);
+        let st = c.wait_until(Instant::now() + Duration::from_secs(20));
+        if out.trim() != format!("-1 {}", libc::EPERM) {
+            return Err(format!("syslog(2) under the spawner gave {out:?} ({st:?})"));
+        }
+        Ok(())
+    });
+
     t.check("applies_file_size_and_open_file_limits", || {
         let (out_r, out_w) = pipe();
         // Both the soft and hard limits, and a write past the file size

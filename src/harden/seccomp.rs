@@ -592,9 +592,43 @@ pub fn install_current_with(kind: ThreadKind, mode: Mode) -> Result<(), HardenEr
         seccompiler::apply_filter(&p)
             .map_err(|e| HardenError::Seccomp(format!("install clone3 filter: {e}")))?;
     }
-    seccompiler::apply_filter(&prog)
+    apply_logged(&prog)
         .map_err(|e| HardenError::Seccomp(format!("install {} filter: {e}", kind.name())))?;
     KIND.with(|k| k.set(kind as u8));
+    Ok(())
+}
+
+/// Installs `prog` on the calling thread under no_new_privs with
+/// `SECCOMP_FILTER_FLAG_LOG`: the kernel then audits every action but
+/// ALLOW (a trapped syscall of the daemon, one the spawner's denylist
+/// refuses in QEMU), so `.ci/seccomp-audit` sees what it claims to see.
+/// (seccompiler's `apply_filter` passes no flags: a RET_TRAP or RET_ERRNO
+/// left no record.) Raw syscalls only, nothing allocated: fit for a child
+/// between fork and exec.
+pub fn apply_logged(prog: &BpfProgram) -> std::io::Result<()> {
+    let len =
+        u16::try_from(prog.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?;
+    let fprog = libc::sock_fprog {
+        len,
+        // seccompiler's sock_filter is the kernel's struct sock_filter.
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with integer arguments; seccomp reads `fprog` and the
+    // `len` instructions it points to, which outlive the call.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_LOG,
+            &fprog as *const libc::sock_fprog,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 

@@ -436,8 +436,9 @@ fn spawner_setup(filter: Option<&BpfProgram>) -> Result<(), HardenError> {
     super::apply_rlimits(None)?;
     caps::drop_to(caps::SPAWNER)?;
     if let Some(f) = filter {
-        // apply_filter sets no_new_privs first.
-        seccompiler::apply_filter(f)
+        // Sets no_new_privs first; audited (FLAG_LOG), so a syscall the
+        // denylist refuses QEMU leaves a record.
+        super::seccomp::apply_logged(f)
             .map_err(|e| HardenError::Seccomp(format!("spawner filter: {e}")))?;
     } else {
         // SAFETY: prctl with integer arguments.
