@@ -15,6 +15,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/skip.rs"]
+mod skip;
 
 use agent_sandbox::proto::{ExecRequest, Request};
 use std::ffi::CString;

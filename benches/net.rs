@@ -5,6 +5,8 @@
 
 #[path = "../tests/common/netns.rs"]
 mod netns;
+#[path = "../tests/common/skip.rs"]
+mod skip;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

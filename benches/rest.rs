@@ -7,6 +7,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/skip.rs"]
+mod skip;
 
 use common::daemon::Daemon;
 use serde_json::json;

@@ -13,6 +13,8 @@
 //! phase (`info jit`), a measure of the restored guest's work that does
 //! not move with the host's speed.
 
+#[path = "../tests/common/skip.rs"]
+mod skip;
 #[path = "../tests/common/vm.rs"]
 mod vm;
 

@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Installs the Debian/Ubuntu packages agent-sandbox builds and tests with.
-# Safe to run again: only missing packages are installed.
+# Installs the Debian/Ubuntu packages agent-sandbox builds and tests with
+# (run by `agent-sandbox up` / `image build` as root, and by .ci/run).
+# Safe to run again: only missing packages are installed. It never removes
+# a package: on a conflict with what is installed it stops, naming the
+# package and what apt would remove (images/lib.sh apt_install).
 set -euo pipefail
+# shellcheck source=images/lib.sh
+. "$(dirname "$0")/lib.sh"
+LOG_TAG=deps
+# PACKAGE or PACKAGE:COMMAND. With a command, the package counts as present
+# when the command is on PATH: e.g. NodeSource's nodejs bundles npm and
+# conflicts with Debian's npm package.
 pkgs=(
   # VMs and images
   qemu-system-x86 mmdebstrap erofs-utils e2fsprogs busybox-static
   linux-source-6.1 flex bison libelf-dev bc
   # networking
   iproute2 nftables iptables
-  # tests and checks
-  curl python3 python3-venv nix-bin strace
+  # tests and checks: host python3 (wheel, MCP Python SDK venv,
+  # schemathesis), node + npm (MCP TypeScript SDK), dig (DNS tests),
+  # setpriv/dmesg (util-linux), kill (procps), nix + jq + git (.ci/nix-check)
+  curl python3 python3-venv nodejs:node npm:npm dnsutils:dig
+  util-linux procps nix-bin jq git strace
 )
 missing=()
-for p in "${pkgs[@]}"; do
+for entry in "${pkgs[@]}"; do
+  p=${entry%%:*} cmd=${entry#*:}
+  if [ "$cmd" != "$entry" ] && command -v "$cmd" >/dev/null; then continue; fi
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  export DEBIAN_FRONTEND=noninteractive
+  [ "$(id -u)" -eq 0 ] || die "missing packages ${missing[*]} and not root to install them"
   apt-get update -q
   # A package this distribution lacks (Ubuntu has no linux-source-6.1) is
   # reported, not fatal: the step that needs it says what to do instead.
@@ -25,7 +39,7 @@ if ((${#missing[@]})); then
     if apt-cache show "$p" >/dev/null 2>&1; then avail+=("$p"); else echo "not available here: $p"; fi
   done
   echo "installing: ${avail[*]}"
-  if ((${#avail[@]})); then apt-get install -y -q --no-install-recommends "${avail[@]}"; fi
+  if ((${#avail[@]})); then apt_install "${avail[@]}" || die "not installed: ${avail[*]} (see above)"; fi
 else
   echo "all packages present"
 fi

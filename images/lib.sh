@@ -35,11 +35,42 @@ ensure_packages() {
 	[ ${#missing[@]} -eq 0 ] && return 0
 	[ "$(id -u)" -eq 0 ] || die "missing packages ${missing[*]} and not root to install them"
 	log "installing build dependencies: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >&2; then
+	if ! apt_install "${missing[@]}" >&2; then
 		apt-get update -q >&2
-		apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+		apt_install "${missing[@]}" >&2 || die "cannot install ${missing[*]} (see above)"
 	fi
+}
+
+# apt-get install that never removes a package (a user's newer QEMU, a
+# node from another source): with --no-remove apt stops instead. On a
+# failure it says which of the requested packages cannot be installed as
+# things are, what apt would remove for it, and what to do; returns 1.
+apt_install() {
+	local p bad=0
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get install -y -q --no-install-recommends --no-remove "$@" && return 0
+	echo "apt-get could not install: $*" >&2
+	for p in "$@"; do
+		# -s: a simulation, changes nothing.
+		apt-get install -s -q --no-install-recommends --no-remove "$p" >/dev/null 2>&1 && continue
+		bad=1
+		local removes
+		removes=$(apt-get install -s -q --no-install-recommends "$p" 2>/dev/null | awk '/^Remv / { printf " %s", $2 }')
+		if [ -n "$removes" ]; then
+			echo "  $p: installing it would remove:$removes" >&2
+		else
+			echo "  $p: conflicts with what is installed:" >&2
+			apt-get install -s -q --no-install-recommends "$p" 2>&1 | grep -E '^ |^E:' | sed 's/^ */    /' >&2 || true
+		fi
+	done
+	if [ "$bad" = 1 ]; then
+		cat >&2 <<-EOF
+			Nothing was removed. Either install the packages above yourself, accepting
+			what apt removes (apt-get install PACKAGE), or provide what they provide
+			another way, then run this again.
+		EOF
+	fi
+	return 1
 }
 
 # The last progress message of a log: tools redraw lines with \r or ESC[K.

@@ -4,6 +4,8 @@
 //! Nix code renders (module, `nix run` host) accepted by `config check`.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::config::{Config, FileConfig};
 use agent_sandbox::sandbox::wiring;
@@ -407,8 +409,7 @@ fn nix_rendered_configs_are_accepted() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !have_nix || !eval.exists() || !root.join("images/templates").is_dir() {
-        eprintln!("SKIP: nix-instantiate (Debian: nix-bin), nixos-module/ci/eval.nix or images/templates missing");
-        return;
+        skip!("nix-instantiate (Debian: nix-bin), nixos-module/ci/eval.nix or images/templates missing");
     }
     let out = Command::new("nix-instantiate")
         .args(["--readonly-mode", "--eval", "--strict", "--json", "-E"])

@@ -9,6 +9,8 @@
 mod common;
 #[path = "mcp/harness.rs"]
 mod harness;
+#[path = "common/skip.rs"]
+mod skip;
 
 use harness::*;
 use std::process::Command;

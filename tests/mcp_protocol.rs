@@ -8,6 +8,8 @@
 mod common;
 #[path = "mcp/harness.rs"]
 mod harness;
+#[path = "common/skip.rs"]
+mod skip;
 
 use harness::*;
 use std::process::Command;

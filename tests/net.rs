@@ -3,6 +3,8 @@
 
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::net::Ipv4Addr;
 
@@ -57,8 +59,8 @@ fn blocked(ns: &str, dst: Ipv4Addr) {
 
 #[test]
 fn two_sessions_nat_isolation_policy_teardown() {
-    if skip_unless_root("two_sessions_nat_isolation_policy_teardown") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxt1";
     let mut topo = Topology::new("t1");
@@ -286,8 +288,8 @@ fn two_sessions_nat_isolation_policy_teardown() {
 
 #[test]
 fn sweep_after_crash_leaves_nothing() {
-    if skip_unless_root("sweep_after_crash_leaves_nothing") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxt2";
     let topo = Topology::new("t2");
@@ -314,8 +316,8 @@ fn sweep_after_crash_leaves_nothing() {
 
 #[test]
 fn failed_setup_leaves_nothing_and_frees_its_block() {
-    if skip_unless_root("failed_setup_leaves_nothing_and_frees_its_block") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxt3";
     let topo = Topology::new("t3");
@@ -352,8 +354,8 @@ fn failed_setup_leaves_nothing_and_frees_its_block() {
 
 #[test]
 fn parallel_sessions_do_not_collide() {
-    if skip_unless_root("parallel_sessions_do_not_collide") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxt4";
     let topo = Topology::new("t4");
@@ -405,8 +407,8 @@ fn parallel_sessions_do_not_collide() {
 fn nft_batch_is_atomic_and_names_the_failing_message() {
     use agent_sandbox::net::netns as ans;
     use agent_sandbox::net::nft::{Chain, Match, Nft, Rule, Table, Verdict};
-    if skip_unless_root("nft_batch_is_atomic_and_names_the_failing_message") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let topo = Topology::new("t5");
     let ns = ans::open(&topo.host_path()).unwrap();
@@ -450,8 +452,8 @@ fn nft_batch_is_atomic_and_names_the_failing_message() {
 /// reach none of them, while the internet address stays reachable.
 #[test]
 fn uplink_networks_are_blocked_whatever_their_addresses() {
-    if skip_unless_root("uplink_networks_are_blocked_whatever_their_addresses") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxu1";
     let mut topo = Topology::new("u1");

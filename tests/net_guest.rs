@@ -10,11 +10,13 @@
 mod common;
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon};
 use netns::{
-    add_internet_addr, in_ns, sh, skip_unless_root, DnsServer, Rr, Servers, Topology, CGNAT,
-    HOST_UPLINK, INTERNET, METADATA, PORT, PRIVATE,
+    add_internet_addr, in_ns, is_root, sh, DnsServer, Rr, Servers, Topology, CGNAT, HOST_UPLINK,
+    INTERNET, METADATA, PORT, PRIVATE,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -219,9 +221,8 @@ fn daemon(topo: &Topology, prefix: &str, dir: Option<tempfile::TempDir>) -> Daem
 
 #[test]
 fn guests_reach_only_what_their_policy_allows() {
-    if skip_unless_root("guests_reach_only_what_their_policy_allows") || !vm_backend() {
-        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
-        return;
+    if !is_root() || !vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
     }
     let prefix = common::daemon::unique_prefix();
     let topo = Topology::new("ng");
@@ -507,9 +508,8 @@ impl Drop for Child {
 
 #[test]
 fn pip_installs_through_a_domain_allowlist() {
-    if skip_unless_root("pip_installs_through_a_domain_allowlist") || !vm_backend() {
-        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
-        return;
+    if !is_root() || !vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
     }
     let prefix = common::daemon::unique_prefix();
     let topo = Topology::new("pip");

@@ -5,6 +5,8 @@
 
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -69,8 +71,8 @@ fn set_list(ns: &str, prefix: &str) -> String {
 
 #[test]
 fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
-    if skip_unless_root("dns_allowlist_resolves_allows_expires_and_survives_junk") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxd1";
     let mut topo = Topology::new("d1");
@@ -208,6 +210,8 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
             "evil.com",
         ]);
         assert!(out.contains("status: NXDOMAIN"), "dig: {out}");
+    } else {
+        skip::not_checked("dig is not installed (dnsutils, images/install-deps.sh)");
     }
 
     // Junk never kills the forwarder: truncated, oversized, compression
@@ -324,8 +328,8 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
 
 #[test]
 fn bandwidth_limit_throttles_both_ways_and_changes_live() {
-    if skip_unless_root("bandwidth_limit_throttles_both_ways_and_changes_live") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     const MB2: usize = 2 * 1000 * 1000;
     let prefix = "asbxd2";
@@ -384,8 +388,8 @@ fn bandwidth_limit_throttles_both_ways_and_changes_live() {
 
 #[test]
 fn doctor_passes_here_and_leaves_nothing() {
-    if skip_unless_root("doctor_passes_here_and_leaves_nothing") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let topo = Topology::new("d3");
     let cfg = config(&topo, "asbxd3");
@@ -395,8 +399,8 @@ fn doctor_passes_here_and_leaves_nothing() {
 
 #[test]
 fn failed_live_change_keeps_the_previous_policy() {
-    if skip_unless_root("failed_live_change_keeps_the_previous_policy") {
-        return;
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
     }
     let prefix = "asbxd4";
     let mut topo = Topology::new("d4");

@@ -3,6 +3,8 @@
 //! tests/common/daemon.rs to run through VMs).
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon, Http};
 use common::wait_until;

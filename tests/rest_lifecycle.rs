@@ -2,6 +2,8 @@
 //! crash.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::Daemon;
 use common::wait_until;

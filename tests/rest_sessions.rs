@@ -3,6 +3,8 @@
 //! and cleaned up, the warm pool serves new sessions.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::api::Server;
 use agent_sandbox::config::Config;

@@ -9,6 +9,8 @@
 //! docs/security.md.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon, Http};
 use common::wait_until;
@@ -19,16 +21,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn skip(test: &str) -> bool {
+/// What this host lacks for the containment tests, if anything.
+fn missing() -> Option<&'static str> {
     if !common::daemon::vm_backend() {
-        eprintln!("{test}: skipped (no guest images; needs the qemu backend)");
-        return true;
+        return Some("no guest images; needs the qemu backend");
     }
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("{test}: skipped (needs root)");
-        return true;
+        return Some("needs root");
     }
-    false
+    None
 }
 
 fn rss_kib(pid: i32) -> u64 {
@@ -155,8 +157,8 @@ fn attack<T>(d: &Daemon, name: &str, f: impl FnOnce() -> T) -> T {
 
 #[test]
 fn attacks_in_one_session_are_contained() {
-    if skip("attacks_in_one_session_are_contained") {
-        return;
+    if let Some(why) = missing() {
+        skip!("{why}");
     }
     let d = Daemon::start(&[]);
     let h = d.http();
@@ -598,8 +600,8 @@ fn qemu_pids(d: &Daemon) -> Vec<i32> {
 
 #[test]
 fn vmm_kill_9_mid_exec() {
-    if skip("vmm_kill_9_mid_exec") {
-        return;
+    if let Some(why) = missing() {
+        skip!("{why}");
     }
     let prefix = common::daemon::unique_prefix();
     let baseline = net_and_cgroup_objects(&prefix);
@@ -676,8 +678,8 @@ fn vmm_kill_9_mid_exec() {
 
 #[test]
 fn daemon_kill_9_then_restart_leaves_nothing() {
-    if skip("daemon_kill_9_then_restart_leaves_nothing") {
-        return;
+    if let Some(why) = missing() {
+        skip!("{why}");
     }
     let prefix = common::daemon::unique_prefix();
     let baseline = net_and_cgroup_objects(&prefix);

@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::harden::caps;
 use common::daemon::{stdout_of, Daemon};
@@ -170,8 +172,7 @@ fn exec(d: &Daemon, id: &str, cmd: &str) -> String {
 #[test]
 fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
     if !is_root() {
-        eprintln!("SKIP: needs root (capabilities, spawner, cgroups)");
-        return;
+        skip!("needs root (capabilities, spawner, cgroups)");
     }
     // Its own range of VM ids: each session's VMM must get one of them.
     let (first, count) = (1_500_000_000u32, 8u32);
@@ -324,10 +325,10 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
                     assert_eq!(v.trim(), want, "{file} of {}", cg.display());
                     limits.push(file);
                 }
-                Err(_) => eprintln!(
-                    "NOTE: {} has no {file} (controller not in cgroup v2 here): limit not checked",
+                Err(_) => skip::not_checked(&format!(
+                    "{} has no {file} (controller not in cgroup v2 here): limit not checked",
                     cg.display()
-                ),
+                )),
             }
         }
         // io.max where the io controller exists: the rule on the disk of
@@ -341,10 +342,10 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
                 );
                 limits.push("io.max");
             }
-            Err(_) => eprintln!(
-                "NOTE: {} has no io.max (io controller not in cgroup v2 here): limit not checked",
+            Err(_) => skip::not_checked(&format!(
+                "{} has no io.max (io controller not in cgroup v2 here): limit not checked",
                 cg.display()
-            ),
+            )),
         }
         eprintln!("cgroup {} limits checked: {limits:?}", cg.display());
         let r = d.http().delete(&format!("/v1/sessions/{id}"));
@@ -393,8 +394,7 @@ fn qemus_by_id(spawner: i32) -> Vec<(String, i32)> {
 #[test]
 fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     if !is_root() || !common::daemon::vm_backend() {
-        eprintln!("SKIP: needs root and guest images (a VM backend)");
-        return;
+        skip!("needs root and guest images (a VM backend)");
     }
     let (first, count) = (1_500_000_100u32, 8u32);
     let mut d = Daemon::start(&[
@@ -534,8 +534,7 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
 #[test]
 fn a_killed_spawner_takes_its_vms_and_the_daemon_exits_non_zero() {
     if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
+        skip!("needs root");
     }
     let mut d = Daemon::start(&[]);
     let pid = d.pid();
@@ -577,8 +576,7 @@ fn a_killed_spawner_takes_its_vms_and_the_daemon_exits_non_zero() {
 #[test]
 fn a_networked_daemon_resolves_through_its_hardened_dns_thread() {
     if !is_root() || !common::daemon::vm_backend() {
-        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
-        return;
+        skip!("needs root and the QEMU backend (guest images)");
     }
     // As tests/net_guest.rs: the daemon's "host" is a test namespace whose
     // only uplink leads to a test "internet" holding the resolver.
@@ -660,8 +658,7 @@ fn holds_shared_lock(pid: i32, path: &std::path::Path) -> bool {
 #[test]
 fn a_daemon_holds_its_images_against_image_gc() {
     if !is_root() || !common::daemon::vm_backend() {
-        eprintln!("SKIP: needs root and the QEMU backend (guest images)");
-        return;
+        skip!("needs root and the QEMU backend (guest images)");
     }
     let cache = agent_sandbox::sandbox::wiring::cache_dir();
     let cur: serde_json::Value =

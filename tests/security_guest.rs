@@ -11,6 +11,8 @@
 //! in a QEMU VM (skipped, saying so, without guest images).
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::proto::{
     self, encode_json, DirEntry, ErrorBody, ErrorCode, Event, FileType, FrameReader, Hello, Kind,
@@ -479,8 +481,7 @@ fn forged_log_lines_are_escaped_cut_and_rate_limited() {
 #[test]
 fn a_console_flood_stays_within_the_console_log_cap() {
     if common::test_backend() != "qemu" {
-        eprintln!("SKIP: the console flood needs a QEMU guest (no guest images)");
-        return;
+        skip!("the console flood needs a QEMU guest (no guest images)");
     }
     let d = Daemon::start(&[]);
     let bystander = create(&d, json!({}));

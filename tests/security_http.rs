@@ -4,6 +4,8 @@
 //! documented answer.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::Daemon;
 use std::io::{Read, Write};

@@ -3,6 +3,8 @@
 //! cannot reach over the network is `tests/net_guest.rs`.)
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon};
 use std::os::unix::process::CommandExt;
@@ -21,8 +23,7 @@ impl Drop for Group {
 #[test]
 fn a_guest_sees_neither_host_files_nor_host_processes() {
     if common::test_backend() == "local-process" {
-        eprintln!("SKIP: the local-process backend has no isolation to test");
-        return;
+        skip!("the local-process backend has no isolation to test");
     }
     // Something unmistakable on the host: a file, and a process whose
     // command line carries a marker.
@@ -113,8 +114,7 @@ fn a_guest_sees_neither_host_files_nor_host_processes() {
 #[test]
 fn a_guest_user_cannot_reach_the_agent_over_vsock() {
     if common::test_backend() == "local-process" {
-        eprintln!("SKIP: the local-process backend has no guest kernel or vsock");
-        return;
+        skip!("the local-process backend has no guest kernel or vsock");
     }
     let d = Daemon::start(&[]);
     let h = d.http();

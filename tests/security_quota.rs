@@ -8,6 +8,8 @@
 //! about the API); the RAM test needs QEMU and the guest images.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon, Http};
 use serde_json::{json, Value};
@@ -385,13 +387,11 @@ fn mapped_rss_kib(pid: i32, name: &str) -> u64 {
 #[test]
 fn cold_booted_guest_ram_is_a_memfd_not_a_disk_file() {
     if !common::daemon::vm_backend() || common::test_backend() != "qemu" {
-        eprintln!("SKIP: needs the QEMU backend and guest images");
-        return;
+        skip!("needs the QEMU backend and guest images");
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: reading another uid's /proc/<pid>/smaps needs root");
-        return;
+        skip!("reading another uid's /proc/<pid>/smaps needs root");
     }
     let d = Daemon::start(&[]);
     let h = d.http();

@@ -9,6 +9,8 @@
 mod common;
 #[path = "common/netns.rs"]
 mod netns;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::harden::{self, caps, seccomp, Mode, ThreadKind};
 use common::{describe, is_root, run_case, Runner};
@@ -74,8 +76,7 @@ fn main() {
         expect(out.contains("personality returned"), &o, "syscall ran")
     });
     if !is_root() {
-        println!("(not root: skipping apply() cases)");
-        t.finish();
+        t.skip_rest("the apply() cases need root");
     }
     t.check("apply_reduces_caps_sets_nnp_and_seccomp", || {
         let o = run_case("apply_status");

@@ -9,6 +9,8 @@
 mod agentcommon;
 #[path = "common/harden.rs"]
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use agent_sandbox::harden::caps;
 use agent_sandbox::harden::spawner::{
@@ -90,8 +92,7 @@ fn main() {
     }
     let mut t = Runner::new();
     if !is_root() {
-        println!("(not root: the spawner tests need root; skipped)");
-        t.finish();
+        t.skip_rest("the spawner tests need root");
     }
     // Made while still single-threaded (ip runs as a child, no threads).
     let ns = Netns::new("spawner");
@@ -593,8 +594,7 @@ fn main() {
             // adds its own -sandbox filter on top; a kernel that gets as far as
             // panicking over the missing root disk has booted under all three.
             let Some(kernel) = test_kernel() else {
-                println!("    (no qemu-system-x86_64 or guest kernel here: skipped)");
-                return Ok(());
+                return common::skip_case("no qemu-system-x86_64 or guest kernel here");
             };
             let (r, w) = pipe();
             let req = SpawnRequest {
@@ -667,8 +667,9 @@ fn main() {
             } else if text.contains("invalid kernel header") {
                 // QEMU ran as nobody under the filters and read the file;
                 // the kernel lacks a PVH entry point: nothing to watch boot.
-                println!("    ({kernel} is not a PVH kernel QEMU microvm can boot: skipped)");
-                Ok(())
+                common::skip_case(&format!(
+                    "{kernel} is not a PVH kernel QEMU microvm can boot"
+                ))
             } else {
                 let tail: String = text
                     .chars()

@@ -5,6 +5,8 @@
 //! restore from and the standby VMM all work that way.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 
 use common::daemon::{stdout_of, Daemon};
 use std::net::{SocketAddr, TcpStream};
@@ -215,8 +217,7 @@ fn check_jailed(d: &Daemon, pid: i32, api: SocketAddr) {
 #[test]
 fn every_vmm_runs_in_namespaces_of_its_own_with_a_minimal_root() {
     if !is_root() || !common::daemon::vm_backend() {
-        eprintln!("SKIP: needs root and guest images (a VM backend)");
-        return;
+        skip!("needs root and guest images (a VM backend)");
     }
     let d = Daemon::start(&[]);
     let h = d.http();

@@ -1,6 +1,8 @@
 //! `doctor` on this host: structured checks agree with what the QEMU
 //! backend found, every non-ok item carries a fix, images are reported.
 
+#[path = "common/skip.rs"]
+mod skip;
 #[path = "common/vm.rs"]
 mod vm;
 

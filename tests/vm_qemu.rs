@@ -3,6 +3,8 @@
 //! the template registry; VMs of different tests run one at a time.
 
 mod common;
+#[path = "common/skip.rs"]
+mod skip;
 #[path = "common/vm.rs"]
 mod vm;
 
@@ -219,9 +221,8 @@ fn idle_restored_guest_warms_the_exec_path_up() {
         let cfg = info.vm_config(&id, run_dir.clone(), vm::VM_UID, vm::VM_GID);
         let mut v = e.backend.restore_vm(&cfg, &info.dir).expect("restore");
         if !v.translates_guest_code() {
-            eprintln!("KVM: no code is translated, no warm-up to test");
             v.destroy().expect("destroy");
-            return;
+            skip!("under KVM no guest code is translated: no warm-up to test");
         }
         let s = Vm::connect_agent(&mut v, Instant::now() + AGENT_TIMEOUT).expect("agent socket");
         let c = AgentClient::connect_with(s, AGENT_TIMEOUT, Started::Restored { warm_up })

@@ -3,6 +3,9 @@
 //! No VM boots and no packet is sent: the namespace and TAP are made here
 //! and removed on drop, even on failure.
 
+#[path = "common/skip.rs"]
+mod skip;
+
 use agent_sandbox::vm::qemu::open_tap;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -27,13 +30,11 @@ fn ip(args: &[&str]) -> bool {
 fn tap_is_opened_inside_the_namespace() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/net/tun").exists() {
-        eprintln!("SKIPPED: needs root and /dev/net/tun");
-        return;
+        skip!("needs root and /dev/net/tun");
     }
     let name = format!("asbx-qtap-{}", std::process::id());
     if !ip(&["netns", "add", &name]) {
-        eprintln!("SKIPPED: cannot create a network namespace");
-        return;
+        skip!("cannot create a network namespace (ip netns add {name})");
     }
     let ns = Netns(name.clone());
     let tap = "asbxtap0";

@@ -29,6 +29,19 @@ pub fn case_arg() -> Option<String> {
     args.get(i + 1).cloned()
 }
 
+/// The case [`Runner::check`] is running, for [`skip_case`].
+static CASE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Ends the running case as skipped (`tests/common/skip.rs`):
+/// `return skip_case(why)` from its closure. `Err` (the case fails) under
+/// CI unless allowlisted.
+pub fn skip_case(why: &str) -> Result<(), String> {
+    let case = CASE.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    crate::skip::record(&case, crate::skip::Kind::Skipped, why)?;
+    println!("    SKIPPED: {why}");
+    Ok(())
+}
+
 /// Collects results of a harness-less test program.
 #[derive(Default)]
 pub struct Runner {
@@ -51,7 +64,10 @@ impl Runner {
         if self.filter.as_deref().is_some_and(|p| !name.contains(p)) {
             return;
         }
-        match f() {
+        *CASE.lock().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        let r = f();
+        CASE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        match r {
             Ok(()) => {
                 println!("test {name} ... ok");
                 self.passed += 1;
@@ -61,6 +77,33 @@ impl Runner {
                 self.failed.push(name.to_string());
             }
         }
+    }
+
+    /// Records `name` as skipped for `why` (`tests/common/skip.rs`): a
+    /// failed case under CI unless allowlisted, else counted as passed, as
+    /// libtest counts a test that returns early.
+    pub fn skip(&mut self, name: &str, why: &str) {
+        if self.filter.as_deref().is_some_and(|p| !name.contains(p)) {
+            return;
+        }
+        match crate::skip::record(name, crate::skip::Kind::Skipped, why) {
+            Ok(()) => {
+                println!("test {name} ... ok (SKIPPED: {why})");
+                self.passed += 1;
+            }
+            Err(e) => {
+                println!("test {name} ... FAILED\n    {}", e.replace('\n', "\n    "));
+                self.failed.push(name.to_string());
+            }
+        }
+    }
+
+    /// The cases from here on cannot run (`why`): recorded as one skip,
+    /// `remaining_cases`, whatever the filter, and the program ends.
+    pub fn skip_rest(mut self, why: &str) -> ! {
+        self.filter = None;
+        self.skip("remaining_cases", why);
+        self.finish()
     }
 
     pub fn finish(self) -> ! {

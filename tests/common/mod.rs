@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::skip;
+
 /// Path of the `sandbox-agent` binary, built on first use if cargo has
 /// not built it yet (it belongs to another package of the workspace).
 pub fn agent_bin() -> PathBuf {
@@ -164,7 +166,8 @@ pub mod daemon;
 
 /// Backend the daemon and MCP tests run on: `AGENT_SANDBOX_TEST_BACKEND`,
 /// else `qemu` once `agent-sandbox image build` (the quick start's first
-/// command) has recorded guest images, else `local-process` with a notice.
+/// command) has recorded guest images, else `local-process`: reported as
+/// the VM part not checked (a failure under CI).
 pub fn test_backend() -> String {
     if let Ok(b) = std::env::var("AGENT_SANDBOX_TEST_BACKEND") {
         return b;
@@ -175,13 +178,10 @@ pub fn test_backend() -> String {
     if cache.join("current.json").exists() {
         return "qemu".into();
     }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        eprintln!(
-            "NOTE: no guest images recorded; daemon tests run sandboxes as local \
-             processes (run `agent-sandbox image build` to test through VMs)"
-        )
-    });
+    skip::not_checked(
+        "no guest images recorded: sandboxes run as local processes, not VMs \
+         (run `agent-sandbox image build` to test through VMs)",
+    );
     "local-process".into()
 }
 

@@ -38,14 +38,8 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Print why a test is skipped; returns true when it must be.
-pub fn skip_unless_root(test: &str) -> bool {
-    if !is_root() {
-        eprintln!("SKIP {test}: needs root (network namespaces, netlink, nftables)");
-        return true;
-    }
-    false
-}
+/// Why the network tests skip when not root (`skip!("{NEEDS_ROOT}")`).
+pub const NEEDS_ROOT: &str = "needs root (network namespaces, netlink, nftables)";
 
 /// Run a command, panic with its output on failure.
 pub fn sh(args: &[&str]) -> String {

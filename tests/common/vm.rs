@@ -1,11 +1,13 @@
 //! Shared helpers of the end-to-end VM tests: build (or find cached) guest
 //! images, a QEMU backend, a template registry whose snapshots persist
-//! under `target/vm-tests/` between runs (staleness is checked each time).
+//! between runs (staleness is checked each time) in a per-checkout work
+//! dir under [`WORK_ROOT`].
 //!
 //! Images come from the `images/` build scripts: set
 //! `AGENT_SANDBOX_IMAGES_DIR` to another checkout's `images/` if this tree
-//! has none. Without images (not root, no build tools), tests skip with a
-//! message instead of failing.
+//! has none. Not root, no QEMU or no build scripts: the tests skip (see
+//! `tests/common/skip.rs`: a failure under CI). A build that fails (the
+//! static agent, `images/build.sh`) fails every VM test.
 #![allow(dead_code)]
 
 use agent_sandbox::agent::{AgentClient, ExecOutput};
@@ -30,36 +32,32 @@ pub struct VmEnv {
     pub cache_dir: PathBuf,
     pub kernel: PathBuf,
     pub rootfs: BTreeMap<String, PathBuf>,
-    /// `target/vm-tests`: state (snapshots) and run dirs.
+    /// This checkout's dir under [`WORK_ROOT`]: state (snapshots), run dirs.
     pub work: PathBuf,
     pub backend: Arc<QemuBackend>,
     pub registry: Registry,
 }
 
-fn target_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("CARGO_TARGET_DIR") {
-        return PathBuf::from(d);
+/// The image build scripts: `$AGENT_SANDBOX_IMAGES_DIR`, else this
+/// checkout's `images/`; `Err` (a skip) names what is missing.
+fn images_dir() -> Result<PathBuf, String> {
+    let (d, from) = match std::env::var_os("AGENT_SANDBOX_IMAGES_DIR") {
+        Some(d) => (PathBuf::from(d), "AGENT_SANDBOX_IMAGES_DIR="),
+        None => (Path::new(env!("CARGO_MANIFEST_DIR")).join("images"), ""),
+    };
+    if d.join("build.sh").is_file() {
+        Ok(d)
+    } else {
+        Err(format!(
+            "no images/build.sh in {from}{} (set AGENT_SANDBOX_IMAGES_DIR to a checkout's images/)",
+            d.display()
+        ))
     }
-    let exe = std::env::current_exe().expect("test exe path");
-    // target/<profile>/deps/<test>
-    exe.parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
-}
-
-fn images_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("AGENT_SANDBOX_IMAGES_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("images");
-    d.join("build.sh").is_file().then_some(d)
 }
 
 /// A static guest agent (the rootfs's init).
 fn static_agent() -> Result<PathBuf, String> {
-    let target = target_dir();
+    let target = crate::skip::target_dir();
     let triple = "x86_64-unknown-linux-gnu";
     let bin = target.join(triple).join("release").join("sandbox-agent");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -89,10 +87,6 @@ fn static_agent() -> Result<PathBuf, String> {
 }
 
 fn build_images(images: &Path) -> Result<(PathBuf, BTreeMap<String, PathBuf>), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("image builds and VMs with an unprivileged VMM user need root".into());
-    }
     let agent = static_agent()?;
     // A pinned kernel skips the (slow, first-time) kernel build.
     if let Some(k) = std::env::var_os("AGENT_SANDBOX_TEST_KERNEL") {
@@ -154,78 +148,122 @@ fn which(bin: &str) -> bool {
 /// first [`env`] (benchmarks: through a spawner, jailed or not).
 pub static LAUNCHER: OnceLock<Arc<dyn Launcher>> = OnceLock::new();
 
-/// The shared environment, or `None` (with the reason printed) to skip.
+/// Where the VM tests of all checkouts keep their state: outside any
+/// checkout, because the VMM runs as nobody and must reach its run dir,
+/// and a checkout may sit under a mode-700 directory (a clone in /root).
+pub const WORK_ROOT: &str = "/var/tmp/agent-sandbox-tests";
+
+/// Why the VM tests cannot run: a skip (this host lacks something; a
+/// failure under CI) or a failure (something that should work broke).
+enum NoEnv {
+    Skip(String),
+    Fail(String),
+}
+
+/// This checkout's work dir, `WORK_ROOT/<sha256 of the checkout path>`
+/// (mode 0711 down from `WORK_ROOT`, so nobody can reach a run dir but not
+/// list them), recording its checkout. Dirs of checkouts that are gone
+/// are removed.
+fn work_dir() -> Result<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    let checkout = env!("CARGO_MANIFEST_DIR");
+    let hash = Sha256::digest(checkout.as_bytes());
+    let name: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let root = Path::new(WORK_ROOT);
+    let work = root.join(name);
+    std::fs::create_dir_all(work.join("run"))
+        .map_err(|e| format!("create {}: {e}", work.display()))?;
+    for d in [root.to_path_buf(), work.clone(), work.join("run")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| format!("chmod 0711 {}: {e}", d.display()))?;
+    }
+    std::fs::write(work.join("checkout"), checkout)
+        .map_err(|e| format!("write {}/checkout: {e}", work.display()))?;
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let owner = std::fs::read_to_string(e.path().join("checkout"));
+        if owner.is_ok_and(|c| !Path::new(&c).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    // Every parent must be searchable by others for the VMM to get in.
+    let mut dir = work.clone();
+    while let Some(p) = dir.parent() {
+        let mode = std::fs::metadata(p)
+            .map(|m| m.permissions().mode())
+            .map_err(|e| format!("stat {}: {e}", p.display()))?;
+        if mode & 0o001 == 0 {
+            return Err(format!(
+                "{} is not searchable by others: the unprivileged VMM cannot reach its run dir",
+                p.display()
+            ));
+        }
+        dir = p.to_path_buf();
+    }
+    Ok(work)
+}
+
+fn try_env() -> Result<VmEnv, NoEnv> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(NoEnv::Skip(
+            "image builds and VMs with an unprivileged VMM user need root".into(),
+        ));
+    }
+    if !which("qemu-system-x86_64") {
+        return Err(NoEnv::Skip(
+            "qemu-system-x86_64 is not installed (images/install-deps.sh)".into(),
+        ));
+    }
+    let images = images_dir().map_err(NoEnv::Skip)?;
+    let (kernel, rootfs) = build_images(&images).map_err(NoEnv::Fail)?;
+    let cache_dir = kernel
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| NoEnv::Fail(format!("kernel {} has no cache dir", kernel.display())))?
+        .to_path_buf();
+    let work = work_dir().map_err(NoEnv::Fail)?;
+    let backend = Arc::new(QemuBackend::new(QemuConfig {
+        accel_cache: Some(work.join("accel.json")),
+        launcher: LAUNCHER
+            .get()
+            .cloned()
+            .unwrap_or_else(agent_sandbox::vm::launch::direct),
+        ..QemuConfig::default()
+    }));
+    let mut rc = RegistryConfig::new(
+        images.join("templates"),
+        cache_dir.clone(),
+        work.join("state"),
+    );
+    rc.run_dir = work.join("run");
+    rc.uid = VM_UID;
+    rc.gid = VM_GID;
+    rc.pinned_kernel = Some(kernel.clone());
+    rc.pinned_rootfs = rootfs.clone();
+    let registry = Registry::new(rc, backend.clone());
+    Ok(VmEnv {
+        images_dir: images,
+        cache_dir,
+        kernel,
+        rootfs,
+        work,
+        backend,
+        registry,
+    })
+}
+
+/// The shared environment, built once per test binary. `None` when the
+/// host lacks it: the calling test is recorded as skipped (a failure
+/// under CI unless allowlisted) and must return. A broken build panics.
 pub fn env() -> Option<&'static VmEnv> {
-    static ENV: OnceLock<Result<VmEnv, String>> = OnceLock::new();
-    let r = ENV.get_or_init(|| {
-        if !which("qemu-system-x86_64") {
-            return Err(
-                "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)".into(),
-            );
-        }
-        let images = images_dir()
-            .ok_or("no images/ directory (set AGENT_SANDBOX_IMAGES_DIR to a checkout's images/)")?;
-        let (kernel, rootfs) = build_images(&images)?;
-        let cache_dir = kernel
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("kernel path has no cache dir")?
-            .to_path_buf();
-        let work = target_dir().join("vm-tests");
-        std::fs::create_dir_all(work.join("run")).map_err(|e| e.to_string())?;
-        // The VMM runs as nobody and must reach its run dir.
-        for d in [work.clone(), work.join("run")] {
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| e.to_string())?;
-        }
-        let mut dir = work.clone();
-        while let Some(p) = dir.parent() {
-            let mode = std::fs::metadata(p)
-                .map(|m| m.permissions().mode())
-                .unwrap_or(0);
-            if mode & 0o001 == 0 {
-                return Err(format!(
-                    "{} is not searchable by others: the unprivileged VMM cannot reach its run dir",
-                    p.display()
-                ));
-            }
-            dir = p.to_path_buf();
-        }
-        let backend = Arc::new(QemuBackend::new(QemuConfig {
-            accel_cache: Some(work.join("accel.json")),
-            launcher: LAUNCHER
-                .get()
-                .cloned()
-                .unwrap_or_else(agent_sandbox::vm::launch::direct),
-            ..QemuConfig::default()
-        }));
-        let mut rc = RegistryConfig::new(
-            images.join("templates"),
-            cache_dir.clone(),
-            work.join("state"),
-        );
-        rc.run_dir = work.join("run");
-        rc.uid = VM_UID;
-        rc.gid = VM_GID;
-        rc.pinned_kernel = Some(kernel.clone());
-        rc.pinned_rootfs = rootfs.clone();
-        let registry = Registry::new(rc, backend.clone());
-        Ok(VmEnv {
-            images_dir: images,
-            cache_dir,
-            kernel,
-            rootfs,
-            work,
-            backend,
-            registry,
-        })
-    });
-    match r {
+    static ENV: OnceLock<Result<VmEnv, NoEnv>> = OnceLock::new();
+    match ENV.get_or_init(try_env) {
         Ok(e) => Some(e),
-        Err(why) => {
-            eprintln!("SKIPPED: VM tests need guest images and QEMU: {why}");
+        Err(NoEnv::Skip(why)) => {
+            crate::skip::skipped(&format!("VM tests need guest images and QEMU: {why}"));
             None
         }
+        Err(NoEnv::Fail(why)) => panic!("VM test environment: {why}"),
     }
 }
 

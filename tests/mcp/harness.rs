@@ -4,8 +4,9 @@
 //! Clients: the Python package `mcp` (+ `jsonschema`) in a venv and the npm
 //! package `@modelcontextprotocol/sdk`, installed once into
 //! `$AGENT_SANDBOX_TEST_DEPS` (default `/var/cache/agent-sandbox/test-deps`,
-//! else `target/test-deps`). When the registry cannot be reached the tests
-//! print a loud SKIPPED line and pass; any other install failure fails.
+//! else `target/test-deps`). When the registry cannot be reached, or npm is
+//! not installed, the tests skip (`tests/common/skip.rs`: a failure under
+//! CI); any other install failure fails.
 //!
 //! Backend: `local-process` (the real guest agent as a host process) unless
 //! `AGENT_SANDBOX_TEST_BACKEND` names another (`qemu`), with extra serve /
@@ -102,16 +103,18 @@ fn unreachable(out: &str) -> bool {
         "etimedout",
         "connectionerror",
         "max retries exceeded",
-        "no matching distribution found",
     ]
     .iter()
     .any(|p| o.contains(p))
 }
 
+/// `Err` (a skip) when the registry is unreachable; panics on any other
+/// failure (pip's "no matching distribution" is a pin this Python cannot
+/// install, not a network problem).
 fn run_install(cmd: &mut Command, what: &str) -> Result<(), String> {
     let out = cmd
         .output()
-        .map_err(|e| format!("{what}: cannot run: {e}"))?;
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
     if out.status.success() {
         return Ok(());
     }
@@ -126,8 +129,8 @@ fn run_install(cmd: &mut Command, what: &str) -> Result<(), String> {
     panic!("{what} failed:\n{text}");
 }
 
-/// The venv's python with `mcp` and `jsonschema`, or `None` (skip) when
-/// PyPI is unreachable.
+/// The venv's python with `mcp` and `jsonschema`, or `None` when PyPI is
+/// unreachable: the calling test is recorded as skipped and must return.
 pub fn python() -> Option<PathBuf> {
     let dir = deps_root().join(format!("py-mcp-{PY_MCP}"));
     let py = dir.join("bin/python");
@@ -135,7 +138,7 @@ pub fn python() -> Option<PathBuf> {
     if done.exists() {
         return Some(py);
     }
-    let r = with_lock("py", || {
+    let r: Result<(), String> = with_lock("py", || {
         if done.exists() {
             return Ok(());
         }
@@ -153,36 +156,50 @@ pub fn python() -> Option<PathBuf> {
             ]),
             "pip install mcp jsonschema",
         )?;
-        std::fs::write(&done, b"").map_err(|e| e.to_string())
+        std::fs::write(&done, b"").unwrap_or_else(|e| panic!("write {}: {e}", done.display()));
+        Ok(())
     });
     match r {
         Ok(()) => Some(py),
         Err(e) => {
-            eprintln!("\n!!!!! SKIPPED: {e}\n");
+            crate::skip::skipped(&e);
             None
         }
     }
 }
 
 /// A directory with `node_modules/@modelcontextprotocol/sdk`, or `None`
-/// (skip) when npm's registry is unreachable.
+/// when node or npm is missing or npm's registry is unreachable: the
+/// calling test is recorded as skipped and must return.
 pub fn node_dir() -> Option<PathBuf> {
     let dir = deps_root().join(format!("node-sdk-{NODE_SDK}"));
     let done = dir.join(".installed");
+    for tool in ["node", "npm"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            crate::skip::skipped(&format!(
+                "{tool} is not installed (images/install-deps.sh installs nodejs and npm)"
+            ));
+            return None;
+        }
+    }
     if done.exists() {
         return Some(dir);
     }
-    let r = with_lock("node", || {
+    let r: Result<(), String> = with_lock("node", || {
         if done.exists() {
             return Ok(());
         }
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         if !dir.join("package.json").exists() {
             std::fs::write(
                 dir.join("package.json"),
                 b"{\"name\":\"mcp-test-deps\",\"private\":true}\n",
             )
-            .map_err(|e| e.to_string())?;
+            .unwrap_or_else(|e| panic!("write package.json in {}: {e}", dir.display()));
         }
         run_install(
             Command::new("npm")
@@ -191,12 +208,13 @@ pub fn node_dir() -> Option<PathBuf> {
                 .arg(format!("@modelcontextprotocol/sdk@{NODE_SDK}")),
             "npm install @modelcontextprotocol/sdk",
         )?;
-        std::fs::write(&done, b"").map_err(|e| e.to_string())
+        std::fs::write(&done, b"").unwrap_or_else(|e| panic!("write {}: {e}", done.display()));
+        Ok(())
     });
     match r {
         Ok(()) => Some(dir),
         Err(e) => {
-            eprintln!("\n!!!!! SKIPPED: {e}\n");
+            crate::skip::skipped(&e);
             None
         }
     }
