@@ -160,7 +160,9 @@ fn bodiless_connections_hold_nothing_shared() {
         "stalled bodies were held for {:?}",
         t.elapsed()
     );
-    assert!(common::wait_until(Duration::from_secs(10), || threads(pid) <= base_threads + 2));
+    // Up to KEEP_IDLE (8) connection threads stay for reuse; the rest end.
+    assert!(common::wait_until(Duration::from_secs(30), || threads(pid)
+        <= base_threads + 10));
     assert_healthy(&d, "after bodiless connections");
 }
 
@@ -240,7 +242,9 @@ fn slowloris_connections_are_closed_by_the_head_timeout() {
     // The head timeout is 10 s; writes start failing once the 408 and the
     // close arrived.
     assert!(t.elapsed() >= Duration::from_secs(9), "{:?}", t.elapsed());
-    assert!(common::wait_until(Duration::from_secs(10), || threads(pid) <= base_threads + 2));
+    // Up to KEEP_IDLE (8) connection threads stay for reuse; the rest end.
+    assert!(common::wait_until(Duration::from_secs(30), || threads(pid)
+        <= base_threads + 10));
     assert_healthy(&d, "after slowloris");
 }
 

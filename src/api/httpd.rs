@@ -606,11 +606,14 @@ impl Server {
 }
 
 /// Serves `listener` on the calling thread until `server.stop()`; each
-/// connection gets a thread of its own (which inherits the caller's
-/// seccomp filter).
+/// open connection has a thread of its own (started from here, so it
+/// inherits the caller's seccomp filter; idle ones are reused).
 pub fn run(listener: TcpListener, limits: Limits, handler: Handler, server: &Server) {
     let limits = Arc::new(limits);
     let mut last_err = Instant::now() - Duration::from_secs(60);
+    // Rendezvous: a send succeeds only into a thread waiting for work.
+    let (hand_off, jobs) = crossbeam_channel::bounded::<Job>(0);
+    let idle = Arc::new(AtomicUsize::new(0));
     while !server.stop.load(Ordering::Acquire) {
         if !wait_readable(&listener, 200) {
             continue;
@@ -635,18 +638,79 @@ pub fn run(listener: TcpListener, limits: Limits, handler: Handler, server: &Ser
                 continue;
             }
         };
-        let (limits, handler, stats) = (limits.clone(), handler.clone(), server.stats.clone());
+        // An idle connection thread takes it, else a new one starts.
+        let job = Job { stream, peer, slot };
+        let job = match hand_off.try_send(job) {
+            Ok(()) => continue,
+            Err(crossbeam_channel::TrySendError::Full(j))
+            | Err(crossbeam_channel::TrySendError::Disconnected(j)) => j,
+        };
+        let w = Worker {
+            limits: limits.clone(),
+            handler: handler.clone(),
+            stats: server.stats.clone(),
+            idle: idle.clone(),
+            jobs: jobs.clone(),
+        };
         let spawned = std::thread::Builder::new()
             .name("http-conn".into())
             .stack_size(512 * 1024)
-            .spawn(move || {
-                let _slot = slot;
-                stats.open_connections.inc();
-                connection(stream, peer, limits, handler, &stats);
-                stats.open_connections.dec();
-            });
+            .spawn(move || w.run(job));
         if let Err(e) = spawned {
             log::error!("http: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+/// A connection the acceptor hands to a connection thread.
+struct Job {
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+}
+
+/// Idle connection threads kept for the next connections indefinitely;
+/// more than these end after [`IDLE_EXIT`] without work. (Reuse saves a
+/// thread start per connection.)
+const KEEP_IDLE: usize = 8;
+const IDLE_EXIT: Duration = Duration::from_secs(10);
+
+/// A connection thread: serves one connection, then waits for the next.
+struct Worker {
+    limits: Arc<Limits>,
+    handler: Handler,
+    stats: Stats,
+    idle: Arc<AtomicUsize>,
+    jobs: crossbeam_channel::Receiver<Job>,
+}
+
+impl Worker {
+    fn run(self, first: Job) {
+        let mut job = first;
+        loop {
+            self.stats.open_connections.inc();
+            let Job { stream, peer, slot } = job;
+            connection(
+                stream,
+                peer,
+                self.limits.clone(),
+                self.handler.clone(),
+                &self.stats,
+            );
+            drop(slot);
+            self.stats.open_connections.dec();
+            let n = self.idle.fetch_add(1, Ordering::AcqRel) + 1;
+            let next = if n <= KEEP_IDLE {
+                self.jobs.recv().ok()
+            } else {
+                self.jobs.recv_timeout(IDLE_EXIT).ok()
+            };
+            self.idle.fetch_sub(1, Ordering::AcqRel);
+            match next {
+                Some(j) => job = j,
+                // The server stopped (the acceptor is gone) or no work came.
+                None => return,
+            }
         }
     }
 }
