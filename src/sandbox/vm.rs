@@ -282,6 +282,9 @@ impl SandboxFactory for VmSandboxFactory {
             });
         match connected {
             Ok(agent) => {
+                if let Some(note) = vm.close_note() {
+                    agent.set_close_note(note);
+                }
                 // Made once this session is up, not while it starts (the
                 // two would compete for the CPU); a snapshot whose guest
                 // does not answer is not worth one.

@@ -466,6 +466,30 @@ pub fn sweep(parents: &[PathBuf], prefix: &str) -> usize {
     n
 }
 
+/// The memory limit (bytes) in the first of `dirs` that has one (v2
+/// `memory.max`, v1 `memory.limit_in_bytes`).
+pub fn memory_limit_of(dirs: &[PathBuf]) -> Option<u64> {
+    dirs.iter().find_map(|d| {
+        ["memory.max", "memory.limit_in_bytes"]
+            .iter()
+            .find_map(|f| fs::read_to_string(d.join(f)).ok()?.trim().parse().ok())
+    })
+}
+
+/// How many processes the OOM killer killed in `dirs` for their memory
+/// limit (`oom_kill` of v2 `memory.events`, v1 `memory.oom_control`).
+pub fn oom_kills(dirs: &[PathBuf]) -> u64 {
+    dirs.iter()
+        .flat_map(|d| ["memory.events", "memory.oom_control"].map(|f| d.join(f)))
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .flat_map(|t| {
+            t.lines()
+                .filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// How the jailer should make Firecracker's cgroups here: `--cgroup-version`
 /// and the mounts its per-VM dirs appear under. v2 when the v2 mount offers
 /// cpu, memory and pids; else v1 when v1 mounts hold them (the mounts of
@@ -497,7 +521,6 @@ pub fn jailer_plan(hs: &[Hierarchy], want: &[&'static str]) -> (u8, Vec<PathBuf>
 }
 
 #[cfg(test)]
-
 mod tests {
     use super::*;
 

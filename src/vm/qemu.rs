@@ -1780,6 +1780,22 @@ fn pipe() -> io::Result<(fs::File, fs::File)> {
 }
 
 impl Vm for QemuVm {
+    fn close_note(&self) -> Option<crate::agent::CloseNote> {
+        let (cgs, limit) = (
+            self.cgroups.clone(),
+            cgroup::memory_limit_of(&self.cgroups)?,
+        );
+        Some(Box::new(move || {
+            (cgroup::oom_kills(&cgs) > 0).then(|| {
+                format!(
+                    "the VMM was killed by the host's OOM killer at its cgroup memory limit \
+                     of {} MiB (guest RAM + vm_memory_overhead_mib)",
+                    limit >> 20
+                )
+            })
+        }))
+    }
+
     fn id(&self) -> &str {
         &self.id
     }
