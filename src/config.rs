@@ -94,6 +94,14 @@ pub struct Config {
     /// `io.max` rule (`rbps=... wbps=... riops=... wiops=...`) of each VM's
     /// cgroup on the disks of the state and image directories.
     pub vm_io_max: Option<String>,
+    /// The VMM's memory beyond guest RAM in each VM's memory limit
+    /// (`None`: the backend's default, `cgroup::MEMORY_OVERHEAD_MIB` for
+    /// QEMU).
+    pub vm_memory_overhead_mib: Option<u64>,
+    /// Start VMMs even where no cgroup hierarchy offers the controllers of
+    /// their limits (memory, cpu, pids, io with `vm_io_max`): they then run
+    /// without those limits. Off: `serve` refuses to start.
+    pub allow_unlimited_vmms: bool,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -188,6 +196,8 @@ impl Default for Config {
             artifacts: Artifacts::default(),
             vm_ids: crate::vm::ids::IdRange::default(),
             vm_io_max: None,
+            vm_memory_overhead_mib: None,
+            allow_unlimited_vmms: false,
         }
     }
 }
@@ -412,6 +422,8 @@ pub struct FileConfig {
     pub jailer: Option<PathBuf>,
     pub vm_ids: Option<crate::vm::ids::IdRange>,
     pub vm_io_max: Option<String>,
+    pub vm_memory_overhead_mib: Option<u64>,
+    pub allow_unlimited_vmms: Option<bool>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -526,6 +538,7 @@ impl FileConfig {
             egress => c.default_egress,
             images => c.artifacts.images,
             vm_ids => c.vm_ids,
+            allow_unlimited_vmms => c.allow_unlimited_vmms,
         );
         set_secs!(
             idle_timeout_secs => c.idle_timeout,
@@ -553,6 +566,7 @@ impl FileConfig {
             firecracker => c.artifacts.firecracker,
             jailer => c.artifacts.jailer,
             vm_io_max => c.vm_io_max,
+            vm_memory_overhead_mib => c.vm_memory_overhead_mib,
         );
     }
 
@@ -610,6 +624,8 @@ impl FileConfig {
             jailer: a.jailer.clone(),
             vm_ids: Some(c.vm_ids),
             vm_io_max: c.vm_io_max.clone(),
+            vm_memory_overhead_mib: c.vm_memory_overhead_mib,
+            allow_unlimited_vmms: Some(c.allow_unlimited_vmms),
         }
     }
 }

@@ -272,6 +272,15 @@ struct ServeArgs {
     /// directories, where the cgroup v2 `io` controller exists [none].
     #[arg(long)]
     vm_io_max: Option<String>,
+    /// Memory a VMM may use beyond its guest RAM, in MiB, in each VM's
+    /// cgroup memory limit [QEMU: 256].
+    #[arg(long)]
+    vm_memory_overhead_mib: Option<u64>,
+    /// Start VMMs even where this host's cgroups cannot limit their
+    /// memory, CPU and processes (they then run without those limits);
+    /// without it `serve` refuses to start there (`doctor` says why).
+    #[arg(long)]
+    allow_unlimited_vmms: bool,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -381,6 +390,12 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
     }
     if a.vm_io_max.is_some() {
         c.vm_io_max = a.vm_io_max.clone();
+    }
+    if a.vm_memory_overhead_mib.is_some() {
+        c.vm_memory_overhead_mib = a.vm_memory_overhead_mib;
+    }
+    if a.allow_unlimited_vmms {
+        c.allow_unlimited_vmms = true;
     }
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend == "local-process" {
@@ -588,8 +603,8 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     let sig = wait_for_signal(&sigs);
     log::info!("signal {sig}: shutting down");
     server.shutdown();
-    if let Some(p) = &host.cgroup_parent {
-        // Every VM's cgroup went with its session; the parent is ours too.
+    for p in &host.cgroup_parents {
+        // Every VM's cgroup went with its session; the parents are ours too.
         if let Err(e) = std::fs::remove_dir(p) {
             log::warn!("remove cgroup parent {}: {e}", p.display());
         }
@@ -617,7 +632,7 @@ fn harden_daemon(
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let root = euid == 0;
     let mut programs = Vec::new();
-    let mut cgroup_parent = None;
+    let mut cgroup_parents = Vec::new();
     match backend {
         "local-process" => {
             // No isolation in this backend: the agent runs as the daemon's
@@ -645,26 +660,7 @@ fn harden_daemon(
                 path: jc.firecracker_bin.clone(),
                 may_run_as_root: false,
             });
-            if root {
-                // (The hash is of the canonical path, which needs the dir.)
-                let _ = std::fs::create_dir_all(&cfg.state_dir);
-                if let Some(p) = agent_sandbox::vm::cgroup::daemon_parent(&cfg.state_dir) {
-                    let missing = agent_sandbox::vm::cgroup::prepare_parent(&p)
-                        .map_err(|e| format!("cgroup parent: {e}"))?;
-                    let missing: Vec<&str> = missing
-                        .into_iter()
-                        .filter(|c| *c != "io" || cfg.vm_io_max.is_some())
-                        .collect();
-                    if !missing.is_empty() {
-                        log::warn!(
-                            "cgroup v2 at {} does not offer {}: VMs get their own cgroup but those limits are NOT enforced (controllers bound to cgroup v1?)",
-                            p.display(),
-                            missing.join(", ")
-                        );
-                    }
-                    cgroup_parent = Some(p);
-                }
-            }
+            cgroup_parents = vmm_cgroups(cfg, root)?;
         }
     }
     // Unprivileged (development): the spawner can only start programs as
@@ -683,7 +679,7 @@ fn harden_daemon(
         uids,
         gids,
         netns_dirs: vec!["/run/netns".into()],
-        cgroup_dirs: cgroup_parent.iter().cloned().collect(),
+        cgroup_dirs: cgroup_parents.clone(),
     };
     let forked = spawner::fork_spawner(policy, mode).map_err(|e| format!("spawner: {e}"))?;
     let spawner_pid = forked.pid();
@@ -729,9 +725,49 @@ fn harden_daemon(
     );
     Ok(wiring::Host {
         spawner: Some(client),
-        cgroup_parent,
+        cgroup_parents,
         images: None,
     })
+}
+
+/// The daemon's cgroup parents (one per hierarchy used, v2 and v1) for
+/// VMMs' limits. Refuses (an error) when a limit has no controller here,
+/// unless `allow_unlimited_vmms`; a daemon not running as root cannot make
+/// cgroups at all and is refused the same way.
+fn vmm_cgroups(cfg: &Config, root: bool) -> Result<Vec<PathBuf>, String> {
+    use agent_sandbox::vm::cgroup;
+    const HOW: &str = "run `agent-sandbox doctor` for what is missing and how to fix it, \
+                       or start with --allow-unlimited-vmms (config allow_unlimited_vmms) \
+                       to run VMMs without those limits";
+    let want = wiring::wanted_controllers(cfg);
+    let refuse = |why: String| -> Result<Vec<PathBuf>, String> {
+        if cfg.allow_unlimited_vmms {
+            log::warn!("{why}: VMMs run WITHOUT those limits (allow_unlimited_vmms)");
+            Ok(Vec::new())
+        } else {
+            Err(format!("{why}; {HOW}"))
+        }
+    };
+    if !root {
+        return refuse("not root: no per-VM cgroups (memory, CPU, process limits)".into());
+    }
+    // (The hash is of the canonical path, which needs the dir.)
+    let _ = std::fs::create_dir_all(&cfg.state_dir);
+    let rel = cgroup::daemon_rel(&cfg.state_dir);
+    let p = cgroup::prepare_parents(&cgroup::hierarchies(), &rel, &want)
+        .map_err(|e| format!("cgroup parent: {e}"))?;
+    for (c, dir) in &p.enforced {
+        log::info!("cgroup: VMM {c} limits in {}", dir.display());
+    }
+    if !p.missing.is_empty() {
+        let parents = p.parents.clone();
+        let why = format!(
+            "no cgroup hierarchy (v2 or v1) offers the {} controller(s)",
+            p.missing.join(", ")
+        );
+        return refuse(why).map(|_| parents);
+    }
+    Ok(p.parents)
 }
 
 fn wait_for_signal(set: &libc::sigset_t) -> i32 {

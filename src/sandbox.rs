@@ -194,7 +194,7 @@ pub fn build_factory(
 }
 
 /// [`build_factory`] for the hardened daemon: processes start through
-/// `host.spawner`, VMs get cgroups under `host.cgroup_parent`.
+/// `host.spawner`, VMs get cgroups under `host.cgroup_parents`.
 pub fn build_factory_on(
     backend: &str,
     agent_bin: Option<std::path::PathBuf>,

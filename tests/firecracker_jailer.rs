@@ -209,6 +209,59 @@ fn argv_uses_only_documented_flags_with_the_right_values() {
 }
 
 #[test]
+fn argv_on_a_cgroup_v1_host_carries_the_same_limits_as_v1_files() {
+    let cfg = JailerConfig {
+        cgroup_version: 1,
+        cgroup_v1_roots: vec!["/sys/fs/cgroup/cpu".into(), "/sys/fs/cgroup/memory".into()],
+        io_max: vec!["8:0 wbps=1048576 riops=max wiops=100".into()],
+        ..JailerConfig::default()
+    };
+    let argv = strs(&build_argv(&cfg, &spec(None)).unwrap());
+    let (flags, _) = parse_jailer(&argv);
+    let get = |f: &str| -> Vec<String> {
+        flags
+            .iter()
+            .filter(|(k, _)| k == f)
+            .filter_map(|(_, v)| v.clone())
+            .collect()
+    };
+    assert_eq!(get("--cgroup-version"), ["1"]);
+    // The same figures as the v2 argv above: 2 vCPUs + 25 %, 256 + 64 MiB,
+    // 64 pids; io.max's "max" is no v1 rule at all.
+    assert_eq!(
+        get("--cgroup"),
+        [
+            "cpu.cfs_period_us=100000",
+            "cpu.cfs_quota_us=225000",
+            "memory.limit_in_bytes=335544320",
+            "pids.max=64",
+            "blkio.throttle.write_bps_device=8:0 1048576",
+            "blkio.throttle.write_iops_device=8:0 100",
+        ]
+    );
+    // <controller>.<file>=<value>: the jailer takes the controller from
+    // the part before the first dot.
+    for c in get("--cgroup") {
+        let ctl = c.split('.').next().unwrap();
+        assert!(["cpu", "memory", "pids", "blkio"].contains(&ctl), "{c}");
+    }
+    // Its dirs, one per v1 hierarchy, removed by teardown.
+    let p = JailPaths::new(&cfg, "vm-1").unwrap();
+    assert_eq!(
+        p.cgroup_dirs,
+        [
+            Path::new("/sys/fs/cgroup/cpu/agent-sandbox/vm-1"),
+            Path::new("/sys/fs/cgroup/memory/agent-sandbox/vm-1")
+        ]
+    );
+    let bad = JailerConfig {
+        cgroup_version: 3,
+        ..JailerConfig::default()
+    };
+    assert!(build_argv(&bad, &spec(None)).is_err());
+}
+
+#[test]
 fn argv_rejects_bad_settings() {
     let ok = JailerConfig::default();
     let cases: Vec<(JailerConfig, LaunchSpec, &str)> = vec![
@@ -315,7 +368,10 @@ fn paths_follow_the_jailer_layout() {
         p.pid_file(),
         Path::new("/srv/jailer/firecracker/vm-1/root/firecracker.pid")
     );
-    assert_eq!(p.cgroup_dir, Path::new("/sys/fs/cgroup/agent-sandbox/vm-1"));
+    assert_eq!(
+        p.cgroup_dirs,
+        [Path::new("/sys/fs/cgroup/agent-sandbox/vm-1")]
+    );
     assert_eq!(
         p.host(in_jail::ROOTFS),
         Path::new("/srv/jailer/firecracker/vm-1/root/rootfs")
@@ -399,17 +455,22 @@ fn chroot_gets_linked_files_and_owned_writable_files() {
 
 /// A fake jail as the jailer leaves it: chroot with dev nodes' dirs, the
 /// VMM binary, its pid file, a running "VMM", and the cgroup dir.
-fn fake_jail(t: &TempDir, id: &str) -> (JailPaths, i32) {
+/// `v1`: as `--cgroup-version 1` leaves it, a dir in two hierarchies.
+fn fake_jail(t: &TempDir, id: &str, v1: bool) -> (JailPaths, i32) {
     let cfg = JailerConfig {
         chroot_base: t.0.join("jail"),
         cgroup_root: t.0.join("cg"),
+        cgroup_version: if v1 { 1 } else { 2 },
+        cgroup_v1_roots: vec![t.0.join("cg1/memory"), t.0.join("cg1/pids")],
         ..JailerConfig::default()
     };
     let paths = JailPaths::new(&cfg, id).unwrap();
     fs::create_dir_all(paths.root.join("dev/net")).unwrap();
     fs::write(paths.root.join("dev/net/tun"), b"").unwrap();
     fs::write(paths.host(in_jail::ROOTFS), b"x").unwrap();
-    fs::create_dir_all(&paths.cgroup_dir).unwrap();
+    for d in &paths.cgroup_dirs {
+        fs::create_dir_all(d).unwrap();
+    }
     let exe = paths.root.join("firecracker");
     fs::copy("/bin/sleep", &exe).unwrap();
     #[allow(clippy::zombie_processes)] // teardown reaps it
@@ -438,7 +499,7 @@ fn running(pid: i32) -> bool {
 #[test]
 fn teardown_kills_reaps_removes_and_is_idempotent() {
     let t = TempDir::new("teardown");
-    let (paths, pid) = fake_jail(&t, "vm-t");
+    let (paths, pid) = fake_jail(&t, "vm-t", false);
     assert!(running(pid));
     let deadline = || Instant::now() + Duration::from_secs(2);
     teardown(&paths, None, deadline()).unwrap();
@@ -448,27 +509,31 @@ fn teardown_kills_reaps_removes_and_is_idempotent() {
         "VMM not reaped"
     );
     assert!(!paths.jail_dir.exists());
-    assert!(!paths.cgroup_dir.exists());
-    assert!(
-        paths.cgroup_dir.parent().unwrap().exists(),
-        "shared parent cgroup kept"
-    );
+    for d in &paths.cgroup_dirs {
+        assert!(!d.exists(), "{} left", d.display());
+        assert!(d.parent().unwrap().exists(), "shared parent cgroup kept");
+    }
     teardown(&paths, None, deadline()).unwrap();
     teardown(&paths, None, deadline()).unwrap();
 
     // With a pidfd taken at launch, as the backend does.
-    let (paths, pid) = fake_jail(&t, "vm-t2");
+    let (paths, pid) = fake_jail(&t, "vm-t2", true);
+    assert_eq!(paths.cgroup_dirs.len(), 2);
     let vmm = jailer::open_vmm(&paths).unwrap().expect("comm matches");
     assert_eq!(vmm.pid(), pid);
     teardown(&paths, Some(&vmm), deadline()).unwrap();
     assert!(!running(pid));
+    assert!(
+        paths.cgroup_dirs.iter().all(|d| !d.exists()),
+        "v1 dirs left"
+    );
     teardown(&paths, Some(&vmm), deadline()).unwrap();
 }
 
 #[test]
 fn teardown_never_kills_a_process_that_is_not_the_vmm() {
     let t = TempDir::new("notvmm");
-    let (paths, vmm_pid) = fake_jail(&t, "vm-n");
+    let (paths, vmm_pid) = fake_jail(&t, "vm-n", false);
     // Stale pid file naming some other process (pid reuse).
     let mut other = std::process::Command::new("/bin/sleep")
         .arg("60")

@@ -146,6 +146,109 @@ fn cgroup_dir(pid: i32) -> Option<PathBuf> {
     Some(mount.join(rel.trim_start_matches('/')))
 }
 
+/// Every cgroup `pid` is in, v2 and v1: the dir under each hierarchy's
+/// mount, with the controllers (v2 names; none for v2) it holds.
+fn cgroup_dirs(pid: i32) -> Vec<(PathBuf, Option<Vec<&'static str>>)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let hs = agent_sandbox::vm::cgroup::hierarchies();
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let mut f = l.splitn(3, ':');
+        let (Some(_), Some(ctls), Some(rel)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let rel = rel.trim_start_matches('/');
+        let h = if ctls.is_empty() {
+            hs.iter().find(|h| h.v1.is_none())
+        } else {
+            let ctls: Vec<&str> = ctls.split(',').collect();
+            hs.iter().find(|h| {
+                h.v1.as_ref().is_some_and(|v| {
+                    v.iter()
+                        .any(|c| ctls.contains(&if *c == "io" { "blkio" } else { c }))
+                })
+            })
+        };
+        if let Some(h) = h {
+            out.push((h.mount.join(rel), h.v1.clone()));
+        }
+    }
+    out
+}
+
+/// The dir of `pid`'s cgroup holding `ctl` (v2 name), v2 when it offers it
+/// there, else the v1 one, with whether it is v1.
+fn cgroup_of(pid: i32, ctl: &str) -> Option<(PathBuf, bool)> {
+    let all = cgroup_dirs(pid);
+    let v2 = all.iter().find(|(d, v)| {
+        v.is_none()
+            && std::fs::read_to_string(d.join("cgroup.controllers"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .any(|c| c == ctl)
+    });
+    if let Some((d, _)) = v2 {
+        return Some((d.clone(), false));
+    }
+    all.into_iter()
+        .find(|(_, v)| v.as_ref().is_some_and(|v| v.contains(&ctl)))
+        .map(|(d, _)| (d, true))
+}
+
+fn read(p: &std::path::Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
+
+/// Checks the limits of `qemu`'s cgroups for a VM of `mem_mib` with
+/// `overhead_mib`, one vCPU, and the `io` rule `wbps=104857600 wiops=4000`
+/// when `io`: in v2 or v1, wherever this host has each controller. Returns
+/// the files read.
+fn check_vmm_limits(qemu: i32, mem_mib: u64, overhead_mib: u64, io: bool) -> Vec<PathBuf> {
+    let mut read_files = Vec::new();
+    let mut get = |ctl: &str, v2: &str, v1: &str| -> String {
+        let (dir, is_v1) = cgroup_of(qemu, ctl)
+            .unwrap_or_else(|| panic!("QEMU pid {qemu} is in no cgroup with {ctl}"));
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        assert!(
+            name.as_deref().is_some_and(|n| n.starts_with("asbx-")),
+            "QEMU's {ctl} cgroup is not a per-session one: {}",
+            dir.display()
+        );
+        let f = dir.join(if is_v1 { v1 } else { v2 });
+        let v = read(&f);
+        read_files.push(f);
+        v
+    };
+    let mem = ((mem_mib + overhead_mib) << 20).to_string();
+    assert_eq!(get("memory", "memory.max", "memory.limit_in_bytes"), mem);
+    assert_eq!(get("pids", "pids.max", "pids.max"), "256");
+    let cpu = get("cpu", "cpu.max", "cpu.cfs_quota_us");
+    if cpu.contains(' ') {
+        assert_eq!(cpu, "100000 100000");
+    } else {
+        assert_eq!(cpu, "100000", "cfs quota");
+        assert_eq!(get("cpu", "cpu.max", "cpu.cfs_period_us"), "100000");
+    }
+    if io {
+        let wbps = get("io", "io.max", "blkio.throttle.write_bps_device");
+        if wbps.contains("wbps=") {
+            assert!(
+                wbps.contains("wbps=104857600") && wbps.contains("wiops=4000"),
+                "io.max {wbps:?}"
+            );
+        } else {
+            // v1: "MAJ:MIN VALUE" per disk.
+            assert!(wbps.ends_with(" 104857600"), "write_bps_device {wbps:?}");
+            let wiops = get("io", "io.max", "blkio.throttle.write_iops_device");
+            assert!(wiops.ends_with(" 4000"), "write_iops_device {wiops:?}");
+        }
+    }
+    read_files
+}
+
 fn create_session(d: &Daemon) -> String {
     let r = d.http().post("/v1/sessions", &json!({}));
     assert!(
@@ -306,55 +409,23 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         assert_eq!(field(&st, "NoNewPrivs"), "1");
         assert_eq!(field(&st, "Seccomp"), "2", "QEMU runs under filters");
         assert_eq!(hex(field(&st, "CapEff")), 0, "QEMU has no capabilities");
-        // Its own cgroup, with the limits where the hierarchy offers them.
-        let cg = cgroup_dir(qemu).expect("QEMU's cgroup v2 path");
-        let name = cg.file_name().map(|n| n.to_string_lossy().into_owned());
-        assert!(
-            name.as_deref().is_some_and(|n| n.starts_with("asbx-")),
-            "QEMU is not in a per-session cgroup: {}",
-            cg.display()
-        );
-        let mut limits = Vec::new();
-        for (file, want) in [
-            ("memory.max", ((mem_mib + 256) << 20).to_string()),
-            ("pids.max", "256".to_string()),
-            ("cpu.max", "100000 100000".to_string()),
-        ] {
-            match std::fs::read_to_string(cg.join(file)) {
-                Ok(v) => {
-                    assert_eq!(v.trim(), want, "{file} of {}", cg.display());
-                    limits.push(file);
-                }
-                Err(_) => skip::not_checked(&format!(
-                    "{} has no {file} (controller not in cgroup v2 here): limit not checked",
-                    cg.display()
-                )),
-            }
-        }
-        // io.max where the io controller exists: the rule on the disk of
-        // the state dir (the kernel prints every key).
-        match std::fs::read_to_string(cg.join("io.max")) {
-            Ok(v) => {
-                assert!(
-                    v.contains("wbps=104857600") && v.contains("wiops=4000"),
-                    "io.max of {}: {v:?}",
-                    cg.display()
-                );
-                limits.push("io.max");
-            }
-            Err(_) => skip::not_checked(&format!(
-                "{} has no io.max (io controller not in cgroup v2 here): limit not checked",
-                cg.display()
-            )),
-        }
-        eprintln!("cgroup {} limits checked: {limits:?}", cg.display());
+        // Its own cgroups (v2, and v1 where this host binds controllers
+        // there), with every limit: serve refuses to start without them.
+        let files = check_vmm_limits(qemu, mem_mib, 256, true);
+        eprintln!("QEMU pid {qemu}: cgroup limits checked in {files:#?}");
+        let dirs: Vec<PathBuf> = cgroup_dirs(qemu)
+            .into_iter()
+            .map(|(d, _)| d)
+            .filter(|d| d.to_string_lossy().contains("/asbx-"))
+            .collect();
+        assert!(dirs.len() >= files.len().min(2), "{dirs:?}");
         let r = d.http().delete(&format!("/v1/sessions/{id}"));
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(
-            wait_until(Duration::from_secs(10), || !cg.exists() && !alive(qemu)),
-            "after DELETE: cgroup {} exists {}, QEMU alive {}",
-            cg.display(),
-            cg.exists(),
+            wait_until(Duration::from_secs(10), || dirs.iter().all(|d| !d.exists())
+                && !alive(qemu)),
+            "after DELETE: cgroups {dirs:?} left {:?}, QEMU alive {}",
+            dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>(),
             alive(qemu)
         );
     } else {
@@ -676,4 +747,103 @@ fn a_daemon_holds_its_images_against_image_gc() {
             p.display()
         );
     }
+}
+
+/// The memory limit is enforced, not only written: with a small VMM
+/// overhead (`--vm-memory-overhead-mib 16`), a guest that fills most of its
+/// RAM pushes QEMU's host memory (its own ~60-100 MiB plus the guest's
+/// pages) past `guest RAM + 16 MiB`; the kernel's OOM killer kills QEMU
+/// in its cgroup, and the session says so.
+#[test]
+fn a_vmm_past_its_memory_limit_is_killed_and_the_session_says_so() {
+    if !is_root() {
+        skip!("needs root (cgroups)");
+    }
+    if !common::daemon::vm_backend() {
+        skip!("needs the QEMU backend (guest images)");
+    }
+    let d = Daemon::start(&[
+        "--vm-memory-overhead-mib",
+        "16",
+        "--standby-vmms",
+        "0",
+        "--max-sessions",
+        "2",
+    ]);
+    let id = create_session(&d);
+    assert_eq!(exec(&d, &id, "echo up"), "up\n");
+    let spawner = spawner_of(d.pid()).expect("spawner process");
+    let qemu = children_of(spawner)
+        .into_iter()
+        .find(|p| comm(*p).starts_with("qemu"))
+        .expect("the session's QEMU");
+    let args = std::fs::read(format!("/proc/{qemu}/cmdline")).expect("cmdline");
+    let args: Vec<String> = args
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let mem_mib: u64 = args
+        .iter()
+        .position(|a| a == "-m")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|m| m.strip_suffix('M'))
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("no -m in {args:?}"));
+    let files = check_vmm_limits(qemu, mem_mib, 16, false);
+    let (memcg, v1) = cgroup_of(qemu, "memory").expect("memory cgroup");
+    let usage = if v1 {
+        "memory.usage_in_bytes"
+    } else {
+        "memory.current"
+    };
+    eprintln!(
+        "QEMU pid {qemu} ({mem_mib} MiB guest) limits {files:?}; {usage} before {} of limit {}",
+        read(&memcg.join(usage)),
+        (mem_mib + 16) << 20
+    );
+    // dd's buffer is one allocation it writes all of: the guest's pages
+    // become QEMU's (private copies of the restored snapshot's).
+    let fill = (mem_mib * 3 / 4).max(64);
+    let r = d.http().post(
+        &format!("/v1/sessions/{id}/exec"),
+        &json!({ "command": format!("dd if=/dev/zero of=/dev/null bs={fill}M count=1; echo survived") }),
+    );
+    eprintln!("exec while filling {fill} MiB: {} {}", r.status, r.text());
+    assert!(
+        wait_until(Duration::from_secs(30), || !alive(qemu)),
+        "QEMU pid {qemu} survived a guest filling {fill} MiB of {mem_mib}: {}",
+        r.text()
+    );
+    assert!(
+        !r.text().contains("survived"),
+        "the command finished: {}",
+        r.text()
+    );
+    // The session's caller is told why.
+    assert!(
+        r.status >= 500 && r.text().contains("OOM killer at its cgroup memory limit"),
+        "exec reply does not say the VMM was OOM-killed: {} {}",
+        r.status,
+        r.text()
+    );
+    // The kernel says whom it killed and why.
+    let dmesg = std::process::Command::new("dmesg")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let line = dmesg
+        .lines()
+        .rev()
+        .find(|l| l.contains(&format!("Killed process {qemu} ")))
+        .unwrap_or_else(|| panic!("no OOM kill of {qemu} in dmesg"));
+    eprintln!("kernel: {line}");
+    assert!(
+        dmesg.contains("Memory cgroup out of memory") || dmesg.contains("memory.max"),
+        "not a cgroup OOM kill: {line}"
+    );
+    let log = d.log();
+    assert!(!log.contains("forbidden syscall"), "log:\n{log}");
+    let mut d = d;
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit");
+    assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
 }

@@ -111,6 +111,8 @@ struct Shared {
     next_id: AtomicU64,
     closed: AtomicBool,
     close_reason: Mutex<String>,
+    /// Asked when the connection closes: why the VM went, if known.
+    close_note: Mutex<Option<CloseNote>>,
     /// Bytes received from the guest, for metrics.
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
@@ -180,6 +182,11 @@ impl Shared {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        let note = lock(&self.close_note).as_ref().and_then(|f| f());
+        let reason = match note {
+            Some(n) => format!("{reason}; {n}"),
+            None => reason,
+        };
         *lock(&self.close_reason) = reason.clone();
         let n = self.log_bucket.take_suppressed();
         if n > 0 {
@@ -200,6 +207,10 @@ impl Shared {
         }
     }
 }
+
+/// Why a VM's agent connection closed, when its VMM knows (e.g. killed at
+/// its cgroup memory limit); `None` when nothing is known.
+pub type CloseNote = Box<dyn Fn() -> Option<String> + Send>;
 
 /// A connection to one guest agent.
 #[derive(Clone)]
@@ -268,6 +279,7 @@ impl AgentClient {
             next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             close_reason: Mutex::new(String::new()),
+            close_note: Mutex::new(None),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             token_tx,
@@ -322,6 +334,12 @@ impl AgentClient {
     }
 
     /// Closes the connection; every call in flight fails.
+    /// `note` is asked once the connection closes (the VM gone): its
+    /// answer is added to the reason every caller sees.
+    pub fn set_close_note(&self, note: CloseNote) {
+        *lock(&self.shared.close_note) = Some(note);
+    }
+
     pub fn close(&self) {
         self.shared.close("closed by host".into());
     }

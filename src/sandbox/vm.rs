@@ -69,8 +69,8 @@ pub struct VmSandboxFactory {
     pub net: Option<Arc<dyn NetProvider>>,
     /// Parent of every VM's runtime directory.
     pub run_root: PathBuf,
-    /// Where per-VM cgroups live (swept at start).
-    pub cgroup_parent: Option<PathBuf>,
+    /// Where per-VM cgroups live, one per hierarchy (swept at start).
+    pub cgroup_parents: Vec<PathBuf>,
     /// The uid/gid each VMM runs as: its own, leased for the session.
     pub ids: VmIds,
     pub agent_timeout: Duration,
@@ -282,6 +282,9 @@ impl SandboxFactory for VmSandboxFactory {
             });
         match connected {
             Ok(agent) => {
+                if let Some(note) = vm.close_note() {
+                    agent.set_close_note(note);
+                }
                 // Made once this session is up, not while it starts (the
                 // two would compete for the CPU); a snapshot whose guest
                 // does not answer is not worth one.
@@ -326,10 +329,7 @@ impl SandboxFactory for VmSandboxFactory {
     fn sweep_orphans(&self) -> Result<usize> {
         let vmms = sweep_vmm_processes(&self.run_root);
         let dirs = sweep_run_dirs(&self.run_root);
-        let cgroups = match &self.cgroup_parent {
-            Some(p) => crate::vm::cgroup::sweep(p, super::ID_PREFIX),
-            None => 0,
-        };
+        let cgroups = crate::vm::cgroup::sweep(&self.cgroup_parents, super::ID_PREFIX);
         let net = match &self.net {
             Some(n) => n.sweep_orphans()?,
             None => 0,

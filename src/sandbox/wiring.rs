@@ -42,12 +42,13 @@ pub fn vm_ids(cfg: &Config) -> Result<VmIds> {
 }
 
 /// What the hardened daemon hands the backends: its spawner (the only way
-/// it can start processes) and the cgroup parent per-VM cgroups go under.
+/// it can start processes) and the cgroup parents per-VM cgroups go under.
 /// The default (no spawner, no cgroups) is for tools and tests.
 #[derive(Clone, Default)]
 pub struct Host {
     pub spawner: Option<SpawnerClient>,
-    pub cgroup_parent: Option<PathBuf>,
+    /// One per hierarchy (`cgroup::Prepared::parents`); empty: none.
+    pub cgroup_parents: Vec<PathBuf>,
     /// The images the daemon locked at start ([`pinned_images`]): its
     /// registry restores from exactly these, not from a second read of
     /// `current.json` that a build finishing in between could change.
@@ -283,6 +284,9 @@ pub fn qemu_config(cfg: &Config) -> QemuConfig {
         qc.binary = q.clone();
     }
     qc.io_max = io_max(cfg);
+    if let Some(m) = cfg.vm_memory_overhead_mib {
+        qc.mem_overhead_mib = m;
+    }
     qc
 }
 
@@ -313,7 +317,26 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
     if let Some(root) = crate::vm::jailer::cgroup2_mount() {
         jc.cgroup_root = root;
     }
+    if let Some(m) = cfg.vm_memory_overhead_mib {
+        jc.mem_overhead_mib = u32::try_from(m).unwrap_or(u32::MAX);
+    }
+    // cgroup v1 where this host binds the controllers there.
+    let (version, roots) =
+        crate::vm::cgroup::jailer_plan(&crate::vm::cgroup::hierarchies(), &wanted_controllers(cfg));
+    if version == 1 {
+        jc.cgroup_version = 1;
+        jc.cgroup_v1_roots = roots;
+    }
     jc
+}
+
+/// The controllers VMs' limits need under `cfg` (`io` with `vm_io_max`).
+pub fn wanted_controllers(cfg: &Config) -> Vec<&'static str> {
+    crate::vm::cgroup::CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| *c != "io" || cfg.vm_io_max.is_some())
+        .collect()
 }
 
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
@@ -328,7 +351,7 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
             let _ = crate::vm::qemu::kvm_device_usable();
             let qc = QemuConfig {
                 launcher: host.launcher(),
-                cgroup_parent: host.cgroup_parent.clone(),
+                cgroup_parents: host.cgroup_parents.clone(),
                 ..qemu_config(cfg)
             };
             Ok(Arc::new(QemuBackend::new(qc)))
@@ -597,7 +620,7 @@ pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Sandb
         }),
         net: Some(net),
         run_root,
-        cgroup_parent: host.cgroup_parent.clone(),
+        cgroup_parents: host.cgroup_parents.clone(),
         ids: vm_ids(cfg)?,
         agent_timeout: Duration::from_secs(60),
         // Without the spawner a VMM is started by the calling thread and

@@ -1,14 +1,25 @@
-//! Per-VM cgroup v2 directories for VMMs the daemon starts itself (QEMU;
-//! the jailer makes Firecracker's): `<parent>/<id>` with `cpu.max`,
-//! `memory.max` and `pids.max`, created before the VMM starts (the spawner
-//! starts it inside), removed at teardown and by the orphan sweep.
+//! Per-VM cgroup directories for VMMs the daemon starts itself (QEMU;
+//! the jailer makes Firecracker's): `<parent>/<id>` in every hierarchy
+//! the daemon uses, with the VM's limits, created before the VMM starts
+//! (the spawner places it in each before exec), removed at teardown and
+//! by the orphan sweep.
 //!
-//! The parent must delegate the controllers (`+cpu +memory +pids` in its
-//! and its ancestors' `cgroup.subtree_control`); [`prepare_parent`] turns on
-//! what the hierarchy offers and reports what it lacks. On hosts where
-//! those controllers are bound to a cgroup v1 hierarchy (a hybrid setup)
-//! the VM still gets its own v2 cgroup (membership, `cgroup.kill` at
-//! teardown) but the limits cannot be applied; that is logged at start.
+//! Two kinds of hierarchy, often both on one host (a hybrid setup):
+//! - cgroup v2: `cpu.max`, `memory.max`, `pids.max`, `io.max`; the parent
+//!   must delegate the controllers (`+cpu +memory +pids` in its and its
+//!   ancestors' `cgroup.subtree_control`), which [`prepare_parents`] turns
+//!   on. The VM always gets a v2 dir when v2 is mounted: membership and
+//!   `cgroup.kill` at teardown, even where the limits live in v1.
+//! - cgroup v1, one mount per controller (or a few together): the same
+//!   limits as `memory.limit_in_bytes` (and `memory.memsw.limit_in_bytes`
+//!   where swap accounting is on), `cpu.cfs_period_us`/`cpu.cfs_quota_us`,
+//!   `pids.max`, `blkio.throttle.*_device`.
+//!
+//! Which files a VM's dir gets follows from the dir itself (a v2 dir has
+//! `cgroup.controllers`), so a VM's cgroups are just a list of paths.
+//! A controller neither kind offers is reported by [`prepare_parents`];
+//! `serve` refuses to start VMMs without it unless told
+//! (`allow_unlimited_vmms`).
 
 use std::fs;
 use std::io;
@@ -19,11 +30,22 @@ use super::{Result, VmError};
 
 const NAME: &str = "cgroup";
 
-/// Controllers the per-VM limits need (`io` only with an `io.max` rule).
+/// Controllers the per-VM limits need (`io` only with an `io.max` rule),
+/// by their v2 names.
 pub const CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
+
+/// The v1 name of a controller of [`CONTROLLERS`].
+fn v1_name(c: &str) -> &str {
+    if c == "io" {
+        "blkio"
+    } else {
+        c
+    }
+}
 
 /// QEMU's own memory beyond guest RAM (device emulation, TCG translation
 /// cache, page tables): measured ~100-125 MiB RSS for a 256 MiB TCG guest.
+/// The default of `vm_memory_overhead_mib`.
 pub const MEMORY_OVERHEAD_MIB: u64 = 256;
 
 /// Threads and processes one VMM may have (QEMU: vCPU threads, I/O worker
@@ -36,7 +58,7 @@ pub struct Limits {
     /// `cpu.max`: quota and period in microseconds (one CPU per vCPU).
     pub cpu_quota_us: u64,
     pub cpu_period_us: u64,
-    /// `memory.max` in bytes: guest RAM + [`MEMORY_OVERHEAD_MIB`].
+    /// `memory.max` in bytes: guest RAM + the VMM's overhead.
     pub memory_max: u64,
     pub pids_max: u64,
     /// `io.max` lines, one per block device (`MAJ:MIN rbps=... wbps=...`),
@@ -45,16 +67,19 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn for_vm(vcpus: u32, mem_mib: u32) -> Limits {
+    /// `overhead_mib`: the VMM's memory beyond guest RAM
+    /// ([`MEMORY_OVERHEAD_MIB`] unless configured).
+    pub fn for_vm(vcpus: u32, mem_mib: u32, overhead_mib: u64) -> Limits {
         Limits {
             cpu_quota_us: u64::from(vcpus.max(1)) * 100_000,
             cpu_period_us: 100_000,
-            memory_max: (u64::from(mem_mib) + MEMORY_OVERHEAD_MIB) << 20,
+            memory_max: (u64::from(mem_mib) + overhead_mib) << 20,
             pids_max: PIDS_MAX,
             io_max: Vec::new(),
         }
     }
 
+    /// cgroup v2 files, in the order they are written.
     fn files(&self) -> Vec<(&'static str, String)> {
         let mut f = vec![
             (
@@ -66,6 +91,49 @@ impl Limits {
         ];
         // io.max takes one device per write.
         f.extend(self.io_max.iter().map(|l| ("io.max", l.clone())));
+        f
+    }
+
+    /// The same limits as cgroup v1 files, with the controller each needs,
+    /// in the order they must be written (the period before the quota, the
+    /// memory limit before memory+swap, which may not be below it).
+    /// `memory.memsw.limit_in_bytes` exists only with swap accounting.
+    pub fn v1_files(&self) -> Vec<(&'static str, &'static str, String)> {
+        let mut f = vec![
+            ("cpu", "cpu.cfs_period_us", self.cpu_period_us.to_string()),
+            ("cpu", "cpu.cfs_quota_us", self.cpu_quota_us.to_string()),
+            (
+                "memory",
+                "memory.limit_in_bytes",
+                self.memory_max.to_string(),
+            ),
+            (
+                "memory",
+                "memory.memsw.limit_in_bytes",
+                self.memory_max.to_string(),
+            ),
+            ("pids", "pids.max", self.pids_max.to_string()),
+        ];
+        for line in &self.io_max {
+            let mut it = line.split_whitespace();
+            let Some(dev) = it.next() else { continue };
+            for kv in it {
+                let Some((k, v)) = kv.split_once('=') else {
+                    continue;
+                };
+                let file = match k {
+                    "rbps" => "blkio.throttle.read_bps_device",
+                    "wbps" => "blkio.throttle.write_bps_device",
+                    "riops" => "blkio.throttle.read_iops_device",
+                    "wiops" => "blkio.throttle.write_iops_device",
+                    _ => continue,
+                };
+                // v1 has no "max": no rule is no limit.
+                if v != "max" {
+                    f.push(("blkio", file, format!("{dev} {v}")));
+                }
+            }
+        }
         f
     }
 }
@@ -132,21 +200,81 @@ fn io_err(what: String, source: io::Error) -> VmError {
     }
 }
 
-/// `<cgroup2 mount>/agent-sandbox`, when cgroup v2 is mounted.
-pub fn default_parent() -> Option<PathBuf> {
-    super::jailer::cgroup2_mount().map(|m| m.join("agent-sandbox"))
+/// A mounted cgroup hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    pub mount: PathBuf,
+    /// `None` for cgroup v2; for a v1 mount, which of [`CONTROLLERS`] it
+    /// holds (by their v2 names).
+    pub v1: Option<Vec<&'static str>>,
 }
 
-/// The parent for the daemon owning `state_dir`:
-/// `<cgroup2 mount>/agent-sandbox/d-<hash of the state dir>`. One daemon
-/// owns a state dir, so its orphan sweep may remove everything under this
-/// parent without touching another daemon's VMs on the same host.
-pub fn daemon_parent(state_dir: &Path) -> Option<PathBuf> {
+/// The hierarchies in `/proc/mounts` text: the first cgroup2 mount (as the
+/// jailer finds it), then every v1 mount holding one of [`CONTROLLERS`].
+pub fn parse_mounts(text: &str) -> Vec<Hierarchy> {
+    let mut v2 = None;
+    let mut v1 = Vec::new();
+    for l in text.lines() {
+        let mut f = l.split(' ');
+        let (Some(_dev), Some(dir), Some(fstype), Some(opts)) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        // /proc/mounts escapes spaces as \040; cgroup mounts do not have any.
+        match fstype {
+            "cgroup2" if v2.is_none() => v2 = Some(PathBuf::from(dir)),
+            "cgroup" => {
+                let opts: Vec<&str> = opts.split(',').collect();
+                let ours: Vec<&'static str> = CONTROLLERS
+                    .iter()
+                    .copied()
+                    .filter(|c| opts.contains(&v1_name(c)))
+                    .collect();
+                if !ours.is_empty() {
+                    v1.push(Hierarchy {
+                        mount: PathBuf::from(dir),
+                        v1: Some(ours),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut all: Vec<Hierarchy> = v2
+        .map(|mount| Hierarchy { mount, v1: None })
+        .into_iter()
+        .collect();
+    all.extend(v1);
+    all
+}
+
+/// This host's hierarchies (see [`parse_mounts`]).
+pub fn hierarchies() -> Vec<Hierarchy> {
+    parse_mounts(&fs::read_to_string("/proc/mounts").unwrap_or_default())
+}
+
+/// The controllers a v2 mount offers at its root.
+pub fn v2_controllers(mount: &Path) -> Vec<String> {
+    controllers(mount)
+}
+
+/// `agent-sandbox/d-<hash of the state dir>`: the daemon's parent, below
+/// each hierarchy's mount. One daemon owns a state dir, so its orphan
+/// sweep may remove everything under this parent without touching another
+/// daemon's VMs on the same host.
+pub fn daemon_rel(state_dir: &Path) -> PathBuf {
     use sha2::{Digest, Sha256};
     let canon = fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
     let h = Sha256::digest(canon.as_os_str().as_encoded_bytes());
     let tag: String = h[..6].iter().map(|b| format!("{b:02x}")).collect();
-    default_parent().map(|p| p.join(format!("d-{tag}")))
+    Path::new("agent-sandbox").join(format!("d-{tag}"))
+}
+
+/// The daemon's parent in every hierarchy of this host (existing or not).
+pub fn daemon_parents(state_dir: &Path) -> Vec<PathBuf> {
+    let rel = daemon_rel(state_dir);
+    hierarchies().iter().map(|h| h.mount.join(&rel)).collect()
 }
 
 fn controllers(dir: &Path) -> Vec<String> {
@@ -157,10 +285,63 @@ fn controllers(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Create `parent` and have it (and its ancestors up to the mount) delegate
-/// whichever of [`CONTROLLERS`] the hierarchy offers. Returns the ones its
-/// children will not have.
-pub fn prepare_parent(parent: &Path) -> Result<Vec<&'static str>> {
+/// What [`prepare_parents`] set up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The parent dir in each hierarchy used, v2 first: each VM gets
+    /// `<parent>/<id>` in every one.
+    pub parents: Vec<PathBuf>,
+    /// Each wanted controller that limits VMs, and the parent it does so in.
+    pub enforced: Vec<(&'static str, PathBuf)>,
+    /// Wanted controllers no hierarchy offers: those limits are not applied.
+    pub missing: Vec<&'static str>,
+}
+
+/// Create `<mount>/<rel>` in the hierarchies of `hs` that are of use for
+/// the controllers `want` (a subset of [`CONTROLLERS`]): the v2 one always
+/// (membership, `cgroup.kill`), delegating what it offers from the mount
+/// down; each v1 one holding a wanted controller v2 does not offer.
+pub fn prepare_parents(hs: &[Hierarchy], rel: &Path, want: &[&'static str]) -> Result<Prepared> {
+    let mut out = Prepared::default();
+    for h in hs {
+        let parent = h.mount.join(rel);
+        match &h.v1 {
+            None => {
+                let offered = prepare_v2_parent(&parent)?;
+                for c in want.iter().copied().filter(|c| offered.contains(c)) {
+                    out.enforced.push((c, parent.clone()));
+                }
+                out.parents.push(parent);
+            }
+            Some(ctls) => {
+                let new: Vec<&'static str> = ctls
+                    .iter()
+                    .copied()
+                    .filter(|c| want.contains(c) && !out.enforced.iter().any(|(e, _)| e == c))
+                    .collect();
+                if new.is_empty() {
+                    continue;
+                }
+                fs::create_dir_all(&parent)
+                    .map_err(|e| io_err(format!("create {}", parent.display()), e))?;
+                out.enforced
+                    .extend(new.into_iter().map(|c| (c, parent.clone())));
+                out.parents.push(parent);
+            }
+        }
+    }
+    out.missing = want
+        .iter()
+        .copied()
+        .filter(|c| !out.enforced.iter().any(|(e, _)| e == c))
+        .collect();
+    Ok(out)
+}
+
+/// Create the v2 `parent` and have it (and its ancestors up to the mount)
+/// delegate whichever of [`CONTROLLERS`] the hierarchy offers. Returns the
+/// ones its children have.
+fn prepare_v2_parent(parent: &Path) -> Result<Vec<&'static str>> {
     fs::create_dir_all(parent).map_err(|e| io_err(format!("create {}", parent.display()), e))?;
     // Ancestors first: a controller reaches a child only through every
     // level between it and the root.
@@ -181,32 +362,57 @@ pub fn prepare_parent(parent: &Path) -> Result<Vec<&'static str>> {
     Ok(CONTROLLERS
         .iter()
         .copied()
-        .filter(|c| !subtree.split_whitespace().any(|s| s == *c))
+        .filter(|c| subtree.split_whitespace().any(|s| s == *c))
         .collect())
 }
 
-/// Create `<parent>/<id>` and write `limits` into it. Limit files the
-/// hierarchy does not offer are skipped (see the module docs); any other
-/// failure removes the directory again.
-pub fn create(parent: &Path, id: &str, limits: &Limits) -> Result<PathBuf> {
+/// Create `<parent>/<id>` under each of `parents` and write `limits` into
+/// it: a v2 dir (it has `cgroup.controllers`) gets the v2 files, a v1 dir
+/// the v1 files of its controllers. Files a dir does not have are skipped
+/// (the controller lives in another hierarchy); any other failure removes
+/// every dir made. Returns the dirs, in the order of `parents`.
+pub fn create(parents: &[PathBuf], id: &str, limits: &Limits) -> Result<Vec<PathBuf>> {
     super::jailer::validate_id(id)?;
-    let dir = parent.join(id);
-    fs::create_dir(&dir).map_err(|e| io_err(format!("create cgroup {}", dir.display()), e))?;
-    for (file, value) in limits.files() {
-        let p = dir.join(file);
-        if !p.exists() {
-            continue;
+    let mut made = Vec::new();
+    let undo = |made: &[PathBuf]| {
+        for d in made.iter().rev() {
+            let _ = fs::remove_dir(d);
         }
-        if let Err(e) = fs::write(&p, &value) {
-            let _ = fs::remove_dir(&dir);
-            return Err(io_err(format!("write {value:?} to {}", p.display()), e));
+    };
+    for parent in parents {
+        let dir = parent.join(id);
+        if let Err(e) = fs::create_dir(&dir) {
+            undo(&made);
+            return Err(io_err(format!("create cgroup {}", dir.display()), e));
+        }
+        made.push(dir.clone());
+        let files: Vec<(&str, String)> = if dir.join("cgroup.controllers").exists() {
+            limits.files()
+        } else {
+            limits
+                .v1_files()
+                .into_iter()
+                .map(|(_, f, v)| (f, v))
+                .collect()
+        };
+        for (file, value) in files {
+            let p = dir.join(file);
+            if !p.exists() {
+                continue;
+            }
+            if let Err(e) = fs::write(&p, &value) {
+                undo(&made);
+                return Err(io_err(format!("write {value:?} to {}", p.display()), e));
+            }
         }
     }
-    Ok(dir)
+    Ok(made)
 }
 
-/// Kill whatever is still in `dir` and remove it; waits (until `deadline`)
-/// for the kernel to let go of exiting processes. Missing is fine.
+/// Kill whatever is still in `dir` (v2: `cgroup.kill`; a v1 dir's
+/// processes are the same VMM, killed through its v2 dir or by its
+/// owner) and remove it; waits (until `deadline`) for the kernel to let
+/// go of exiting processes. Missing is fine.
 pub fn remove(dir: &Path, deadline: Instant) -> Result<()> {
     let kill = dir.join("cgroup.kill");
     if kill.exists() {
@@ -226,23 +432,92 @@ pub fn remove(dir: &Path, deadline: Instant) -> Result<()> {
     }
 }
 
-/// Remove every `<parent>/<prefix>*` cgroup (an earlier run's VMs).
-pub fn sweep(parent: &Path, prefix: &str) -> usize {
-    let Ok(rd) = fs::read_dir(parent) else {
-        return 0;
-    };
-    let mut n = 0;
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if !name.to_string_lossy().starts_with(prefix) {
-            continue;
+/// [`remove`] each of `dirs` in order (v2 first: its kill empties the v1
+/// dirs of the same VMM); the first error, after trying all.
+pub fn remove_all(dirs: &[PathBuf], deadline: Instant) -> Result<()> {
+    let mut first = None;
+    for d in dirs {
+        if let Err(e) = remove(d, deadline) {
+            first.get_or_insert(e);
         }
-        match remove(&e.path(), Instant::now() + Duration::from_secs(2)) {
-            Ok(()) => n += 1,
-            Err(e) => log::warn!("orphan sweep: {e}"),
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Remove every `<parent>/<prefix>*` cgroup (an earlier run's VMs) under
+/// each of `parents`, in order. Returns how many dirs went.
+pub fn sweep(parents: &[PathBuf], prefix: &str) -> usize {
+    let mut n = 0;
+    for parent in parents {
+        let Ok(rd) = fs::read_dir(parent) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with(prefix) || !e.path().is_dir() {
+                continue;
+            }
+            match remove(&e.path(), Instant::now() + Duration::from_secs(2)) {
+                Ok(()) => n += 1,
+                Err(e) => log::warn!("orphan sweep: {e}"),
+            }
         }
     }
     n
+}
+
+/// The memory limit (bytes) in the first of `dirs` that has one (v2
+/// `memory.max`, v1 `memory.limit_in_bytes`).
+pub fn memory_limit_of(dirs: &[PathBuf]) -> Option<u64> {
+    dirs.iter().find_map(|d| {
+        ["memory.max", "memory.limit_in_bytes"]
+            .iter()
+            .find_map(|f| fs::read_to_string(d.join(f)).ok()?.trim().parse().ok())
+    })
+}
+
+/// How many processes the OOM killer killed in `dirs` for their memory
+/// limit (`oom_kill` of v2 `memory.events`, v1 `memory.oom_control`).
+pub fn oom_kills(dirs: &[PathBuf]) -> u64 {
+    dirs.iter()
+        .flat_map(|d| ["memory.events", "memory.oom_control"].map(|f| d.join(f)))
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .flat_map(|t| {
+            t.lines()
+                .filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// How the jailer should make Firecracker's cgroups here: `--cgroup-version`
+/// and the mounts its per-VM dirs appear under. v2 when the v2 mount offers
+/// cpu, memory and pids; else v1 when v1 mounts hold them (the mounts of
+/// those, and of blkio with `io`); else v2 (the jailer then fails loudly).
+pub fn jailer_plan(hs: &[Hierarchy], want: &[&'static str]) -> (u8, Vec<PathBuf>) {
+    let v2 = hs.iter().find(|h| h.v1.is_none());
+    let core = ["cpu", "memory", "pids"];
+    if let Some(h) = v2 {
+        let have = controllers(&h.mount);
+        if core.iter().all(|c| have.iter().any(|h| h == c)) {
+            return (2, vec![h.mount.clone()]);
+        }
+    }
+    let v1: Vec<&Hierarchy> = hs
+        .iter()
+        .filter(|h| {
+            h.v1.as_ref()
+                .is_some_and(|c| c.iter().any(|c| want.contains(c)))
+        })
+        .collect();
+    let covered = |c: &str| {
+        v1.iter()
+            .any(|h| h.v1.as_ref().is_some_and(|v| v.contains(&c)))
+    };
+    if !v1.is_empty() && core.iter().all(|c| covered(c)) {
+        return (1, v1.iter().map(|h| h.mount.clone()).collect());
+    }
+    (2, v2.map(|h| vec![h.mount.clone()]).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -251,12 +526,90 @@ mod tests {
 
     #[test]
     fn limits_follow_the_vm_size() {
-        let l = Limits::for_vm(2, 512);
+        let l = Limits::for_vm(2, 512, MEMORY_OVERHEAD_MIB);
         assert_eq!(l.cpu_quota_us, 200_000);
         assert_eq!(l.memory_max, (512 + MEMORY_OVERHEAD_MIB) << 20);
         let f = l.files();
         assert_eq!(f[0], ("cpu.max", "200000 100000".to_string()));
         assert_eq!(f.len(), 3, "no io.max without a rule");
+        assert_eq!(Limits::for_vm(1, 256, 16).memory_max, 272 << 20);
+    }
+
+    #[test]
+    fn v1_files_carry_the_same_limits_in_a_writable_order() {
+        let mut l = Limits::for_vm(2, 512, 64);
+        l.io_max = vec!["8:0 rbps=1000 wbps=max wiops=50".into()];
+        let f = l.v1_files();
+        let mem = ((512 + 64) << 20).to_string();
+        assert_eq!(
+            f,
+            vec![
+                ("cpu", "cpu.cfs_period_us", "100000".to_string()),
+                ("cpu", "cpu.cfs_quota_us", "200000".to_string()),
+                ("memory", "memory.limit_in_bytes", mem.clone()),
+                ("memory", "memory.memsw.limit_in_bytes", mem),
+                ("pids", "pids.max", "256".to_string()),
+                ("blkio", "blkio.throttle.read_bps_device", "8:0 1000".into()),
+                ("blkio", "blkio.throttle.write_iops_device", "8:0 50".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn mounts_of_a_hybrid_host() {
+        let text = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+                    cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0\n\
+                    cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n\
+                    cgroup /sys/fs/cgroup/blkio cgroup rw,relatime,blkio 0 0\n\
+                    cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n\
+                    cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n\
+                    cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
+        let hs = parse_mounts(text);
+        let m = |h: &Hierarchy| (h.mount.to_string_lossy().into_owned(), h.v1.clone());
+        assert_eq!(
+            hs.iter().map(m).collect::<Vec<_>>(),
+            vec![
+                ("/sys/fs/cgroup/unified".into(), None),
+                ("/sys/fs/cgroup/cpu".into(), Some(vec!["cpu"])),
+                ("/sys/fs/cgroup/memory".into(), Some(vec!["memory"])),
+                ("/sys/fs/cgroup/blkio".into(), Some(vec!["io"])),
+                ("/sys/fs/cgroup/pids".into(), Some(vec!["pids"])),
+            ]
+        );
+        // Controllers mounted together are one hierarchy.
+        let hs = parse_mounts("cgroup /c cgroup rw,cpu,cpuacct,memory 0 0\n");
+        assert_eq!(hs[0].v1, Some(vec!["cpu", "memory"]));
+        // The v2 root here is a plain dir without cpu/memory/pids: v1.
+        let (v, roots) = jailer_plan(&parse_mounts(text), &["cpu", "memory", "pids"]);
+        assert_eq!(v, 1);
+        assert_eq!(
+            roots,
+            ["cpu", "memory", "pids"]
+                .map(|c| PathBuf::from(format!("/sys/fs/cgroup/{c}")))
+                .to_vec()
+        );
+        let (v, roots) = jailer_plan(&parse_mounts(text), &["cpu", "memory", "pids", "io"]);
+        assert_eq!((v, roots.len()), (1, 4));
+    }
+
+    #[test]
+    fn prepare_uses_v1_for_what_v2_lacks() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let hs = vec![
+            Hierarchy {
+                mount: t.path().join("v1mem"),
+                v1: Some(vec!["memory"]),
+            },
+            Hierarchy {
+                mount: t.path().join("v1blk"),
+                v1: Some(vec!["io"]),
+            },
+        ];
+        let rel = Path::new("agent-sandbox/d-1");
+        let p = prepare_parents(&hs, rel, &["cpu", "memory", "pids"]).expect("prepare");
+        assert_eq!(p.parents, vec![t.path().join("v1mem").join(rel)]);
+        assert_eq!(p.missing, vec!["cpu", "pids"]);
+        assert!(!t.path().join("v1blk").exists(), "blkio without an io rule");
     }
 
     #[test]
@@ -274,7 +627,7 @@ mod tests {
             assert_eq!(lines, vec![format!("{d} wbps=1000")]);
         }
         assert_eq!(disk_of(Path::new("/proc")), None);
-        let mut l = Limits::for_vm(1, 256);
+        let mut l = Limits::for_vm(1, 256, MEMORY_OVERHEAD_MIB);
         l.io_max = vec!["8:0 wbps=1".into(), "8:16 wbps=1".into()];
         let f = l.files();
         assert_eq!(
@@ -287,20 +640,41 @@ mod tests {
     }
 
     #[test]
-    fn create_skips_missing_files_sweep_takes_only_ours() {
-        // A plain directory stands in for a cgroupfs parent whose hierarchy
-        // offers none of the limit files: the VM's dir is still made.
+    fn create_makes_a_dir_per_parent_sweep_takes_only_ours() {
+        // Plain directories stand in for two cgroupfs parents whose
+        // hierarchies offer none of the limit files: the dirs are made
+        // (the real files: tests/security_daemon.rs).
         let t = tempfile::tempdir().expect("tempdir");
-        let parent = t.path();
-        let made = create(parent, "asbx-1", &Limits::for_vm(1, 256));
-        assert_eq!(made.ok(), Some(parent.join("asbx-1")));
-        assert!(!parent.join("asbx-1/memory.max").exists());
-        assert!(create(parent, "asbx-1", &Limits::for_vm(1, 256)).is_err());
-        assert!(create(parent, "../x", &Limits::for_vm(1, 256)).is_err());
-        fs::create_dir(parent.join("other")).expect("mkdir");
-        assert_eq!(sweep(parent, "asbx-"), 1);
-        assert!(!parent.join("asbx-1").exists());
-        assert!(parent.join("other").exists());
-        assert!(remove(&parent.join("gone"), Instant::now()).is_ok());
+        let (mem, other) = (t.path().join("mem"), t.path().join("none"));
+        fs::create_dir_all(&mem).expect("mkdir");
+        fs::create_dir_all(&other).expect("mkdir");
+        let parents = vec![mem.clone(), other.clone()];
+        let l = Limits::for_vm(1, 256, 16);
+        let made = create(&parents, "asbx-1", &l).expect("create");
+        assert_eq!(made, vec![mem.join("asbx-1"), other.join("asbx-1")]);
+        assert!(!other.join("asbx-1/memory.max").exists());
+        // A second create fails and leaves the first's dirs alone.
+        assert!(create(&parents, "asbx-1", &l).is_err());
+        assert!(create(&parents, "../x", &l).is_err());
+        fs::create_dir(mem.join("other")).expect("mkdir");
+        assert_eq!(sweep(&parents, "asbx-"), 2);
+        assert!(!mem.join("asbx-1").exists() && !other.join("asbx-1").exists());
+        assert!(mem.join("other").exists());
+        assert!(remove_all(&[mem.join("gone")], Instant::now()).is_ok());
+    }
+
+    #[test]
+    fn create_undoes_on_failure() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let a = t.path().join("a");
+        fs::create_dir_all(&a).expect("mkdir");
+        let missing_parent = t.path().join("nope");
+        let r = create(
+            &[a.clone(), missing_parent],
+            "asbx-2",
+            &Limits::for_vm(1, 1, 1),
+        );
+        assert!(r.is_err());
+        assert!(!a.join("asbx-2").exists(), "first dir not removed");
     }
 }

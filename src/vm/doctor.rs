@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::jailer::cgroup2_mount;
 use super::qemu::{kvm_device_usable, probe_kvm};
 use super::templates::{Registry, SnapshotState};
 
@@ -182,34 +181,53 @@ fn kvm(opts: &Options) -> Check {
     }
 }
 
-fn cgroup2() -> Check {
-    const FIX: &str =
-        "boot with systemd.unified_cgroup_hierarchy=1 (the default on Debian 11+) so \
-                       cpu, memory and pids are cgroup v2 controllers";
-    let Some(mount) = cgroup2_mount() else {
-        return check("cgroup v2", Status::Missing, "no cgroup2 mount", Some(FIX));
+/// Where each controller of the VMMs' limits lives: cgroup v2 (offered at
+/// its root) or a v1 mount. `serve` refuses to start VMMs when one is
+/// missing (unless `--allow-unlimited-vmms`).
+fn cgroups() -> Check {
+    use super::cgroup::{hierarchies, v2_controllers, Hierarchy};
+    const FIX: &str = "mount the cpu, memory and pids controllers: either cgroup v2 \
+        (boot with systemd.unified_cgroup_hierarchy=1, the default on Debian 11+; inside a \
+        container, give it a delegated cgroup v2 subtree) or cgroup v1 \
+        (mount -t cgroup -o memory cgroup /sys/fs/cgroup/memory, likewise cpu and pids); \
+        `serve` refuses to start VMMs without them unless --allow-unlimited-vmms";
+    let hs = hierarchies();
+    let where_is = |c: &str| -> Option<String> {
+        hs.iter().find_map(|h: &Hierarchy| match &h.v1 {
+            None => v2_controllers(&h.mount)
+                .iter()
+                .any(|x| x == c)
+                .then(|| format!("{c}: v2 {}", h.mount.display())),
+            Some(v) => v
+                .contains(&c)
+                .then(|| format!("{c}: v1 {}", h.mount.display())),
+        })
     };
-    let ctl = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
-    let have: Vec<&str> = ctl.split_whitespace().collect();
-    let missing: Vec<&str> = ["cpu", "memory", "pids"]
-        .into_iter()
-        .filter(|c| !have.contains(c))
-        .collect();
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for c in ["cpu", "memory", "pids", "io"] {
+        match where_is(c) {
+            Some(w) => found.push(w),
+            // io is needed only with vm_io_max.
+            None if c == "io" => found.push("io: none (vm_io_max cannot apply)".into()),
+            None => missing.push(c),
+        }
+    }
     if missing.is_empty() {
-        check(
-            "cgroup v2",
-            Status::Ok,
-            format!("{}; controllers: {}", mount.display(), ctl.trim()),
-            None,
-        )
+        check("cgroups", Status::Ok, found.join("; "), None)
     } else {
         check(
-            "cgroup v2",
+            "cgroups",
             Status::Missing,
             format!(
-                "cgroup2 at {} lacks the {} controller(s) (hybrid v1/v2 setup?)",
-                mount.display(),
-                missing.join(", ")
+                "no cgroup hierarchy (v2 or v1) offers {}: VMMs would run without those \
+                 limits ({})",
+                missing.join(", "),
+                if found.is_empty() {
+                    "nothing else found".to_string()
+                } else {
+                    found.join("; ")
+                }
             ),
             Some(FIX),
         )
@@ -351,7 +369,7 @@ pub fn run(opts: &Options, registry: Option<&Registry>) -> Report {
             "apt-get install qemu-system-x86",
             Status::Missing,
         ),
-        cgroup2(),
+        cgroups(),
     ];
     checks.extend(firewall());
     checks.push(ip_forward());

@@ -14,6 +14,8 @@
 //! <chroot_base>/<exec_name>/<id>/root/       chroot; `/` for the VMM
 //! <chroot_base>/<exec_name>/<id>/root/<exec_name>.pid   written with --new-pid-ns
 //! <cgroup_root>/<parent_cgroup>/<id>/        cgroup v2 dir (removed on teardown)
+//! <v1 root>/<parent_cgroup>/<id>/            with --cgroup-version 1: one per
+//!                                            controller hierarchy used
 //! ```
 
 use std::ffi::{OsStr, OsString};
@@ -24,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Result, VmError};
 
@@ -75,6 +77,12 @@ pub struct JailerConfig {
     pub cgroup_root: PathBuf,
     /// `--parent-cgroup`: every VM's cgroup is `<parent>/<id>`.
     pub parent_cgroup: String,
+    /// `--cgroup-version`: 2, or 1 where the host binds cpu, memory and
+    /// pids to cgroup v1 hierarchies (see `cgroup::jailer_plan`).
+    pub cgroup_version: u8,
+    /// With version 1: the mounts of the hierarchies the limits use (the
+    /// jailer makes `<mount>/<parent>/<id>` in each).
+    pub cgroup_v1_roots: Vec<PathBuf>,
     /// CPU quota beyond `vcpus` whole CPUs, in percent of one CPU, for the
     /// VMM's own API and device threads.
     pub cpu_overhead_pct: u32,
@@ -98,6 +106,8 @@ impl Default for JailerConfig {
             chroot_base: "/srv/jailer".into(),
             cgroup_root: "/sys/fs/cgroup".into(),
             parent_cgroup: "agent-sandbox".into(),
+            cgroup_version: 2,
+            cgroup_v1_roots: Vec::new(),
             cpu_overhead_pct: 25,
             mem_overhead_mib: 64,
             pids_max: 64,
@@ -152,7 +162,9 @@ pub struct JailPaths {
     pub exec_name: String,
     pub jail_dir: PathBuf,
     pub root: PathBuf,
-    pub cgroup_dir: PathBuf,
+    /// The VM's cgroup in each hierarchy: the v2 one, or with
+    /// `--cgroup-version 1` one per v1 root.
+    pub cgroup_dirs: Vec<PathBuf>,
 }
 
 impl JailPaths {
@@ -164,7 +176,14 @@ impl JailPaths {
             id: id.to_string(),
             root: jail_dir.join("root"),
             jail_dir,
-            cgroup_dir: cfg.cgroup_root.join(&cfg.parent_cgroup).join(id),
+            cgroup_dirs: if cfg.cgroup_version == 1 {
+                cfg.cgroup_v1_roots
+                    .iter()
+                    .map(|r| r.join(&cfg.parent_cgroup).join(id))
+                    .collect()
+            } else {
+                vec![cfg.cgroup_root.join(&cfg.parent_cgroup).join(id)]
+            },
             exec_name,
         })
     }
@@ -274,18 +293,44 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
         push(ns);
     }
     push(&"--cgroup-version");
-    push(&"2");
+    push(&cfg.cgroup_version.to_string());
     push(&"--parent-cgroup");
     push(&cfg.parent_cgroup);
-    push(&"--cgroup");
-    push(&format!("cpu.max={quota} {period}"));
-    push(&"--cgroup");
-    push(&format!("memory.max={mem_max}"));
-    push(&"--cgroup");
-    push(&format!("pids.max={}", cfg.pids_max));
-    for line in &cfg.io_max {
-        push(&"--cgroup");
-        push(&format!("io.max={line}"));
+    let limits = super::cgroup::Limits {
+        cpu_quota_us: quota,
+        cpu_period_us: period,
+        memory_max: mem_max,
+        pids_max: u64::from(cfg.pids_max),
+        io_max: cfg.io_max.clone(),
+    };
+    match cfg.cgroup_version {
+        2 => {
+            push(&"--cgroup");
+            push(&format!("cpu.max={quota} {period}"));
+            push(&"--cgroup");
+            push(&format!("memory.max={mem_max}"));
+            push(&"--cgroup");
+            push(&format!("pids.max={}", cfg.pids_max));
+            for line in &cfg.io_max {
+                push(&"--cgroup");
+                push(&format!("io.max={line}"));
+            }
+        }
+        1 => {
+            // memsw exists only with swap accounting, which the jailer
+            // cannot test for: the memory limit alone.
+            for (_, file, value) in limits.v1_files() {
+                if file != "memory.memsw.limit_in_bytes" {
+                    push(&"--cgroup");
+                    push(&format!("{file}={value}"));
+                }
+            }
+        }
+        v => {
+            return Err(VmError::Other(format!(
+                "cgroup version {v}: the jailer takes 1 or 2"
+            )))
+        }
     }
     push(&"--resource-limit");
     push(&format!("fsize={fsize}"));
@@ -730,24 +775,8 @@ pub fn teardown(paths: &JailPaths, vmm: Option<&Pidfd>, deadline: Instant) -> Re
     }
     // A cgroup dir can be removed once its last process is gone; the kernel
     // may take a moment after the kill to notice.
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match fs::remove_dir(&paths.cgroup_dir) {
-            Ok(()) => break,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(20));
-            }
-            Err(e) => {
-                first_err.get_or_insert(VmError::Io {
-                    backend: BACKEND,
-                    what: format!("remove cgroup {}", paths.cgroup_dir.display()),
-                    source: e,
-                });
-                break;
-            }
-        }
+    if let Err(e) = super::cgroup::remove_all(&paths.cgroup_dirs, deadline) {
+        first_err.get_or_insert(e);
     }
     match first_err {
         Some(e) => Err(e),

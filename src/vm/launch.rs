@@ -35,8 +35,8 @@ pub struct Launch {
     pub cwd: PathBuf,
     pub uid: u32,
     pub gid: u32,
-    /// cgroup v2 directory the process starts in.
-    pub cgroup: Option<PathBuf>,
+    /// cgroup directories the process starts in (one per hierarchy).
+    pub cgroups: Vec<PathBuf>,
     /// File-size and open-file limits.
     pub limits: ProcLimits,
     /// Own namespaces and a minimal root ([`Launcher::can_jail`] only).
@@ -146,11 +146,11 @@ impl Launcher for SpawnerClient {
             uid: l.uid,
             gid: l.gid,
             netns: None,
-            cgroup: l
-                .cgroup
-                .as_ref()
+            cgroups: l
+                .cgroups
+                .iter()
                 .map(|c| utf8(c.as_os_str(), "cgroup"))
-                .transpose()?,
+                .collect::<Result<Vec<_>>>()?,
             fds: fds.iter().map(|(_, t)| *t).collect(),
             new_process_group: true,
             limits: l.limits,
@@ -256,8 +256,12 @@ impl Launcher for Direct {
                 "launch: the direct launcher cannot jail (see Launcher::can_jail)".into(),
             ));
         }
-        let cg = l.cgroup.as_deref().map(open_cgroup_procs).transpose()?;
-        let cg_raw = cg.as_ref().map(AsRawFd::as_raw_fd);
+        let cg = l
+            .cgroups
+            .iter()
+            .map(|d| open_cgroup_procs(d))
+            .collect::<Result<Vec<_>>>()?;
+        let cg_raw: Vec<RawFd> = cg.iter().map(AsRawFd::as_raw_fd).collect();
         let pairs: Vec<(RawFd, RawFd)> = fds.iter().map(|(f, t)| (f.as_raw_fd(), *t)).collect();
         let mut cmd = Command::new(prog);
         cmd.args(args)
@@ -276,8 +280,8 @@ impl Launcher for Direct {
                 if libc::setsid() < 0 {
                     return Err(io::Error::last_os_error());
                 }
-                if let Some(cg) = cg_raw {
-                    if libc::write(cg, b"0\n".as_ptr().cast(), 2) != 2 {
+                for cg in &cg_raw {
+                    if libc::write(*cg, b"0\n".as_ptr().cast(), 2) != 2 {
                         return Err(io::Error::last_os_error());
                     }
                 }

@@ -147,6 +147,11 @@ pub trait Vm: Send {
     fn translates_guest_code(&self) -> bool {
         false
     }
+    /// Why the VM may have gone, asked when its agent connection closes
+    /// ([`crate::agent::AgentClient::set_close_note`]).
+    fn close_note(&self) -> Option<crate::agent::CloseNote> {
+        None
+    }
     /// Pause and save the VM into `dir` (files named by the backend) and
     /// write `dir/manifest.json` (see [`snapshot::Manifest`]) last. The VM is
     /// left paused; destroy it afterwards.

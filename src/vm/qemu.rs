@@ -159,9 +159,12 @@ pub struct QemuConfig {
     pub accel_cache: Option<PathBuf>,
     /// How QEMU is started: the daemon's spawner, or directly (tools, tests).
     pub launcher: Arc<dyn Launcher>,
-    /// cgroup v2 directory under which each VM gets `<id>/` with its limits
-    /// (`None`: no per-VM cgroup).
-    pub cgroup_parent: Option<PathBuf>,
+    /// cgroup directories (one per hierarchy, see `cgroup::Prepared`)
+    /// under which each VM gets `<id>/` with its limits (empty: no per-VM
+    /// cgroup).
+    pub cgroup_parents: Vec<PathBuf>,
+    /// The VMM's memory beyond guest RAM in its memory limit.
+    pub mem_overhead_mib: u64,
     /// `io.max` lines of each VM's cgroup (see `cgroup::io_max_lines`).
     pub io_max: Vec<String>,
 }
@@ -180,7 +183,8 @@ impl Default for QemuConfig {
             timeouts: Timeouts::default(),
             accel_cache: None,
             launcher: launch::direct(),
-            cgroup_parent: None,
+            cgroup_parents: Vec::new(),
+            mem_overhead_mib: cgroup::MEMORY_OVERHEAD_MIB,
             io_max: Vec::new(),
         }
     }
@@ -597,7 +601,7 @@ impl QemuBackend {
             cfg: cfg.clone(),
             child: None,
             pidfd: None,
-            cgroup: None,
+            cgroups: Vec::new(),
             console: Arc::new(Console::default()),
             qmp: None,
             timeouts: self.cfg.timeouts.clone(),
@@ -641,12 +645,12 @@ impl QemuBackend {
         if let Some(r) = &ram {
             pass.push((r.fd.as_fd(), MEM_FD));
         }
-        if let Some(parent) = &self.cfg.cgroup_parent {
+        if !self.cfg.cgroup_parents.is_empty() {
             let limits = cgroup::Limits {
                 io_max: self.cfg.io_max.clone(),
-                ..cgroup::Limits::for_vm(cfg.vcpus, cfg.mem_mib)
+                ..cgroup::Limits::for_vm(cfg.vcpus, cfg.mem_mib, self.cfg.mem_overhead_mib)
             };
-            vm.cgroup = Some(cgroup::create(parent, &cfg.id, &limits)?);
+            vm.cgroups = cgroup::create(&self.cfg.cgroup_parents, &cfg.id, &limits)?;
         }
         let jail = self.jail_for(cfg, accel, state.is_some())?;
         vm.spawn(
@@ -1571,8 +1575,9 @@ pub struct QemuVm {
     cfg: VmConfig,
     child: Option<Box<dyn VmmProcess>>,
     pidfd: Option<Pidfd>,
-    /// Its cgroup (`<cgroup parent>/<id>`), removed at teardown.
-    cgroup: Option<PathBuf>,
+    /// Its cgroups (`<cgroup parent>/<id>` in each hierarchy), removed at
+    /// teardown.
+    cgroups: Vec<PathBuf>,
     console: Arc<Console>,
     qmp: Option<Qmp>,
     timeouts: Timeouts,
@@ -1609,7 +1614,7 @@ impl QemuVm {
             cwd: self.cfg.run_dir.clone(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
-            cgroup: self.cgroup.clone(),
+            cgroups: self.cgroups.clone(),
             limits: qemu_limits(self.cfg.mem_mib),
             jail,
         };
@@ -1775,6 +1780,22 @@ fn pipe() -> io::Result<(fs::File, fs::File)> {
 }
 
 impl Vm for QemuVm {
+    fn close_note(&self) -> Option<crate::agent::CloseNote> {
+        let (cgs, limit) = (
+            self.cgroups.clone(),
+            cgroup::memory_limit_of(&self.cgroups)?,
+        );
+        Some(Box::new(move || {
+            (cgroup::oom_kills(&cgs) > 0).then(|| {
+                format!(
+                    "the VMM was killed by the host's OOM killer at its cgroup memory limit \
+                     of {} MiB (guest RAM + vm_memory_overhead_mib)",
+                    limit >> 20
+                )
+            })
+        }))
+    }
+
     fn id(&self) -> &str {
         &self.id
     }
@@ -1936,9 +1957,9 @@ impl Vm for QemuVm {
         }
         // The last reference to its RAM once QEMU is gone: frees it.
         self.ram = None;
-        if let Some(cg) = &self.cgroup {
-            match cgroup::remove(cg, Instant::now() + self.timeouts.teardown) {
-                Ok(()) => self.cgroup = None,
+        if !self.cgroups.is_empty() {
+            match cgroup::remove_all(&self.cgroups, Instant::now() + self.timeouts.teardown) {
+                Ok(()) => self.cgroups.clear(),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }

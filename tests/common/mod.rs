@@ -208,12 +208,14 @@ pub fn remove_netns_prefixed(prefix: &str) {
 
 pub fn remove_daemon_cgroups(state_dir: &Path) {
     use agent_sandbox::vm::cgroup;
-    let Some(parent) = cgroup::daemon_parent(state_dir) else {
-        return;
-    };
-    if parent.exists() {
-        cgroup::sweep(&parent, agent_sandbox::sandbox::ID_PREFIX);
-        let _ = std::fs::remove_dir(&parent);
+    // v2 first: its cgroup.kill empties the v1 dirs of the same VMMs.
+    let parents: Vec<_> = cgroup::daemon_parents(state_dir)
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    cgroup::sweep(&parents, agent_sandbox::sandbox::ID_PREFIX);
+    for p in &parents {
+        let _ = std::fs::remove_dir(p);
     }
 }
 

@@ -60,9 +60,10 @@ pub struct SpawnRequest {
     /// Network namespace to enter (e.g. `/run/netns/asbx-...`).
     #[serde(default)]
     pub netns: Option<String>,
-    /// cgroup v2 directory to start in.
+    /// cgroup directories to start in, one per hierarchy (v2 and v1 alike:
+    /// the child writes itself into each one's `cgroup.procs`).
     #[serde(default)]
-    pub cgroup: Option<String>,
+    pub cgroups: Vec<String>,
     /// Where the passed fds go in the child, in the order they are passed.
     /// 0, 1, 2 not listed are /dev/null; everything else is closed.
     #[serde(default)]
@@ -250,7 +251,10 @@ impl Policy {
                 return Err(format!("netns {ns:?} is not under {:?}", self.netns_dirs));
             }
         }
-        if let Some(cg) = &req.cgroup {
+        if req.cgroups.len() > 16 {
+            return Err("more than 16 cgroups".into());
+        }
+        for cg in &req.cgroups {
             if !under(cg, &self.cgroup_dirs) {
                 return Err(format!("cgroup {cg:?} is not under {:?}", self.cgroup_dirs));
             }

@@ -437,7 +437,7 @@ struct Prepared {
     env: Vec<CString>,
     cwd: Option<CString>,
     netns: Option<OwnedFd>,
-    cgroup_procs: Option<OwnedFd>,
+    cgroup_procs: Vec<OwnedFd>,
     devnull: OwnedFd,
     fds: Vec<OwnedFd>,
     targets: Vec<i32>,
@@ -488,14 +488,17 @@ impl Prepared {
             Some(p) => Some(open(p, libc::O_RDONLY, "netns")?),
             None => None,
         };
-        let cgroup_procs = match &req.cgroup {
-            Some(p) => Some(open(
-                &format!("{}/cgroup.procs", p.trim_end_matches('/')),
-                libc::O_WRONLY,
-                "cgroup",
-            )?),
-            None => None,
-        };
+        let cgroup_procs = req
+            .cgroups
+            .iter()
+            .map(|p| {
+                open(
+                    &format!("{}/cgroup.procs", p.trim_end_matches('/')),
+                    libc::O_WRONLY,
+                    "cgroup",
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Prepared {
             path: cstr(&req.argv[0], "program")?,
             argv,
@@ -549,7 +552,7 @@ impl Prepared {
                     fail(2);
                 }
             }
-            if let Some(cg) = &self.cgroup_procs {
+            for cg in &self.cgroup_procs {
                 if libc::write(cg.as_raw_fd(), b"0\n".as_ptr().cast(), 2) != 2 {
                     fail(3);
                 }
