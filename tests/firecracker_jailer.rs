@@ -573,7 +573,8 @@ fn direct_spawner_captures_output_and_bounds_time() {
         .run(&argv, Instant::now() + Duration::from_millis(200))
         .unwrap_err();
     assert!(matches!(e, VmError::Timeout { .. }), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(2));
+    // Killed at its deadline, not waited for (30 s).
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
 
     let argv: Vec<OsString> = vec!["/nonexistent/jailer".into()];
     let e = DirectSpawner

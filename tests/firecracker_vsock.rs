@@ -131,15 +131,18 @@ fn garbage_answer_is_an_immediate_clear_error() {
     ] {
         let s = Sock::new("garbage");
         let a = answer.to_vec();
-        serve(&s, move |_, mut c, _| {
+        let seen = serve(&s, move |_, mut c, _| {
             let _ = c.write_all(&a);
             thread::sleep(Duration::from_millis(300));
         });
         let t = Instant::now();
-        let e =
-            vsock_connect(&s.0, 5000, Instant::now() + Duration::from_secs(5), &alive).unwrap_err();
+        let e = vsock_connect(&s.0, 5000, Instant::now() + Duration::from_secs(30), &alive)
+            .unwrap_err();
+        // Not retried: one connection, and an answer long before the
+        // deadline a retry loop would run into.
+        assert_eq!(seen.lock().unwrap().len(), 1, "garbage was retried");
         assert!(
-            t.elapsed() < Duration::from_secs(1),
+            t.elapsed() < Duration::from_secs(15),
             "garbage should not be retried"
         );
         assert!(
@@ -162,8 +165,9 @@ fn server_that_always_closes_times_out_at_the_deadline() {
     )
     .unwrap_err();
     let el = t.elapsed();
+    // Retried until the deadline, then given up (not retried forever).
     assert!(
-        el >= Duration::from_millis(300) && el < Duration::from_secs(1),
+        el >= Duration::from_millis(300) && el < Duration::from_secs(10),
         "{el:?}"
     );
     assert!(
@@ -175,8 +179,9 @@ fn server_that_always_closes_times_out_at_the_deadline() {
 #[test]
 fn server_that_never_answers_times_out_at_the_deadline() {
     let s = Sock::new("silent");
+    // Silent for a minute: waiting for it would cross the bound below.
     serve(&s, |_, c, _| {
-        thread::sleep(Duration::from_secs(3));
+        thread::sleep(Duration::from_secs(60));
         drop(c);
     });
     let t = Instant::now();
@@ -188,7 +193,7 @@ fn server_that_never_answers_times_out_at_the_deadline() {
     )
     .unwrap_err();
     let el = t.elapsed();
-    assert!(el < Duration::from_secs(1), "{el:?}");
+    assert!(el < Duration::from_secs(20), "{el:?}");
     assert!(matches!(e, VmError::Timeout { .. }), "{e}");
 }
 
@@ -203,17 +208,22 @@ fn missing_socket_times_out_and_dead_vmm_fails_at_once() {
         &alive,
     )
     .unwrap_err();
+    // Its deadline ends the wait (without it: forever).
     assert!(
-        matches!(e, VmError::Timeout { .. }) && t.elapsed() < Duration::from_secs(1),
+        matches!(e, VmError::Timeout { .. }) && t.elapsed() < Duration::from_secs(10),
         "{e}"
     );
+    // A dead VMM ends it at once, long before its 60 s deadline.
     let t = Instant::now();
-    let e = vsock_connect(&s.0, 5000, Instant::now() + Duration::from_secs(5), &|| {
-        false
-    })
+    let e = vsock_connect(
+        &s.0,
+        5000,
+        Instant::now() + Duration::from_secs(60),
+        &|| false,
+    )
     .unwrap_err();
     assert!(
-        t.elapsed() < Duration::from_millis(100) && e.to_string().contains("VMM gone"),
+        t.elapsed() < Duration::from_secs(20) && e.to_string().contains("VMM gone"),
         "{e}"
     );
 }

@@ -262,11 +262,12 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     let r = dns_ask(&g.ns, gw(), "github.com", A, false).expect("still answering");
     assert_eq!(r.addrs, vec![EDGE]);
 
-    // TTL expiry: files.pypi.org had TTL 2 s, so its address closes again.
+    // TTL expiry: files.pypi.org had TTL 2 s, so its address closes again
+    // (the bound is for "never", not for how soon).
     let t = Instant::now();
     while tcp_probe(&g.ns, INTERNET).is_some() {
         assert!(
-            t.elapsed() < Duration::from_secs(6),
+            t.elapsed() < Duration::from_secs(30),
             "address still open after its TTL"
         );
         std::thread::sleep(Duration::from_millis(250));
@@ -352,7 +353,9 @@ fn bandwidth_limit_throttles_both_ways_and_changes_live() {
     assert_eq!(n, MB2);
     eprintln!("2 MB down at 8 Mbit/s: {limited:.2} s");
     assert!(limited >= 1.9, "not throttled: {limited:.2} s");
-    assert!(limited < 6.0, "far slower than the limit: {limited:.2} s");
+    // A rate 10x too low (a unit slip) would take 20 s; load alone does
+    // not get there.
+    assert!(limited < 15.0, "far slower than the limit: {limited:.2} s");
     // 1 MB up at 4 Mbit/s: 2 s at least.
     let (n, up) = upload(&g.ns, INTERNET, MB2 / 2).expect("upload");
     assert_eq!(n, MB2 / 2);
@@ -362,10 +365,13 @@ fn bandwidth_limit_throttles_both_ways_and_changes_live() {
     // Live: faster limit, then none.
     s.set_policy(policy(r#"{"bandwidth":{"down_kbit":32000}}"#))
         .unwrap();
+    let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", "tap0"]);
+    assert!(q.contains("tbf") && q.contains("rate 32Mbit"), "{q}");
     let (_, faster) = download(&g.ns, INTERNET).expect("download");
     eprintln!("2 MB down at 32 Mbit/s: {faster:.2} s");
     assert!(faster >= 0.45, "32 Mbit/s limit not applied: {faster:.2} s");
-    assert!(faster < limited / 2.0, "{faster:.2} s vs {limited:.2} s");
+    // The new rate is the qdisc above; how much faster the download got
+    // is a figure (printed), not a bound a loaded host keeps.
     let q = sh(&["tc", "-n", s.netns(), "qdisc", "show", "dev", s.peer_if()]);
     assert!(!q.contains("tbf"), "upload limit not removed: {q}");
     s.set_policy(policy(r#"{"mode":"internet"}"#)).unwrap();
@@ -373,7 +379,10 @@ fn bandwidth_limit_throttles_both_ways_and_changes_live() {
     assert!(!q.contains("tbf"), "{q}");
     let (_, free) = download(&g.ns, INTERNET).expect("download");
     eprintln!("2 MB down unlimited: {free:.2} s");
-    assert!(free < limited / 4.0, "{free:.2} s vs {limited:.2} s");
+    // A leftover 8 Mbit/s limit would take `limited` again (a leftover
+    // 32 Mbit/s one is the qdisc check above); unlimited over veth is
+    // milliseconds even on a loaded host.
+    assert!(free < limited / 2.0, "{free:.2} s vs {limited:.2} s");
     assert_eq!(
         s.policy().map(|p| p.bandwidth),
         Some(None),

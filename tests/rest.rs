@@ -174,7 +174,7 @@ fn v1_streaming_is_live_and_sse_works() {
     let t0 = Instant::now();
     let (st, mut rd) = h.post_stream(
         "/v1/sessions/live/exec",
-        &json!({"command": "echo first; sleep 2; echo second"}),
+        &json!({"command": "echo first; sleep 4; echo second"}),
         "application/x-ndjson",
     );
     assert_eq!(st, 200);
@@ -193,9 +193,10 @@ fn v1_streaming_is_live_and_sse_works() {
         line.clear();
     }
     let (first, result) = (first_at.unwrap(), result_at.unwrap());
-    // The first chunk arrived while the process was still sleeping.
+    // The first chunk arrived while the process was still sleeping (4 s;
+    // buffered output would come with the result, ~0 s apart).
     assert!(
-        result >= first + Duration::from_millis(1500),
+        result >= first + Duration::from_secs(2),
         "first chunk at {first:?}, result at {result:?}: output was not streamed live"
     );
 
@@ -714,19 +715,19 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
             if i % 2 == 0 {
                 h2.post(
                     &format!("/exec/slow{i}/execute"),
-                    &json!({"command": "sleep 8"}),
+                    &json!({"command": "sleep 15"}),
                 )
                 .status
             } else {
                 h2.post(
                     &format!("/exec/slow{i}/execute?format=ndjson"),
-                    &json!({"command": "sleep 8"}),
+                    &json!({"command": "sleep 15"}),
                 )
                 .status
             }
         }));
         assert!(
-            wait_until(Duration::from_secs(2), || busy(&h) > i),
+            wait_until(Duration::from_secs(20), || busy(&h) > i),
             "{}",
             d.log()
         );
@@ -737,9 +738,11 @@ fn slow_commands_do_not_block_the_api_or_other_sessions() {
     assert_eq!(h.get("/health").status, 200);
     let v = h.exec("fast", "echo quick");
     assert_eq!(stdout_of(&v), "quick\n");
-    // Well before the sleeps end (a new session restores from a snapshot;
-    // under TCG on a loaded machine that alone can take a second or two).
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    eprintln!("fast session beside four long ones: {:?}", t0.elapsed());
+    // Answered while all four still run (a new session restores from a
+    // snapshot; under TCG on a loaded machine that alone can take a second
+    // or two, far below the sleeps' 15 s): not queued behind them.
+    assert_eq!(busy(&h), 4, "the fast session waited for the slow ones");
     // Beyond --max-streams long requests: a clear 503, not a hang.
     let extra: Vec<_> = (0..4)
         .map(|i| {

@@ -15,17 +15,30 @@ use agent_sandbox::sandbox::{
 use common::daemon::{stdout_of, Http};
 use common::wait_until;
 use serde_json::json;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The local-process factory plus three extra templates: `slow` takes 3 s
 /// to create, `broken` always fails, `stalling` fails after 4 s (a boot
-/// that times out).
+/// that times out). While `hold` is set, `slow` and `stalling` do not
+/// start their wait (up to a minute): a test orders events with it instead
+/// of racing the clock.
 struct Wrapped {
     inner: LocalProcessFactory,
     created: AtomicUsize,
     stalled: AtomicUsize,
+    slow_made: AtomicUsize,
+    hold: AtomicBool,
+}
+
+impl Wrapped {
+    fn held(&self) {
+        let t = Instant::now();
+        while self.hold.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl SandboxFactory for Wrapped {
@@ -51,8 +64,13 @@ impl SandboxFactory for Wrapped {
                     "template broken: kernel missing".into(),
                 ))
             }
-            "slow" => std::thread::sleep(Duration::from_secs(3)),
+            "slow" => {
+                self.held();
+                std::thread::sleep(Duration::from_secs(3));
+                self.slow_made.fetch_add(1, Ordering::SeqCst);
+            }
             "stalling" => {
+                self.held();
                 std::thread::sleep(Duration::from_secs(4));
                 self.stalled.fetch_add(1, Ordering::SeqCst);
                 return Err(SandboxError::Other(
@@ -91,11 +109,17 @@ impl Drop for Running {
 }
 
 fn start(pool: usize) -> (Running, Arc<Wrapped>, tempfile::TempDir) {
+    start_held(pool, false)
+}
+
+fn start_held(pool: usize, hold: bool) -> (Running, Arc<Wrapped>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let factory = Arc::new(Wrapped {
         inner: LocalProcessFactory::new(common::agent_bin(), dir.path().join("run")).unwrap(),
         created: AtomicUsize::new(0),
         stalled: AtomicUsize::new(0),
+        slow_made: AtomicUsize::new(0),
+        hold: AtomicBool::new(hold),
     });
     let cfg = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -111,7 +135,7 @@ fn start(pool: usize) -> (Running, Arc<Wrapped>, tempfile::TempDir) {
 
 #[test]
 fn slow_creation_blocks_no_one_and_failures_are_clean() {
-    let (server, _f, _dir) = start(0);
+    let (server, f, _dir) = start_held(0, true);
     let h = Http::new(&format!("http://{}", server.addr()), None);
     let h2 = h.clone();
     let slow = std::thread::spawn(move || {
@@ -122,12 +146,17 @@ fn slow_creation_blocks_no_one_and_failures_are_clean() {
         );
         (r.status, stdout_of(&r.json()), t.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(200));
-    let t0 = Instant::now();
+    assert!(wait_until(Duration::from_secs(10), || f
+        .created
+        .load(Ordering::SeqCst)
+        >= 1));
+    // Answered while the tortoise's sandbox is still being made (held
+    // until we let go): a creation that blocked others would hold these.
     let v = h.exec("hare", "echo fast");
     assert_eq!(stdout_of(&v), "fast\n");
     assert_eq!(h.get("/exec").status, 200);
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(f.slow_made.load(Ordering::SeqCst), 0, "hare waited");
+    f.hold.store(false, Ordering::SeqCst);
     let (st, out, took) = slow.join().unwrap();
     assert_eq!((st, out.as_str()), (200, "slow\n"));
     assert!(took >= Duration::from_secs(3));
@@ -196,31 +225,35 @@ fn warm_pool_serves_new_sessions() {
 /// once, both during its first (hanging) attempt and after it failed.
 #[test]
 fn a_failing_template_does_not_hold_up_the_pool() {
-    let (server, f, _dir) = start(1);
+    // `stalling` is held in its first attempt until the first round is done.
+    let (server, f, _dir) = start_held(1, true);
     let h = Http::new(&format!("http://{}", server.addr()), None);
     let pooled = |h: &Http| {
         h.get("/metrics")
             .text()
             .contains("agent_sandbox_pool_size{template=\"default\"} 1")
     };
+    // The refill must not wait for `stalling`: each round checks it came
+    // while `stalling` was still in the same attempt (or backoff).
     let take_and_refill = |round: &str| {
-        let t = Instant::now();
+        let stalled = f.stalled.load(Ordering::SeqCst);
         let v = h.exec(&format!("warm-{round}"), "echo warm");
         assert_eq!(stdout_of(&v), "warm\n");
         assert!(
-            wait_until(Duration::from_secs(10), || pooled(&h)),
+            wait_until(Duration::from_secs(20), || pooled(&h)),
             "{round}: no refill"
         );
-        assert!(
-            t.elapsed() < Duration::from_millis(2500),
-            "{round}: refilled after {:?}",
-            t.elapsed()
+        assert_eq!(
+            f.stalled.load(Ordering::SeqCst),
+            stalled,
+            "{round}: the refill waited for `stalling`"
         );
     };
     assert!(wait_until(Duration::from_secs(10), || pooled(&h)));
-    // `stalling` is inside its first 4 s attempt (`slow` in its 3 s one).
+    // `stalling` is held inside its first attempt (`slow` too).
     assert_eq!(f.stalled.load(Ordering::SeqCst), 0);
     take_and_refill("during");
+    f.hold.store(false, Ordering::SeqCst);
     assert!(wait_until(Duration::from_secs(10), || f
         .stalled
         .load(Ordering::SeqCst)

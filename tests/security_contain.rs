@@ -446,7 +446,9 @@ fn attacks_in_one_session_are_contained() {
             "{}",
             r.text()
         );
-        assert!(t0.elapsed() < Duration::from_secs(35));
+        // An answer, not a hang: the exec's 30 s timeout and the kill
+        // grace are the expected case; twice that only a lost answer.
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
     });
     // The way out that keeps the session and its files: kill everything in
     // it (`cgroup.kill` on the sandbox cgroup, no process spawned).
@@ -637,7 +639,8 @@ fn vmm_kill_9_mid_exec() {
     eprintln!("FIGURE vmm kill: caller answered {status} after {answered:.1?}: {body}");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("sandbox_unavailable"), "{body}");
-    assert!(answered < Duration::from_secs(10));
+    // At once, not when the 300 s command or its 600 s timeout ends.
+    assert!(answered < Duration::from_secs(60), "{answered:?}");
     // The session is gone, and so is everything it had.
     assert!(
         wait_until(Duration::from_secs(10), || h

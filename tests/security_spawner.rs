@@ -505,11 +505,12 @@ fn main() {
         if out.code != Some(3) || out.stdout != b"out\n" || out.stderr != b"err\n" {
             return Err(format!("{out:?}"));
         }
+        // Ended at its deadline, not after the sleep's 30 s.
         let t0 = Instant::now();
         let argv = ["/bin/sleep".into(), "30".into()];
         match client.run(&argv, Instant::now() + Duration::from_millis(200)) {
             Err(agent_sandbox::vm::VmError::Timeout { .. })
-                if t0.elapsed() < Duration::from_secs(2) => {}
+                if t0.elapsed() < Duration::from_secs(15) => {}
             other => return Err(format!("sleep 30 with a 200 ms deadline: {other:?}")),
         }
         let argv = ["/nonexistent/jailer".into()];
