@@ -43,6 +43,12 @@ fn main() {
         "1000000",
         "--max-sessions",
         "64",
+        "--max-sessions-per-key",
+        "64",
+        "--max-vcpus-per-key",
+        "64",
+        "--max-mem-mib-per-key",
+        "65536",
     ]);
     let h = d.http();
     let pid = d.pid();
