@@ -54,6 +54,15 @@ fn status_of(resp: &str) -> u16 {
         .unwrap_or(0)
 }
 
+/// A session made before an attack still runs commands during it.
+fn assert_bystander(d: &Daemon, during: &str) {
+    let v = d.http().exec("bystander", "echo still-here");
+    assert!(
+        common::daemon::stdout_of(&v).contains("still-here"),
+        "bystander session during {during}: {v}"
+    );
+}
+
 /// `/health` on a fresh connection answers 200 within a second.
 fn assert_healthy(d: &Daemon, during: &str) {
     let t = Instant::now();
@@ -78,6 +87,7 @@ fn assert_healthy(d: &Daemon, during: &str) {
 #[test]
 fn huge_content_length_without_auth_is_refused_unread() {
     let d = Daemon::start(&[]);
+    assert_bystander(&d, "start");
     for cl in ["100000000000000", "18446744073709551615"] {
         let req = format!(
             "POST /exec/x/execute HTTP/1.1\r\nHost: x\r\nContent-Length: {cl}\r\n\r\n{{\"command\":"
@@ -112,12 +122,14 @@ fn huge_content_length_without_auth_is_refused_unread() {
         assert_eq!(status_of(&h.join().unwrap()), 413);
     }
     assert_healthy(&d, "16 huge bodies");
+    assert_bystander(&d, "16 huge bodies");
     assert!(!d.log().contains("panicked"), "{}", d.log());
 }
 
 #[test]
 fn bodiless_connections_hold_nothing_shared() {
     let d = Daemon::start(&[]);
+    assert_bystander(&d, "start");
     let pid = d.pid();
     let base_threads = threads(pid);
     // 32 connections that declare a body and never send it, half
@@ -141,6 +153,7 @@ fn bodiless_connections_hold_nothing_shared() {
         assert_healthy(&d, &format!("32 bodiless connections, probe {i}"));
         std::thread::sleep(Duration::from_millis(300));
     }
+    assert_bystander(&d, "32 bodiless connections");
     // Each one ends by itself: 408 (or a close) once the body read times
     // out; nothing waits forever.
     let t = Instant::now();
@@ -201,6 +214,7 @@ fn endless_header_is_cut_at_the_head_limit() {
         "a 64 MiB header grew the daemon by {grew} kB"
     );
     assert_healthy(&d, "endless header");
+    assert_bystander(&d, "endless header");
     // Too many header lines: 431.
     let mut req = String::from("GET /health HTTP/1.1\r\n");
     for i in 0..100 {
@@ -214,6 +228,7 @@ fn endless_header_is_cut_at_the_head_limit() {
 #[test]
 fn slowloris_connections_are_closed_by_the_head_timeout() {
     let d = Daemon::start(&[]);
+    assert_bystander(&d, "start");
     let pid = d.pid();
     let base_threads = threads(pid);
     let mut conns: Vec<TcpStream> = (0..20)
@@ -235,6 +250,7 @@ fn slowloris_connections_are_closed_by_the_head_timeout() {
         }
         if t.elapsed() > Duration::from_secs(2) && t.elapsed() < Duration::from_secs(4) {
             assert_healthy(&d, "slowloris");
+            assert_bystander(&d, "slowloris");
         }
         std::thread::sleep(Duration::from_secs(1));
     }
