@@ -419,6 +419,23 @@ impl Http {
         )
     }
 
+    /// Starts a GET and returns the live body reader (for streams).
+    pub fn get_stream(&self, path: &str) -> (u16, Box<dyn BufRead + Send>) {
+        let mut rb = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("Accept", "application/x-ndjson");
+        if let Some(k) = &self.key {
+            rb = rb.header("X-API-Key", k);
+        }
+        let r = rb.call().expect("HTTP request failed");
+        let status = r.status().as_u16();
+        (
+            status,
+            Box::new(BufReader::new(r.into_body().into_reader())),
+        )
+    }
+
     /// Runs a command through the seed endpoint and returns the JSON answer.
     pub fn exec(&self, session: &str, command: &str) -> serde_json::Value {
         let r = self.post(
