@@ -80,12 +80,19 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn sessions_end_at_max_lifetime() {
-    let d = Daemon::start_local(&["--max-lifetime", "3s", "--reap-interval", "1s"]);
+    // An idle timeout far off: the session must end by its lifetime.
+    let d = Daemon::start_local(&[
+        "--max-lifetime",
+        "3s",
+        "--reap-interval",
+        "1s",
+        "--idle-timeout",
+        "1h",
+    ]);
     let h = d.http();
     assert_eq!(stdout_of(&h.exec("old", "echo hi")), "hi\n");
     let procs = d.sandbox_procs();
     assert!(!procs.is_empty(), "no sandbox process for the session");
-    // Kept busy: expiry is by lifetime, not idleness.
     let gone = wait_until(Duration::from_secs(60), || {
         let r = h.get("/v1/sessions/old");
         r.status == 404
@@ -274,45 +281,70 @@ fn pty_resize_reaches_the_terminal() {
     assert!(out.contains("41 117"), "stty size after resize: {out:?}");
 }
 
-/// The warm pool's own sandbox is the one a new session gets: with the
-/// pool full and nothing else running, the pooled sandbox's processes are
-/// known; after a session is made and the pool refilled, deleting the
-/// session must end exactly those processes (had the session booted its
-/// own sandbox, they would still run, as the pool entry).
+/// The warm pool's own sandbox is the one a new session gets. With every
+/// template's pool full, the pooled sandboxes' processes are known; a
+/// session is made, the pool refilled, the session deleted: a pooled
+/// process must be gone with it. Had the session booted a sandbox of its
+/// own, all the pooled ones would still run.
 #[test]
 fn warm_pool_sandbox_is_the_one_handed_out() {
     let d = Daemon::start(&["--pool-size", "1", "--standby-vmms", "0"]);
     let h = d.http();
-    let pooled = |h: &Http| {
-        h.get("/metrics")
-            .text()
-            .contains("agent_sandbox_pool_size{template=\"default\"} 1")
+    let templates: Vec<String> = h.get("/v1/templates").json()["templates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(!templates.is_empty());
+    // Every template's pool holds one sandbox (the pool fills them all).
+    let full = |h: &Http| {
+        let m = h.get("/metrics").text();
+        templates.iter().all(|t| {
+            m.lines()
+                .any(|l| l == format!("agent_sandbox_pool_size{{template=\"{t}\"}} 1"))
+        })
     };
+    // Generous: under TCG each template's first boot makes its snapshot.
     assert!(
-        wait_until(Duration::from_secs(120), || pooled(&h)),
-        "pool never filled:\n{}",
+        wait_until(Duration::from_secs(600), || full(&h)),
+        "pools never filled ({templates:?}):\n{}",
         d.log()
     );
     let warm = d.sandbox_procs();
-    assert!(!warm.is_empty(), "no process for the warm sandbox");
+    assert!(!warm.is_empty(), "no process for the warm sandboxes");
+    let exes: Vec<String> = warm
+        .iter()
+        .filter_map(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok())
+        .map(|e| e.display().to_string())
+        .collect();
+    eprintln!("warm sandboxes of {templates:?}: {warm:?} running {exes:?}");
     assert_eq!(stdout_of(&h.exec("w", "echo warm")), "warm\n");
     assert!(
-        wait_until(Duration::from_secs(120), || pooled(&h)),
+        wait_until(Duration::from_secs(300), || full(&h)),
         "pool not refilled"
     );
     let all = d.sandbox_procs();
     assert!(
         warm.iter().all(|p| all.contains(p)),
-        "the warm sandbox {warm:?} is gone after the session started: {all:?}"
+        "a warm sandbox of {warm:?} is gone before the session ended: {all:?}"
     );
     assert!(all.len() > warm.len(), "no refill process: {all:?}");
     assert_eq!(h.delete("/v1/sessions/w").status, 200);
     assert!(
-        wait_until(Duration::from_secs(30), || warm.iter().all(|p| !alive(*p))),
-        "deleting the session left the once-pooled sandbox {warm:?} running: \
-         the session had another sandbox"
+        wait_until(Duration::from_secs(30), || warm.iter().any(|p| !alive(*p))),
+        "deleting the session left every once-pooled sandbox {warm:?} running: \
+         the session had a sandbox of its own"
     );
-    // The refilled pool entry is still there, unused.
-    assert!(pooled(&h));
-    assert!(!d.sandbox_procs().is_empty());
+    // The pool's entries (one of them the refill) are still there, unused.
+    assert!(full(&h));
+    // As many sandbox processes as when only the pools ran: the session's
+    // are gone and the refill took the place of the one it was handed.
+    assert!(
+        wait_until(Duration::from_secs(30), || d.sandbox_procs().len()
+            == warm.len()),
+        "{:?} after the delete, {warm:?} before the session",
+        d.sandbox_procs()
+    );
 }
