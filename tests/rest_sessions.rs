@@ -197,22 +197,41 @@ fn warm_pool_serves_new_sessions() {
             .text()
             .contains("agent_sandbox_pool_size{template=\"default\"} 1")
     }));
+    // `slow` fills too (after 3 s): from then on the pooled sandboxes'
+    // processes are all there is.
+    assert!(wait_until(Duration::from_secs(20), || {
+        h.get("/metrics")
+            .text()
+            .contains("agent_sandbox_pool_size{template=\"slow\"} 1")
+    }));
+    let marker = dir.path().display().to_string();
+    let warm = common::procs_with(&marker);
+    assert!(!warm.is_empty(), "no warm sandbox process");
     let before = f.created.load(Ordering::SeqCst);
     let v = h.exec("warm", "echo warm");
     assert_eq!(stdout_of(&v), "warm\n");
-    // The session took the warm sandbox; the pool refills in the background.
+    // The pool refills in the background.
     assert!(wait_until(Duration::from_secs(10), || {
         h.get("/metrics")
             .text()
             .contains("agent_sandbox_pool_size{template=\"default\"} 1")
             && f.created.load(Ordering::SeqCst) > before
     }));
+    // The session had a pooled sandbox: deleting it ends one of the pooled
+    // processes (a sandbox of its own would leave them all running).
+    assert!(warm.iter().all(|p| common::procs_with(&marker).contains(p)));
+    assert_eq!(h.delete("/exec/warm").status, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || warm
+            .iter()
+            .any(|p| !common::procs_with(&marker).contains(p))),
+        "every pooled sandbox {warm:?} outlived the session"
+    );
     // A session with another shape does not use the pool.
     let r = h.post("/v1/sessions", &json!({"id": "big", "vcpus": 2}));
     assert_eq!(r.status, 201);
     server.shutdown();
     // Shutdown destroyed the sessions and the warm sandboxes.
-    let marker = dir.path().display().to_string();
     assert!(wait_until(Duration::from_secs(5), || common::procs_with(
         &marker
     )
