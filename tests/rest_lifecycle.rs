@@ -147,12 +147,23 @@ fn keys_cli_takes_effect_on_a_running_daemon() {
         .status
         == 401));
     assert_eq!(h2.get("/exec").status, 200);
+    // A session of the key: revoking it from the CLI ends the session too
+    // (the daemon notices the key file), not only its requests.
+    h2.exec("cli-owned", "true");
+    assert!(h2.get("/exec").text().contains("cli-owned"));
     let (ok, _, _) = cli(&["keys", "revoke", &id, "--key-file", f]);
     assert!(ok);
     assert!(wait_until(Duration::from_secs(20), || h2
         .get("/exec")
         .status
         == 401));
+    assert!(
+        wait_until(Duration::from_secs(20), || d
+            .log()
+            .contains("cli-owned: its key is revoked")),
+        "the revoked key's session was not ended:\n{}",
+        d.log()
+    );
     let (ok, _, err) = cli(&["keys", "create", "--scopes", "root", "--key-file", f]);
     assert!(!ok && err.contains("unknown scope"));
     assert!(!std::fs::read_to_string(&file)

@@ -330,6 +330,14 @@ impl KeyStore {
     }
 
     /// The active key a token belongs to.
+    /// Whether key `id` exists and is not revoked (the file is re-read if
+    /// it changed: the CLI may have revoked or deleted it).
+    pub fn is_usable(&self, id: &str) -> bool {
+        let mut c = self.lock();
+        self.refresh(&mut c, false);
+        c.keys.iter().any(|k| k.id == id && !k.revoked)
+    }
+
     pub fn verify(&self, token: &str) -> Option<KeyRecord> {
         let id = token.strip_prefix("asbx_")?.split('_').next()?;
         let check = |rec: Option<KeyRecord>| {

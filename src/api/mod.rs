@@ -116,6 +116,15 @@ impl Server {
             )
             .map_err(|e| format!("start http acceptor: {e}"))?
         };
+        if cfg.auth {
+            let ctx = ctx.clone();
+            crate::harden::thread::spawn(
+                crate::harden::ThreadKind::Http,
+                std::thread::Builder::new().name("key-watch".into()),
+                move || watch_keys(&ctx),
+            )
+            .map_err(|e| format!("start key watcher: {e}"))?;
+        }
         Ok(Server {
             ctx,
             http,
@@ -144,6 +153,25 @@ impl Server {
         let end = Instant::now() + Duration::from_secs(5);
         while self.ctx.long_running.load(Ordering::Acquire) > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Ends the sessions of keys revoked or deleted behind the API's back
+/// (`agent-sandbox keys revoke` edits the key file): their access is gone,
+/// as when the API revokes them. Checked every second.
+fn watch_keys(ctx: &Ctx) {
+    while !ctx.is_closing() {
+        std::thread::sleep(Duration::from_secs(1));
+        for s in ctx.mgr.list(None) {
+            if !ctx.keys.is_usable(&s.owner) {
+                log::info!(
+                    "session {}/{}: its key is revoked or gone; ending it",
+                    s.owner,
+                    s.id
+                );
+                ctx.mgr.remove(&s.owner, &s.id, "key revoked", false);
+            }
         }
     }
 }
