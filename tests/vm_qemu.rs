@@ -320,6 +320,114 @@ fn pip_installs_a_local_wheel_into_the_root_fs() {
     v.destroy().expect("destroy");
 }
 
+/// Every template file is in the VM tests' image set, so a new template
+/// is built and booted by them (`.ci/run` builds all of them anyway).
+#[test]
+fn every_template_is_built_by_the_vm_tests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/templates");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("list {}: {err}", dir.display()))
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
+            (n != "schema").then_some(n)
+        })
+        .collect();
+    files.sort();
+    let mut built: Vec<String> = vm::TEMPLATES.iter().map(|t| t.to_string()).collect();
+    built.sort();
+    assert_eq!(
+        built,
+        files,
+        "tests/common/vm.rs TEMPLATES vs {}",
+        dir.display()
+    );
+}
+
+/// A session of `template` as the daemon makes one (`{"template": ...}`):
+/// the snapshot is made on first use (boot, warm commands, save), then
+/// restored. Prints how long each took; commands run without the
+/// template's `env`, as a daemon session's do.
+fn template_session(
+    e: &VmEnv,
+    template: &str,
+    id: &str,
+) -> (Box<dyn Vm>, agent_sandbox::agent::AgentClient) {
+    let t = Instant::now();
+    let info = e
+        .registry
+        .ensure_snapshot(template)
+        .unwrap_or_else(|err| panic!("snapshot of {template}: {err}"));
+    eprintln!(
+        "{template}: snapshot {} in {:?} (rootfs {})",
+        if info.rebuilt { "made" } else { "fresh" },
+        t.elapsed(),
+        info.rootfs.display()
+    );
+    let t = Instant::now();
+    let (v, c) = restore(e, template, id);
+    eprintln!("{template}: restore to agent hello {:?}", t.elapsed());
+    (v, c)
+}
+
+fn assert_ok(out: &agent_sandbox::agent::ExecOutput, what: &str) {
+    assert_eq!(
+        out.status.code,
+        Some(0),
+        "{what}: {:?}; stdout: {}; stderr: {}",
+        out.status,
+        stdout(out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn node_template_runs_node_and_npm() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let (mut v, c) = template_session(e, "node", "node-run");
+    let t = Instant::now();
+    let out = sh(&c, "node -e 'console.log(6*7)'");
+    eprintln!("node: first command (node -e) {:?}", t.elapsed());
+    assert_ok(&out, "node -e");
+    assert_eq!(stdout(&out), "42");
+    let t = Instant::now();
+    let out = sh(&c, "npm --version");
+    eprintln!("node: npm --version {:?}: {}", t.elapsed(), stdout(&out));
+    assert_ok(&out, "npm --version");
+    // A version, not an empty line or a banner.
+    let version = stdout(&out);
+    assert!(
+        version.split('.').count() == 3 && version.split('.').all(|p| p.parse::<u32>().is_ok()),
+        "npm --version printed {version:?}"
+    );
+    v.destroy().expect("destroy");
+}
+
+#[test]
+fn go_template_runs_a_hello_world() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let (mut v, c) = template_session(e, "go", "go-run");
+    c.write_file(
+        "/tmp/hello/hello.go",
+        b"package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\") }\n",
+        None,
+    )
+    .expect("write hello.go");
+    // `go run` compiles and links under TCG: minutes on a loaded host.
+    let t = Instant::now();
+    let out = vm::sh_within(
+        &c,
+        "cd /tmp/hello && go run hello.go",
+        Duration::from_secs(300),
+    );
+    eprintln!("go: first command (go run hello.go) {:?}", t.elapsed());
+    assert_ok(&out, "go run hello.go");
+    assert_eq!(stdout(&out), "hello");
+    v.destroy().expect("destroy");
+}
+
 #[test]
 fn vmm_killed_mid_exec_fails_fast_and_leaves_nothing() {
     let Some(e) = env() else { return };

@@ -21,8 +21,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
-pub const TEMPLATES: &[&str] = &["base", "python"];
+/// Every template in `images/templates/`: each is built and booted by a
+/// test (`tests/vm_qemu.rs`), so none can rot unnoticed.
+pub const TEMPLATES: &[&str] = &["base", "python", "node", "go"];
 /// Unprivileged uid/gid the VMMs run as (nobody / nogroup).
 pub const VM_UID: u32 = 65534;
 pub const VM_GID: u32 = 65534;
@@ -305,10 +308,15 @@ impl VmEnv {
 }
 
 pub fn sh(c: &AgentClient, cmd: &str) -> ExecOutput {
+    sh_within(c, cmd, Duration::from_secs(120))
+}
+
+/// [`sh`] with a timeout of its own (a compile under TCG takes minutes).
+pub fn sh_within(c: &AgentClient, cmd: &str, timeout: Duration) -> ExecOutput {
     c.exec(
         ExecRequest {
             shell: Some(cmd.to_string()),
-            timeout_ms: Some(120_000),
+            timeout_ms: Some(timeout.as_millis() as u64),
             ..Default::default()
         },
         1 << 20,
