@@ -411,7 +411,18 @@ fn serve_is_hardened_in_every_thread_and_real_paths_fit_the_filters() {
         assert_eq!(hex(field(&st, "CapEff")), 0, "QEMU has no capabilities");
         // Its own cgroups (v2, and v1 where this host binds controllers
         // there), with every limit: serve refuses to start without them.
-        let files = check_vmm_limits(qemu, mem_mib, 256, true);
+        // The default overhead: 256 MiB, plus under TCG the capped
+        // translation cache (vm::cgroup::TCG_TB_MIB) and the guest's RAM.
+        let tcg = std::fs::read(format!("/proc/{qemu}/cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains("tcg,tb-size="))
+            .unwrap_or(false);
+        let overhead = agent_sandbox::vm::cgroup::MEMORY_OVERHEAD_MIB
+            + if tcg {
+                agent_sandbox::vm::cgroup::TCG_TB_MIB + mem_mib
+            } else {
+                0
+            };
+        let files = check_vmm_limits(qemu, mem_mib, overhead, true);
         eprintln!("QEMU pid {qemu}: cgroup limits checked in {files:#?}");
         let dirs: Vec<PathBuf> = cgroup_dirs(qemu)
             .into_iter()

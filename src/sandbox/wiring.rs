@@ -284,9 +284,7 @@ pub fn qemu_config(cfg: &Config) -> QemuConfig {
         qc.binary = q.clone();
     }
     qc.io_max = io_max(cfg);
-    if let Some(m) = cfg.vm_memory_overhead_mib {
-        qc.mem_overhead_mib = m;
-    }
+    qc.mem_overhead_mib = cfg.vm_memory_overhead_mib;
     qc
 }
 

@@ -43,10 +43,15 @@ fn v1_name(c: &str) -> &str {
     }
 }
 
-/// QEMU's own memory beyond guest RAM (device emulation, TCG translation
-/// cache, page tables): measured ~100-125 MiB RSS for a 256 MiB TCG guest.
-/// The default of `vm_memory_overhead_mib`.
+/// QEMU's own memory beyond guest RAM (device emulation, page tables):
+/// measured ~100-125 MiB RSS for a 256 MiB guest. The default of
+/// `vm_memory_overhead_mib` under KVM.
 pub const MEMORY_OVERHEAD_MIB: u64 = 256;
+
+/// QEMU's TCG translation cache, capped with `-accel tcg,tb-size=` (its
+/// default is 1 GiB): under TCG the default overhead adds it. (A fork bomb
+/// in a 512 MiB guest took a TCG QEMU past guest RAM + 256 MiB.)
+pub const TCG_TB_MIB: u64 = 256;
 
 /// Threads and processes one VMM may have (QEMU: vCPU threads, I/O worker
 /// pool of up to 64, RCU, main loop).
