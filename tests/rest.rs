@@ -784,36 +784,12 @@ fn always_blocked_allowlist_rules_are_refused_naming_the_rule() {
         assert!(r.text().contains(rule), "rule not named: {}", r.text());
 
         // MCP, stateless 2026-07-28 over the daemon's /mcp.
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
-        let v = "2026-07-28";
-        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-            "name": "create_session",
-            "arguments": {"sessionId": "blk", "egress": body},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": v,
-                      "io.modelcontextprotocol/clientCapabilities": {},
-                      "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}});
-        let mut resp = agent
-            .post(format!("{}/mcp", d.base))
-            .header("Authorization", &format!("Bearer {}", d.key))
-            .header("Accept", "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", v)
-            .header("Mcp-Method", "tools/call")
-            .header("Mcp-Name", "create_session")
-            .content_type("application/json")
-            .send(call.to_string().as_bytes())
-            .expect("POST /mcp");
-        let text = resp.body_mut().read_to_string().expect("MCP answer");
-        let data = text
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("data:"))
-            .unwrap_or(&text)
-            .trim();
-        let m: serde_json::Value = serde_json::from_str(data).expect("MCP JSON");
+        let (_, _, m) = common::daemon::mcp_call(
+            &d,
+            &d.key,
+            "create_session",
+            json!({"sessionId": "blk", "egress": body}),
+        );
         assert_eq!(m["result"]["isError"], true, "{m}");
         let msg = m["result"]["content"][0]["text"].as_str().unwrap_or("");
         assert!(msg.contains(rule) && msg.contains("always-blocked"), "{m}");

@@ -8,7 +8,7 @@ mod common;
 #[path = "common/skip.rs"]
 mod skip;
 
-use common::daemon::{stdout_of, Daemon, Http};
+use common::daemon::{mcp_call, stdout_of, Daemon, Http};
 use common::wait_until;
 use serde_json::{json, Value};
 use std::io::BufRead;
@@ -26,51 +26,6 @@ fn make_key(admin: &Http, scopes: Value, extra: Value) -> (String, String) {
     (
         v["id"].as_str().unwrap_or_default().to_string(),
         v["key"].as_str().unwrap_or_default().to_string(),
-    )
-}
-
-/// One stateless (2026-07-28) MCP `tools/call` over the daemon's `/mcp`:
-/// (HTTP status, Retry-After header, JSON-RPC answer or Null).
-fn mcp_call(d: &Daemon, key: &str, tool: &str, args: Value) -> (u16, Option<String>, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into();
-    let v = "2026-07-28";
-    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool,
-        "arguments": args,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": v,
-                  "io.modelcontextprotocol/clientCapabilities": {},
-                  "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}});
-    let mut resp = agent
-        .post(format!("{}/mcp", d.base))
-        .header("Authorization", &format!("Bearer {key}"))
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", v)
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
-        .content_type("application/json")
-        .send(call.to_string().as_bytes())
-        .expect("POST /mcp");
-    let status = resp.status().as_u16();
-    let retry = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    let data = text
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("data:"))
-        .unwrap_or(&text)
-        .trim();
-    (
-        status,
-        retry,
-        serde_json::from_str(data).unwrap_or(Value::Null),
     )
 }
 

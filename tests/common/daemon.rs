@@ -489,3 +489,53 @@ pub fn vm_id_of(pid: i32) -> Option<String> {
     let i = args.iter().position(|a| a == "-name")?;
     Some(args.get(i + 1)?.strip_prefix("agent-sandbox-")?.to_string())
 }
+
+/// One stateless (2026-07-28) MCP `tools/call` over the daemon's `/mcp`:
+/// (HTTP status, Retry-After header, JSON-RPC answer or Null).
+pub fn mcp_call(
+    d: &Daemon,
+    key: &str,
+    tool: &str,
+    args: serde_json::Value,
+) -> (u16, Option<String>, serde_json::Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(120)))
+        .build()
+        .into();
+    let v = "2026-07-28";
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool,
+        "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": v,
+                  "io.modelcontextprotocol/clientCapabilities": {},
+                  "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}});
+    let mut resp = agent
+        .post(format!("{}/mcp", d.base))
+        .header("Authorization", &format!("Bearer {key}"))
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", v)
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .content_type("application/json")
+        .send(call.to_string().as_bytes())
+        .expect("POST /mcp");
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    let data = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("data:"))
+        .unwrap_or(&text)
+        .trim();
+    (
+        status,
+        retry,
+        serde_json::from_str(data).unwrap_or(serde_json::Value::Null),
+    )
+}
