@@ -470,8 +470,9 @@ pub fn token_from_headers(headers: &[super::httpd::Header]) -> Option<String> {
     for h in headers {
         if h.is("authorization") {
             let v = h.value.as_str().trim();
-            if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
-                return Some(v[7..].trim().to_string());
+            // Bytes, not a str slice: a value may hold any UTF-8.
+            if v.len() > 7 && v.as_bytes()[..7].eq_ignore_ascii_case(b"bearer ") {
+                return v.get(7..).map(|t| t.trim().to_string());
             }
         } else if h.is("x-api-key") {
             return Some(h.value.as_str().trim().to_string());
@@ -501,6 +502,27 @@ mod tests {
         s.revoke(&rec.id).unwrap();
         assert!(s.verify(&tok2).is_none());
         assert!(s.create("b", vec!["root".into()], None, None).is_err());
+    }
+
+    #[test]
+    fn token_parsing_takes_any_utf8_header_value() {
+        let h = |n: &str, v: &str| super::super::httpd::Header {
+            name: n.into(),
+            value: v.into(),
+        };
+        // A multi-byte character across byte 7 (found by the rest fuzzer).
+        assert_eq!(
+            token_from_headers(&[h("Authorization", "Bearer\u{72b}x")]),
+            None
+        );
+        assert_eq!(
+            token_from_headers(&[h("authorization", "bearer  asbx_k1_x ")]),
+            Some("asbx_k1_x".into())
+        );
+        assert_eq!(
+            token_from_headers(&[h("X-API-Key", " asbx_k2_y")]),
+            Some("asbx_k2_y".into())
+        );
     }
 
     #[test]
