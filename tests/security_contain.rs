@@ -474,6 +474,17 @@ fn attacks_in_one_session_are_contained() {
         left.trim(),
         t0.elapsed()
     );
+    if !calm {
+        // What the survivors are doing: run state and pending signals of a
+        // few, and the exec cgroups' events, for the failure report.
+        let why = sh(
+            &h,
+            "victim",
+            "cd /sys/fs/cgroup/sandbox; for c in x*; do echo \"$c $(cat $c/cgroup.events $c/memory.events $c/cgroup.freeze 2>&1 | tr '\\n' ' ')\"; done; \
+             for p in $(cat x*/cgroup.procs | head -8); do grep -hE '^(State|SigPnd|ShdPnd)' /proc/$p/status | tr '\\n' ' '; cat /proc/$p/wchan 2>/dev/null; echo; done",
+        );
+        eprintln!("FIGURE detached bomb survivors:\n{why}");
+    }
     assert!(calm, "bomb still there after kill-all: pids.current {left}");
     assert_eq!(sh(&h, "victim", "echo alive").trim(), "alive");
     let r = h.delete("/v1/sessions/victim");

@@ -181,6 +181,22 @@ fn count_procs(dir: &std::path::Path) -> u64 {
     here + below
 }
 
+/// Exec cgroups directly below `dir` that hold a process now.
+fn populated_children(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .filter(|p| {
+                    std::fs::read_to_string(p.join("cgroup.events"))
+                        .is_ok_and(|e| e.lines().any(|l| l == "populated 1"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// SIGKILLs every user process with `cgroup.kill` on the sandbox cgroup
 /// (every exec's cgroup and whatever its processes left behind, whatever
 /// their uid or process group), then waits up to `wait` until none is left
@@ -189,36 +205,66 @@ fn count_procs(dir: &std::path::Path) -> u64 {
 /// the process groups it started. Root in the guest can move a process out
 /// of the sandbox cgroup; that one survives (the session's VM still bounds
 /// it; destroying the session ends everything).
+///
+/// Against a fork bomb held at its exec cgroup's memory.max, SIGKILL alone
+/// was not always enough under TCG (CI, 2026-12-01: 2065 found, 2065 left
+/// after 5 s, more 30 s later): tasks the memcg OOM killer had already sent
+/// SIGKILL are skipped by `cgroup.kill` and may sit in reclaim at the
+/// limit, while the rest forks on. So each populated exec cgroup is first
+/// frozen (no fork between here and the kill; SIGKILL still ends frozen
+/// tasks) and its memory.max lifted to the sandbox's own limit (which still
+/// bounds them all) so dying tasks are not held in reclaim; thawed after.
 pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
     let l = user_limits()?;
     let path = l.per_exec.clone().unwrap_or_else(|| {
         std::path::PathBuf::from(format!("/proc/self/fd/{}", l.cgroup.as_raw_fd()))
     });
     let found = count_procs(&path);
+    let held = if l.per_exec.is_some() {
+        populated_children(&path)
+    } else {
+        Vec::new()
+    };
+    for c in &held {
+        // Best effort: a cgroup emptied meanwhile is gone or needs neither.
+        let _ = std::fs::write(c.join("cgroup.freeze"), "1");
+        let _ = std::fs::write(c.join("memory.max"), "max");
+    }
     let kill = path.join("cgroup.kill");
-    if let Err(e) = std::fs::write(&kill, "1") {
+    let killed = std::fs::write(&kill, "1");
+    // Thaws what was frozen on every way out: a thawed empty cgroup is
+    // removed as usual, one still holding a task must not keep it frozen.
+    let thaw = || {
+        for c in &held {
+            let _ = std::fs::write(c.join("cgroup.freeze"), "0");
+        }
+    };
+    if let Err(e) = killed {
+        thaw();
         return Some(Err(ctx(e, &format!("write {}", kill.display()))));
     }
     // Waits on `cgroup.events` (one short file), not on a count of every
     // cgroup.procs below, which under a bomb is thousands of lines a read.
     let events = path.join("cgroup.events");
     let deadline = std::time::Instant::now() + wait;
-    loop {
+    let left = loop {
         let populated = match std::fs::read_to_string(&events) {
             Ok(e) => e.lines().any(|l| l == "populated 1"),
             Err(_) => count_procs(&path) > 0,
         };
         if !populated {
-            return Some(Ok((found, 0)));
+            break 0;
         }
         if std::time::Instant::now() >= deadline {
-            return Some(Ok((found, count_procs(&path))));
+            break count_procs(&path);
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
         // Again while anything is left: an exec that raced the first write
         // (a request handled on another thread) started after it.
         let _ = std::fs::write(&kill, "1");
-    }
+    };
+    thaw();
+    Some(Ok((found, left)))
 }
 
 /// Removes exec cgroups whose last process has gone.
