@@ -2,6 +2,8 @@
 //! single host. The CLI (`main.rs`) fills it from a JSON config file
 //! ([`FileConfig`]) and flags; tests build it directly.
 
+pub mod seed_env;
+
 use crate::net::NetConfig;
 use crate::sandbox::EgressPolicy;
 use serde::{Deserialize, Serialize};
@@ -102,6 +104,14 @@ pub struct Config {
     /// their limits (memory, cpu, pids, io with `vm_io_max`): they then run
     /// without those limits. Off: `serve` refuses to start.
     pub allow_unlimited_vmms: bool,
+    /// A fixed `cpu.max` for every VM (`None`: one CPU per vCPU).
+    pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
+    /// Each VMM's RLIMIT_NOFILE (`None`: `vm::qemu::DEFAULT_NOFILE`).
+    pub vm_nofile_limit: Option<u64>,
+    /// The Firecracker jailer's chroot base (`None`: `<state dir>/jail`);
+    /// on the state dir's filesystem, since snapshot files are hard-linked
+    /// into jails.
+    pub jail_dir: Option<PathBuf>,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -198,6 +208,9 @@ impl Default for Config {
             vm_io_max: None,
             vm_memory_overhead_mib: None,
             allow_unlimited_vmms: false,
+            vm_cpu_max: None,
+            vm_nofile_limit: None,
+            jail_dir: None,
         }
     }
 }
@@ -354,6 +367,15 @@ impl Config {
         if let Some(r) = &self.vm_io_max {
             crate::vm::cgroup::validate_io_rule(r).map_err(|e| format!("vm_io_max: {e}"))?;
         }
+        if let Some(c) = &self.vm_cpu_max {
+            c.validate().map_err(|e| format!("vm_cpu_max: {e}"))?;
+        }
+        if let Some(n) = self.vm_nofile_limit {
+            // Below 64 QEMU cannot open its disks, TAP and eventfds.
+            if !(64..=1 << 20).contains(&n) {
+                return Err(format!("vm_nofile_limit {n}: between 64 and 1048576"));
+            }
+        }
         if (self.vm_ids.sessions() as usize) < self.max_sessions {
             return Err(format!(
                 "vm_ids.count {}: fewer session ids than max_sessions {} (one id is the \
@@ -424,6 +446,9 @@ pub struct FileConfig {
     pub vm_io_max: Option<String>,
     pub vm_memory_overhead_mib: Option<u64>,
     pub allow_unlimited_vmms: Option<bool>,
+    pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
+    pub vm_nofile_limit: Option<u64>,
+    pub jail_dir: Option<PathBuf>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -469,6 +494,7 @@ impl FileConfig {
             ("snapshot_dir", &self.snapshot_dir),
             ("firecracker", &self.firecracker),
             ("jailer", &self.jailer),
+            ("jail_dir", &self.jail_dir),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.as_ref().map(|p| (k.to_string(), p)))
@@ -567,6 +593,9 @@ impl FileConfig {
             jailer => c.artifacts.jailer,
             vm_io_max => c.vm_io_max,
             vm_memory_overhead_mib => c.vm_memory_overhead_mib,
+            vm_cpu_max => c.vm_cpu_max,
+            vm_nofile_limit => c.vm_nofile_limit,
+            jail_dir => c.jail_dir,
         );
     }
 
@@ -626,6 +655,9 @@ impl FileConfig {
             vm_io_max: c.vm_io_max.clone(),
             vm_memory_overhead_mib: c.vm_memory_overhead_mib,
             allow_unlimited_vmms: Some(c.allow_unlimited_vmms),
+            vm_cpu_max: c.vm_cpu_max,
+            vm_nofile_limit: c.vm_nofile_limit,
+            jail_dir: c.jail_dir.clone(),
         }
     }
 }

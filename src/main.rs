@@ -2,6 +2,7 @@
 
 use agent_sandbox::api::auth::{validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
+use agent_sandbox::config::seed_env::EnvLayer;
 use agent_sandbox::config::{default_state_dir, parse_duration, Config, FileConfig};
 use agent_sandbox::sandbox;
 use agent_sandbox::sandbox::wiring;
@@ -129,6 +130,8 @@ fn admin_config(
     backend: Option<String>,
 ) -> Result<Config, String> {
     let mut c = Config::default();
+    let env = EnvLayer::from_process()?;
+    env.file.apply(&mut c);
     if let Some(path) = config {
         FileConfig::load(path)?.apply(&mut c);
     }
@@ -294,6 +297,7 @@ struct ServeArgs {
 fn network_config(
     a: &ServeArgs,
     from_file: Option<agent_sandbox::net::NetConfig>,
+    env_dns: &[SocketAddr],
 ) -> Result<Option<agent_sandbox::net::NetConfig>, String> {
     use agent_sandbox::sandbox::wiring;
     let on = match a.network.as_deref() {
@@ -321,6 +325,8 @@ fn network_config(
     }
     if !a.dns_upstream.is_empty() {
         n.dns_upstreams = a.dns_upstream.clone();
+    } else if n.dns_upstreams.is_empty() && !env_dns.is_empty() {
+        n.dns_upstreams = env_dns.to_vec();
     } else if n.dns_upstreams.is_empty() {
         n.dns_upstreams = wiring::host_resolvers();
     }
@@ -328,14 +334,21 @@ fn network_config(
     Ok(Some(n))
 }
 
-/// The daemon's Config: built-in defaults, then the config file, then the
+/// The daemon's Config: built-in defaults, then the seed's environment
+/// variables (`config::seed_env`), then the config file, then the
 /// environment for artifact paths the file leaves unset, then flags.
 fn serve_config(a: &ServeArgs) -> Result<Config, String> {
+    let env = EnvLayer::from_process()?;
+    serve_config_with(a, &env).map_err(|e| env.annotate(e))
+}
+
+fn serve_config_with(a: &ServeArgs, env: &EnvLayer) -> Result<Config, String> {
     let mut c = Config::default();
-    let mut file_names_key_file = false;
+    let mut file_names_key_file = env.file.keys_file.is_some();
+    env.file.clone().apply(&mut c);
     if let Some(path) = &a.config {
         let fc = FileConfig::load(path)?;
-        file_names_key_file = fc.keys_file.is_some();
+        file_names_key_file |= fc.keys_file.is_some();
         fc.apply(&mut c);
     }
     c.artifacts.fill_from_env();
@@ -401,7 +414,7 @@ fn serve_config(a: &ServeArgs) -> Result<Config, String> {
     c.network = if c.backend == "local-process" {
         None
     } else {
-        network_config(a, c.network.take())?
+        network_config(a, c.network.take(), &env.dns_upstreams)?
     };
     c.validate().map_err(|e| match &a.config {
         Some(p) => format!("config {} (with flags): {e}", p.display()),
@@ -500,11 +513,13 @@ fn main() -> ExitCode {
 /// `config check FILE`: the file alone, as `serve --config FILE` would
 /// read it (environment fallbacks included).
 fn config_check(file: &Path) -> Result<Config, String> {
+    let env = EnvLayer::from_process()?;
     let mut c = Config::default();
+    env.file.clone().apply(&mut c);
     FileConfig::load(file)?.apply(&mut c);
     c.artifacts.fill_from_env();
     c.validate()
-        .map_err(|e| format!("config {}: {e}", file.display()))?;
+        .map_err(|e| env.annotate(format!("config {}: {e}", file.display())))?;
     Ok(c)
 }
 

@@ -25,6 +25,9 @@ fn bin() -> Command {
     ] {
         c.env_remove(k);
     }
+    for k in agent_sandbox::config::seed_env::VARS {
+        c.env_remove(k);
+    }
     c
 }
 
@@ -324,6 +327,106 @@ fn environment_is_a_fallback_under_the_file() {
     assert_eq!(out["templates_dir"], "/from/file/templates");
     assert_eq!(out["jailer"], "/from/env/jailer");
     assert_eq!(out["firecracker"], Value::Null);
+}
+
+/// A seed host's environment is a layer under the config file: `config
+/// check` shows it applied, the file wins where both name a thing, a value
+/// that cannot be honoured names its variable, and a daemon started from
+/// the environment alone listens on `PORT` without auth and gives sessions
+/// the egress policy the variables describe.
+#[test]
+fn a_seed_env_configures_the_daemon_under_the_file() {
+    let dir = tempfile::Builder::new()
+        .prefix("sbx-seed-env")
+        .tempdir()
+        .unwrap();
+    let f = write(dir.path(), "c.json", &json!({"default_vcpus": 1}));
+    let seed = [
+        ("VM_VCPU_COUNT", "2"),
+        ("VM_MEM_SIZE_MIB", "512"),
+        ("VM_CPU_QUOTA_US", "150000"),
+        ("VM_NOFILE_LIMIT", "4096"),
+        ("FIRECRACKER_JAIL_BASE", "/srv/seed-jail"),
+        ("VM_DEST_MODE", "deny"),
+        ("VM_DEST_RULES", "198.51.100.0/24:443/tcp"),
+        ("VM_DNS_MODE", "deny"),
+        ("VM_DNS_DOMAINS", "evil.example"),
+        ("VM_BW_ENABLED", "1"),
+        ("VM_BW_RATE_KBIT", "4000"),
+        ("VM_BW_BURST_KBIT", "400"),
+    ];
+    let (code, out, err) = run(bin().args(["config", "check"]).arg(&f).envs(seed));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["default_vcpus"], 1, "the file wins: {out}");
+    assert_eq!(out["default_mem_mib"], 512);
+    assert_eq!(
+        out["vm_cpu_max"],
+        json!({"quota_us": 150000, "period_us": 100000})
+    );
+    assert_eq!(out["vm_nofile_limit"], 4096);
+    assert_eq!(out["jail_dir"], "/srv/seed-jail");
+    let e = &out["egress"];
+    assert_eq!(e["mode"], "denylist", "{e}");
+    assert_eq!(e["rules"], json!(["198.51.100.0/24:443/tcp"]));
+    assert_eq!(e["deniedDomains"], json!(["evil.example"]));
+    assert_eq!(
+        (e["bandwidthKbps"].clone(), e["bandwidthBurstKbit"].clone()),
+        (json!(4000), json!(400))
+    );
+
+    let (code, _, err) = run(bin()
+        .args(["config", "check"])
+        .arg(&f)
+        .env("VM_DNS_MODE", "sometimes"));
+    assert_eq!(code, 2);
+    assert!(err.contains("VM_DNS_MODE"), "{err}");
+    // A config-level check names the variable behind the key too.
+    let (code, _, err) = run(bin()
+        .args(["config", "check"])
+        .arg(&f)
+        .env("VM_VCPU_COUNT", "64")
+        .env("VM_MEM_SIZE_MIB", "300000"));
+    assert_eq!(code, 2);
+    assert!(err.contains("VM_MEM_SIZE_MIB"), "{err}");
+
+    // A daemon from the environment alone.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let log = std::fs::File::create(dir.path().join("daemon.log")).unwrap();
+    let mut child = bin()
+        .arg("serve")
+        .args(["--backend", "local-process", "--network", "off"])
+        .arg("--agent-bin")
+        .arg(common::agent_bin())
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("PORT", port.to_string())
+        .env("AUTH_ENABLED", "false")
+        .env("AUTH_KEYS_PATH", dir.path().join("seed-keys.json"))
+        .env("VM_DEST_MODE", "allow")
+        .env("VM_DEST_RULES", "198.51.100.7/32")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawn agent-sandbox serve");
+    let stdout = child.stdout.take().unwrap();
+    let _guard = Running(child);
+    let (_, base) = common::daemon::read_banner_from(stdout);
+    assert_eq!(
+        base,
+        format!("http://127.0.0.1:{port}"),
+        "{}",
+        std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+    );
+    let h = common::daemon::Http::new(&base, None);
+    let r = h.post("/v1/sessions", &json!({"id": "seed-env"}));
+    assert_eq!(r.status, 201, "no key needed: {}", r.text());
+    let s = h.get("/v1/sessions/seed-env").json();
+    assert_eq!(s["egress"]["mode"], "allowlist", "{s}");
+    assert_eq!(s["egress"]["rules"], json!(["198.51.100.7/32"]));
 }
 
 /// Kills the daemon on drop, even when an assertion failed.

@@ -301,6 +301,50 @@ fn dns_allowlist_resolves_allows_expires_and_survives_junk() {
     );
     assert!(tcp_probe(&g.ns, EVIL).is_some());
     assert!(!set_list(s.netns(), prefix).contains("elements = {"));
+    // Internet with names refused (the seed's VM_DNS_MODE=deny): those are
+    // NXDOMAIN without asking upstream, every other name resolves, and
+    // nothing is opened by a name (the mode decides). A bucket of 800 kbit
+    // is 100000 bytes in the kernel's tbf.
+    let before = dns.asked.lock().unwrap().len();
+    s.set_policy(policy(
+        r#"{"mode":"internet","denied_domains":["evil.com","*.pypi.org"],
+            "bandwidth":{"down_kbit":8000,"up_kbit":8000,"burst_kbit":800}}"#,
+    ))
+    .unwrap();
+    for name in ["evil.com", "files.pypi.org"] {
+        let r = dns_ask(&g.ns, gw(), name, A, false).expect("answer");
+        assert_eq!(r.rcode, 3, "{name}: {r:?}");
+    }
+    {
+        let asked = dns.asked.lock().unwrap();
+        assert!(
+            !asked[before..]
+                .iter()
+                .any(|n| n == "evil.com" || n.ends_with("pypi.org")),
+            "refused names reached upstream: {asked:?}"
+        );
+    }
+    let r = dns_ask(&g.ns, gw(), "github.com", A, false).expect("answer");
+    assert_eq!((r.rcode, r.addrs), (0, vec![EDGE]));
+    assert!(!set_list(s.netns(), prefix).contains("elements = {"));
+    let q = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        s.netns(),
+        "tc",
+        "-j",
+        "qdisc",
+        "show",
+        "dev",
+        "tap0",
+    ]);
+    let q: serde_json::Value = serde_json::from_str(&q).unwrap_or_else(|e| panic!("{q}: {e}"));
+    let tbf = q
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["kind"] == "tbf"))
+        .unwrap_or_else(|| panic!("no tbf on tap0: {q}"));
+    assert_eq!(tbf["options"]["burst"], 100_000, "{tbf}");
     // An allowlist without names: no resolver at all (nothing on port 53).
     s.set_policy(policy(
         r#"{"mode":"allowlist","rules":["198.51.100.7/32"]}"#,

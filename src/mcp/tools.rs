@@ -298,7 +298,9 @@ fn create_session_in() -> Value {
                         "mode": {"type": "string", "enum": ["internet", "none", "allowlist", "denylist"]},
                         "rules": {"type": "array", "items": {"type": "string"}},
                         "domains": {"type": "array", "items": {"type": "string"}},
-                        "bandwidthKbps": {"type": "integer", "minimum": 1}
+                        "deniedDomains": {"type": "array", "items": {"type": "string"}},
+                        "bandwidthKbps": {"type": "integer", "minimum": 1},
+                        "bandwidthBurstKbit": {"type": "integer", "minimum": 1}
                     }, "additionalProperties": false}
                 ]
             },

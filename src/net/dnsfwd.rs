@@ -332,8 +332,8 @@ impl Worker {
             // Fail closed the other way round: no answer before the
             // addresses are in the set (else the guest's connect fails).
             // Resolving every name opens nothing: the mode's rules decide.
-            let any = matches!(*lock(&self.shared).allowed, DnsNames::Any);
-            if !any {
+            let opens = lock(&self.shared).allowed.opens_firewall();
+            if opens {
                 if let Err(e) = self.allow(&ans.addrs) {
                     log::error!("{}: adding DNS answers to the set: {e}", self.id);
                     return dns::reply(q, dns::RCODE_SERVFAIL);

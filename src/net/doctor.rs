@@ -52,7 +52,7 @@ pub fn check(cfg: &NetConfig) -> Result<()> {
             .map_err(|e| missing("installing a session table", e))?;
         let mut rtnl = Rtnl::open(&name)?;
         let lo = rtnl.need_index("lo")?;
-        tc::set_limit(&mut rtnl, lo, "lo (doctor)", Some(1000))
+        tc::set_limit(&mut rtnl, lo, "lo (doctor)", Some(1000), None)
             .map_err(|e| missing("adding a tbf qdisc", e))?;
         Ok(())
     });

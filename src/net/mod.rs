@@ -649,13 +649,13 @@ fn apply_bandwidth(
         (ctl.peer_index, "veth (up)", f.up_kbit, t.up_kbit),
     ];
     for (idx, dir, old, new) in links {
-        if old == new && from.is_some() {
+        if old == new && f.burst_kbit == t.burst_kbit && from.is_some() {
             continue;
         }
         let what = format!("session {id} {dir}");
-        tc::set_limit(&mut ctl.rtnl, idx, &what, new)?;
+        tc::set_limit(&mut ctl.rtnl, idx, &what, new, t.burst_kbit)?;
         let got = tc::read_limit(&mut ctl.rtnl, idx, &what)?;
-        let want = new.map(|k| tc::tbf_params(k).0);
+        let want = new.map(|k| tc::tbf_params(k, t.burst_kbit).0);
         if got != want {
             return Err(NetError::invalid(format!(
                 "{what}: bandwidth limit reads back as {got:?} bytes/s, expected {want:?}"

@@ -8,6 +8,10 @@
 //!  "domains":["*.pypi.org","github.com"],
 //!  "bandwidth":{"down_kbit":8000,"up_kbit":2000}}
 //! ```
+//!
+//! `denied_domains` (instead of `domains`) turns the forwarder around: it
+//! answers every name but those, and opens nothing in the firewall (the
+//! mode's rules decide, as with no list at all).
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,6 +27,10 @@ pub const MAX_DOMAINS: usize = 256;
 /// longer than TCP's patience; above 100 Gbit/s a limit means nothing.
 pub const MIN_KBIT: u64 = 64;
 pub const MAX_KBIT: u64 = 100_000_000;
+/// Token bucket size bounds (kbit): at least two full frames (the kernel
+/// refuses a bucket smaller than one), at most 1 GiB.
+pub const MIN_BURST_KBIT: u64 = 25;
+pub const MAX_BURST_KBIT: u64 = 8 << 20;
 
 /// An allowed DNS name: `github.com` (exactly that name) or `*.pypi.org`
 /// (any name below pypi.org, not pypi.org itself). Stored lower case,
@@ -111,6 +119,10 @@ pub struct Bandwidth {
     pub down_kbit: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up_kbit: Option<u64>,
+    /// Token bucket size both ways, kbit (`None`: 20 ms of the rate, see
+    /// `tc::tbf_params`): how much may pass at line rate after a pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_kbit: Option<u64>,
 }
 
 impl Bandwidth {
@@ -119,6 +131,7 @@ impl Bandwidth {
         Bandwidth {
             down_kbit: Some(kbit),
             up_kbit: Some(kbit),
+            burst_kbit: None,
         }
     }
 }
@@ -132,6 +145,9 @@ pub struct NetPolicy {
     /// reachable for their TTL (before the mode's final verdict). Empty: no
     /// DNS forwarder runs.
     pub domains: Vec<DomainPattern>,
+    /// Names the session's resolver refuses while it answers every other
+    /// one; exclusive with `domains`.
+    pub denied_domains: Vec<DomainPattern>,
     pub bandwidth: Option<Bandwidth>,
 }
 
@@ -143,6 +159,8 @@ pub enum DnsNames {
     Any,
     /// Only these; their answers are let through the firewall for the TTL.
     Only(Vec<DomainPattern>),
+    /// Every name but these, without touching the firewall.
+    Except(Vec<DomainPattern>),
 }
 
 impl DnsNames {
@@ -150,7 +168,14 @@ impl DnsNames {
         match self {
             DnsNames::Any => true,
             DnsNames::Only(l) => l.iter().any(|p| p.matches(name)),
+            DnsNames::Except(l) => !l.iter().any(|p| p.matches(name)),
         }
+    }
+
+    /// Whether answers are let through the firewall (only an allowlist of
+    /// names does; otherwise the mode's rules decide).
+    pub fn opens_firewall(&self) -> bool {
+        matches!(self, DnsNames::Only(_))
     }
 }
 
@@ -162,6 +187,16 @@ impl NetPolicy {
         if !self.domains.is_empty() {
             return Some(DnsNames::Only(self.domains.clone()));
         }
+        if !self.denied_domains.is_empty() {
+            // Refusing names is no reason to start a resolver where the
+            // mode has none.
+            return match self.egress {
+                EgressPolicy::Internet | EgressPolicy::Denylist { .. } => {
+                    Some(DnsNames::Except(self.denied_domains.clone()))
+                }
+                EgressPolicy::None | EgressPolicy::Allowlist { .. } => None,
+            };
+        }
         match self.egress {
             EgressPolicy::Internet | EgressPolicy::Denylist { .. } => Some(DnsNames::Any),
             EgressPolicy::None | EgressPolicy::Allowlist { .. } => None,
@@ -170,11 +205,19 @@ impl NetPolicy {
 
     pub fn validate(&self) -> Result<(), String> {
         self.egress.validate()?;
-        if self.domains.len() > MAX_DOMAINS {
-            return Err(format!(
-                "{} domains, at most {MAX_DOMAINS}",
-                self.domains.len()
-            ));
+        for (key, l) in [
+            ("domains", &self.domains),
+            ("denied_domains", &self.denied_domains),
+        ] {
+            if l.len() > MAX_DOMAINS {
+                return Err(format!("{} {key}, at most {MAX_DOMAINS}", l.len()));
+            }
+        }
+        if !self.domains.is_empty() && !self.denied_domains.is_empty() {
+            return Err(
+                "domains (names allowed) and denied_domains (names refused) exclude each other"
+                    .into(),
+            );
         }
         if let Some(b) = &self.bandwidth {
             for (dir, v) in [("down_kbit", b.down_kbit), ("up_kbit", b.up_kbit)] {
@@ -184,6 +227,13 @@ impl NetPolicy {
                             "bandwidth {dir} {k}: between {MIN_KBIT} and {MAX_KBIT} kbit/s"
                         ));
                     }
+                }
+            }
+            if let Some(k) = b.burst_kbit {
+                if !(MIN_BURST_KBIT..=MAX_BURST_KBIT).contains(&k) {
+                    return Err(format!(
+                        "bandwidth burst_kbit {k}: between {MIN_BURST_KBIT} and {MAX_BURST_KBIT} kbit"
+                    ));
                 }
             }
         }
@@ -246,6 +296,8 @@ struct RawPolicy {
     rules: Option<Vec<EgressRule>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     domains: Vec<DomainPattern>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    denied_domains: Vec<DomainPattern>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     bandwidth: Option<Bandwidth>,
 }
@@ -271,6 +323,7 @@ impl TryFrom<RawPolicy> for NetPolicy {
         let p = NetPolicy {
             egress,
             domains: r.domains,
+            denied_domains: r.denied_domains,
             bandwidth: r.bandwidth.filter(|b| *b != Bandwidth::default()),
         };
         p.validate()?;
@@ -290,6 +343,7 @@ impl From<NetPolicy> for RawPolicy {
             mode,
             rules,
             domains: p.domains,
+            denied_domains: p.denied_domains,
             bandwidth: p.bandwidth,
         }
     }

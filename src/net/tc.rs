@@ -24,12 +24,15 @@ const TC_LINKLAYER_ETHERNET: u8 = 1;
 const PSCHED_SHIFT: u32 = 6;
 
 /// Token bucket parameters for `kbit` kbit/s: (rate bytes/s, burst bytes,
-/// queue limit bytes). The burst is 20 ms worth (at least two full
-/// frames), the queue 50 ms on top of it (at least 64 KiB), so TCP sees a
-/// steady rate without a deep buffer.
-pub fn tbf_params(kbit: u64) -> (u64, u32, u32) {
+/// queue limit bytes). The burst is `burst_kbit` if given, else 20 ms
+/// worth (at least two full frames either way), the queue 50 ms on top of
+/// it (at least 64 KiB), so TCP sees a steady rate without a deep buffer.
+pub fn tbf_params(kbit: u64, burst_kbit: Option<u64>) -> (u64, u32, u32) {
     let rate = kbit.saturating_mul(1000) / 8;
-    let burst = (rate / 50).clamp(2 * 1514, u64::from(u32::MAX / 4)) as u32;
+    let burst = burst_kbit
+        .map(|b| b.saturating_mul(1000) / 8)
+        .unwrap_or(rate / 50)
+        .clamp(2 * 1514, u64::from(u32::MAX / 4)) as u32;
     let limit = (rate / 20 + u64::from(burst)).clamp(64 * 1024, u64::from(u32::MAX / 2)) as u32;
     (rate, burst, limit)
 }
@@ -42,7 +45,13 @@ fn root_msg(index: u32) -> TcMessage {
 
 /// Limit the egress of link `index` to `kbit` kbit/s (`tc qdisc replace
 /// dev X root tbf ...`), or remove our limit when `None`.
-pub fn set_limit(rtnl: &mut Rtnl, index: u32, what: &str, kbit: Option<u64>) -> Result<()> {
+pub fn set_limit(
+    rtnl: &mut Rtnl,
+    index: u32,
+    what: &str,
+    kbit: Option<u64>,
+    burst_kbit: Option<u64>,
+) -> Result<()> {
     let Some(kbit) = kbit else {
         let m = root_msg(index);
         return match rtnl.request(
@@ -58,7 +67,7 @@ pub fn set_limit(rtnl: &mut Rtnl, index: u32, what: &str, kbit: Option<u64>) -> 
             )),
         };
     };
-    let (rate, burst, limit) = tbf_params(kbit);
+    let (rate, burst, limit) = tbf_params(kbit, burst_kbit);
     // struct tc_tbf_qopt: rate and peakrate (struct tc_ratespec, 12 bytes
     // each), limit, buffer, mtu. An Ethernet link layer means the kernel
     // computes the rate itself (no rate table needed).
@@ -158,13 +167,16 @@ mod tests {
 
     #[test]
     fn params() {
-        let (rate, burst, limit) = tbf_params(8000);
+        let (rate, burst, limit) = tbf_params(8000, None);
         assert_eq!(rate, 1_000_000);
         assert_eq!(burst, 20_000);
         assert_eq!(limit, 70_000);
-        let (rate, burst, _) = tbf_params(64);
+        let (rate, burst, _) = tbf_params(64, None);
         assert_eq!((rate, burst), (8000, 3028));
-        let (rate, _, _) = tbf_params(100_000_000);
+        let (rate, _, _) = tbf_params(100_000_000, None);
         assert!(rate > u64::from(u32::MAX));
+        // A configured bucket: 800 kbit is 100 kB, a tiny one still two frames.
+        assert_eq!(tbf_params(8000, Some(800)).1, 100_000);
+        assert_eq!(tbf_params(8000, Some(1)).1, 3028);
     }
 }

@@ -285,6 +285,8 @@ pub fn qemu_config(cfg: &Config) -> QemuConfig {
     }
     qc.io_max = io_max(cfg);
     qc.mem_overhead_mib = cfg.vm_memory_overhead_mib;
+    qc.cpu_max = cfg.vm_cpu_max;
+    qc.nofile = cfg.vm_nofile_limit;
     qc
 }
 
@@ -310,7 +312,14 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
     {
         jc.firecracker_bin = p;
     }
-    jc.chroot_base = cfg.state_dir.join("jail");
+    jc.chroot_base = cfg
+        .jail_dir
+        .clone()
+        .unwrap_or_else(|| cfg.state_dir.join("jail"));
+    jc.cpu_max = cfg.vm_cpu_max;
+    if let Some(n) = cfg.vm_nofile_limit {
+        jc.no_file = n;
+    }
     jc.io_max = io_max(cfg);
     if let Some(root) = crate::vm::jailer::cgroup2_mount() {
         jc.cgroup_root = root;

@@ -57,6 +57,32 @@ pub const TCG_TB_MIB: u64 = 256;
 /// pool of up to 64, RCU, main loop).
 pub const PIDS_MAX: u64 = 256;
 
+/// An operator's fixed `cpu.max` for every VM, whatever its vCPUs (the
+/// seed's `VM_CPU_QUOTA_US` / `VM_CPU_PERIOD_US`); by default the quota is
+/// one CPU per vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuMax {
+    pub quota_us: u64,
+    pub period_us: u64,
+}
+
+impl CpuMax {
+    /// The kernel's bounds: period 1 ms..1 s, quota at least 1 ms.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if !(1_000..=1_000_000).contains(&self.period_us) {
+            return Err(format!(
+                "period_us {}: between 1000 and 1000000",
+                self.period_us
+            ));
+        }
+        if !(1_000..=u64::from(u32::MAX)).contains(&self.quota_us) {
+            return Err(format!("quota_us {}: at least 1000", self.quota_us));
+        }
+        Ok(())
+    }
+}
+
 /// The limits of one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -82,6 +108,15 @@ impl Limits {
             pids_max: PIDS_MAX,
             io_max: Vec::new(),
         }
+    }
+
+    /// With an operator's fixed `cpu.max` in place of the per-vCPU one.
+    pub fn with_cpu_max(mut self, c: Option<CpuMax>) -> Limits {
+        if let Some(c) = c {
+            self.cpu_quota_us = c.quota_us;
+            self.cpu_period_us = c.period_us;
+        }
+        self
     }
 
     /// cgroup v2 files, in the order they are written.

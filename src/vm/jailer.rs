@@ -91,6 +91,9 @@ pub struct JailerConfig {
     pub pids_max: u32,
     /// `--resource-limit no-file`.
     pub no_file: u64,
+    /// A fixed `cpu.max` for every VM in place of one CPU per vCPU plus
+    /// `cpu_overhead_pct`.
+    pub cpu_max: Option<super::cgroup::CpuMax>,
     /// `--cgroup io.max=<line>` each (see `cgroup::io_max_lines`).
     pub io_max: Vec<String>,
     /// Added to the guest memory size for `--resource-limit fsize`: the
@@ -111,7 +114,8 @@ impl Default for JailerConfig {
             cpu_overhead_pct: 25,
             mem_overhead_mib: 64,
             pids_max: 64,
-            no_file: 1024,
+            no_file: super::qemu::DEFAULT_NOFILE,
+            cpu_max: None,
             io_max: Vec::new(),
             fsize_slack_bytes: 64 << 20,
         }
@@ -263,8 +267,14 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
         )));
     }
 
-    let period: u64 = 100_000;
-    let quota = period * u64::from(spec.vcpus) + period * u64::from(cfg.cpu_overhead_pct) / 100;
+    let (quota, period) = match cfg.cpu_max {
+        Some(c) => (c.quota_us, c.period_us),
+        None => {
+            let period: u64 = 100_000;
+            let q = period * u64::from(spec.vcpus) + period * u64::from(cfg.cpu_overhead_pct) / 100;
+            (q, period)
+        }
+    };
     let mem_max = (u64::from(spec.mem_mib) + u64::from(cfg.mem_overhead_mib)) << 20;
     let fsize = (u64::from(spec.mem_mib) << 20) + cfg.fsize_slack_bytes;
 

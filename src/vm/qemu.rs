@@ -169,6 +169,10 @@ pub struct QemuConfig {
     pub mem_overhead_mib: Option<u64>,
     /// `io.max` lines of each VM's cgroup (see `cgroup::io_max_lines`).
     pub io_max: Vec<String>,
+    /// A fixed `cpu.max` for every VM in place of one CPU per vCPU.
+    pub cpu_max: Option<cgroup::CpuMax>,
+    /// QEMU's RLIMIT_NOFILE (`None`: [`DEFAULT_NOFILE`]).
+    pub nofile: Option<u64>,
 }
 
 impl std::fmt::Debug for dyn Launcher {
@@ -188,6 +192,8 @@ impl Default for QemuConfig {
             cgroup_parents: Vec::new(),
             mem_overhead_mib: None,
             io_max: Vec::new(),
+            cpu_max: None,
+            nofile: None,
         }
     }
 }
@@ -667,6 +673,7 @@ impl QemuBackend {
                     cfg.mem_mib,
                     self.mem_overhead(accel, cfg.mem_mib),
                 )
+                .with_cpu_max(self.cfg.cpu_max)
             };
             vm.cgroups = cgroup::create(&self.cfg.cgroup_parents, &cfg.id, &limits)?;
         }
@@ -677,6 +684,7 @@ impl QemuBackend {
             &argv,
             &pass,
             jail,
+            qemu_limits(cfg.mem_mib, self.cfg.nofile),
         )?;
         drop(pass);
         drop(tap);
@@ -823,13 +831,17 @@ struct ArgvSpec {
 /// QEMU's file-size and open-file limits (as the jailer gives Firecracker):
 /// QEMU writes no RAM file (its RAM is a memfd the daemon sized) and the
 /// device state of a snapshot is small (RAM stays out of it); the bound
-/// is the guest's RAM size plus slack.
-pub fn qemu_limits(mem_mib: u32) -> ProcLimits {
+/// is the guest's RAM size plus slack. `nofile`: the operator's open-file
+/// limit, else [`DEFAULT_NOFILE`].
+pub fn qemu_limits(mem_mib: u32, nofile: Option<u64>) -> ProcLimits {
     ProcLimits {
         fsize: Some((u64::from(mem_mib) << 20) + (64 << 20)),
-        nofile: Some(1024),
+        nofile: Some(nofile.unwrap_or(DEFAULT_NOFILE)),
     }
 }
+
+/// A VMM's open files: its disks, TAP, sockets, eventfds per queue.
+pub const DEFAULT_NOFILE: u64 = 1024;
 
 /// QEMU option values are comma-separated: a literal comma is doubled.
 fn opt_path(p: &Path) -> String {
@@ -1623,6 +1635,7 @@ impl QemuVm {
         argv: &[OsString],
         pass: &[(BorrowedFd<'_>, RawFd)],
         jail: Option<Jail>,
+        limits: ProcLimits,
     ) -> Result<()> {
         let (rd, wr) = pipe().map_err(|e| io_err("create console pipe".into(), e))?;
         let log_path = self.cfg.run_dir.join(CONSOLE_LOG);
@@ -1636,7 +1649,7 @@ impl QemuVm {
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             cgroups: self.cgroups.clone(),
-            limits: qemu_limits(self.cfg.mem_mib),
+            limits,
             jail,
         };
         let mut fds: Vec<(BorrowedFd<'_>, RawFd)> = vec![(wr.as_fd(), 1), (wr.as_fd(), 2)];
