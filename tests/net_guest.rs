@@ -585,3 +585,108 @@ fn pip_installs_through_a_domain_allowlist() {
     let (code, out) = pip("pypi.test");
     assert_eq!((code, out.trim()), (Some(0), "42"));
 }
+
+/// One `curl` download of `url` in session `s`'s guest: its rate in
+/// kbit/s (bytes over curl's own total time, connection included).
+fn guest_download_kbit(d: &Daemon, s: &str, url: &str, bytes: usize) -> f64 {
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({
+            "command": format!(
+                "curl -sS --max-time 100 -o /dev/null -w '%{{size_download}} %{{time_total}}' {url}"
+            ),
+            "timeout": 120000
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["exitCode"], 0, "curl in the guest: {v}");
+    let out = stdout_of(&v);
+    let (size, secs) = out
+        .split_once(' ')
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.trim().parse::<f64>().ok()?)))
+        .unwrap_or_else(|| panic!("curl printed {out:?}"));
+    assert_eq!(size, bytes, "downloaded size");
+    assert!(secs > 0.0, "curl time {secs}");
+    size as f64 * 8.0 / secs / 1000.0
+}
+
+/// `egress.bandwidthKbps` through the daemon: a guest's download from a
+/// server in the test internet namespace is held to the limit the session
+/// was created with, and is clearly faster once the limit is lifted (so
+/// the limit, not TCG, is what held it).
+#[test]
+fn bandwidth_limit_holds_a_guest_download() {
+    if !is_root() || !vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
+    }
+    // Low, so the TCG guest is never the bottleneck; the file takes ~3 s
+    // at the limit (tbf's burst is a small part of it).
+    const LIMIT_KBIT: u64 = 2000;
+    const BYTES: usize = 768 << 10;
+    let prefix = common::daemon::unique_prefix();
+    let topo = Topology::new("bw");
+    let web = tempfile::tempdir().unwrap();
+    // Random bytes: nothing on the way can compress them.
+    let mut blob = vec![0u8; BYTES];
+    agent_sandbox::agent::secure_random(&mut blob).expect("random bytes");
+    std::fs::write(web.path().join("blob"), &blob).unwrap();
+    let _http = Child(
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.internet,
+                "python3",
+                "-m",
+                "http.server",
+            ])
+            .args(["8080", "--bind", &INTERNET.to_string(), "--directory"])
+            .arg(web.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the file server"),
+    );
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        in_ns(&topo.internet, || {
+            std::net::TcpStream::connect((INTERNET, 8080)).is_ok()
+        })
+    }));
+    let mut d = daemon(&topo, &prefix, None);
+    let url = format!("http://{INTERNET}:8080/blob");
+    create(
+        &d,
+        "bw",
+        json!({"mode": "internet", "bandwidthKbps": LIMIT_KBIT}),
+    );
+    let g = d.http().get("/v1/sessions/bw/network");
+    assert_eq!(
+        g.json()["egress"]["bandwidthKbps"],
+        LIMIT_KBIT,
+        "{}",
+        g.text()
+    );
+    let limited = guest_download_kbit(&d, "bw", &url, BYTES);
+    // The same download with the limit lifted (live, same guest and path).
+    set_policy(&d, "bw", json!({"mode": "internet"}));
+    let unlimited = guest_download_kbit(&d, "bw", &url, BYTES);
+    eprintln!(
+        "FIGURE bandwidth: limit {LIMIT_KBIT} kbit/s, measured {limited:.0} kbit/s \
+         (unlimited {unlimited:.0})"
+    );
+    assert!(
+        limited < LIMIT_KBIT as f64 * 1.5,
+        "limited download ran at {limited:.0} kbit/s, limit {LIMIT_KBIT}"
+    );
+    assert!(
+        unlimited > limited * 2.0,
+        "without the limit the download ran at {unlimited:.0} kbit/s, with it {limited:.0}: \
+         the limit is not what held it"
+    );
+    assert_eq!(d.http().delete("/v1/sessions/bw").status, 200);
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit status");
+    assert!(st.success(), "{st:?}\n{}", d.log());
+    let left = leftovers(&topo, &prefix);
+    assert!(left.is_empty(), "after shutdown: {left:?}");
+}

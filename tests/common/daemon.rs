@@ -197,6 +197,26 @@ impl Daemon {
             .sum()
     }
 
+    /// The pid of the VMM that serves `session` (its VM id from the
+    /// daemon's `ready as <id>` log line), if one runs.
+    pub fn vmm_of(&self, session: &str) -> Option<i32> {
+        let log = self.log();
+        let tag = format!("/{session}: ready as ");
+        let id = log
+            .lines()
+            .rev()
+            .find_map(|l| l.split(&tag).nth(1)?.split_whitespace().next())?
+            .to_string();
+        self.sandbox_procs()
+            .into_iter()
+            .find(|p| vm_id_of(*p).as_deref() == Some(id.as_str()))
+    }
+
+    /// [`super::leftovers`] of this daemon's state dir and net prefix.
+    pub fn leftovers(&self) -> Vec<String> {
+        super::leftovers(self.dir.path(), self.net_prefix.as_deref())
+    }
+
     /// SIGTERM and wait (bounded) for the exit status.
     pub fn terminate(&mut self, sig: i32) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
@@ -444,6 +464,18 @@ impl Http {
         );
         assert_eq!(r.status, 200, "exec {command:?}: {}", r.text());
         r.json()
+    }
+}
+
+impl Http {
+    /// `sleep <marker>` processes in `session`'s sandbox, counted from
+    /// inside it ([`super::count_sleepers_cmd`]) by another exec.
+    pub fn sleepers_in(&self, session: &str, marker: &str) -> usize {
+        let v = self.exec(session, &super::count_sleepers_cmd(marker));
+        let out = stdout_of(&v);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("counting sleepers in {session}: {e}: {v}"))
     }
 }
 

@@ -131,6 +131,19 @@ pub fn procs_with(marker: &str) -> Vec<i32> {
     out
 }
 
+/// Whether process `pid` is gone (no such process, or a zombie).
+pub fn pid_gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
 /// Polls `f` until it is true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
@@ -163,6 +176,51 @@ pub fn sleepers(marker: &str) -> usize {
         .count()
 }
 pub mod daemon;
+
+/// A shell command printing how many `sleep <marker>` processes run where
+/// it runs: the guest's process table under a VM backend, the host's under
+/// `local-process`. `-f -x` matches the whole command line, so neither the
+/// shell running it nor a client naming the marker counts.
+pub fn count_sleepers_cmd(marker: &str) -> String {
+    format!("pgrep -c -f -x 'sleep {marker}' || true")
+}
+
+/// What a (stopped) daemon or MCP server on `state_dir` left behind:
+/// processes naming the state dir (VMMs, local sandboxes), runtime dirs,
+/// per-VM cgroups, and named namespaces of `net_prefix`. Empty when it
+/// cleaned up.
+pub fn leftovers(state_dir: &Path, net_prefix: Option<&str>) -> Vec<String> {
+    let mut left: Vec<String> = procs_with(&state_dir.display().to_string())
+        .into_iter()
+        .map(|p| format!("process {p}"))
+        .collect();
+    let run = state_dir.join("run");
+    for e in std::fs::read_dir(&run).into_iter().flatten().flatten() {
+        left.push(format!("runtime dir {}", e.path().display()));
+    }
+    for parent in agent_sandbox::vm::cgroup::daemon_parents(state_dir) {
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(agent_sandbox::sandbox::ID_PREFIX) {
+                left.push(format!("cgroup {}", e.path().display()));
+            }
+        }
+    }
+    if let Some(p) = net_prefix {
+        let head = format!("{p}-");
+        for e in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&head) {
+                left.push(format!("netns {name}"));
+            }
+        }
+    }
+    left
+}
 
 /// Backend the daemon and MCP tests run on: `AGENT_SANDBOX_TEST_BACKEND`,
 /// else `qemu` once `agent-sandbox image build` (the quick start's first

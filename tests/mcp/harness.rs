@@ -365,6 +365,12 @@ pub fn run_script(mut cmd: Command, what: &str, timeout: Duration) -> String {
     if local_procs() {
         cmd.env("MCP_TEST_LOCAL_PROCS", "1");
     }
+    // How a script counts `sleep <marker>` inside a sandbox (one definition
+    // for every language): it replaces MARKER and runs it with `execute`.
+    cmd.env(
+        "MCP_TEST_COUNT_SLEEPERS",
+        super::common::count_sleepers_cmd("MARKER"),
+    );
     cmd.env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -131,6 +131,40 @@ def wait_for(pred, timeout=10):
     return pred()
 
 
+# Counts `sleep MARKER` in the sandbox's own process table (the guest's under
+# a VM backend): tests/common count_sleepers_cmd, passed by the harness.
+COUNT_SLEEPERS = os.environ["MCP_TEST_COUNT_SLEEPERS"]
+# Under TCG a cold sandbox and each exec are slow: generous, still bounded.
+SANDBOX_WAIT = 120
+
+
+def in_sandbox(run, marker, want):
+    """Polls until `want` `sleep MARKER` processes run in the sandbox, counted
+    there by `run(shell_command) -> stdout` (another execute)."""
+    def count():
+        out = run(COUNT_SLEEPERS.replace("MARKER", marker)).strip()
+        return int(out)
+    return wait_for(lambda: count() == want, SANDBOX_WAIT)
+
+
+def procs_naming(text):
+    """Live processes but this one whose command line contains `text` (a
+    state dir)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except (OSError, IndexError):
+                continue
+            if text.encode() in cmd and not zombie:
+                found.append(int(pid))
+    return found
+
+
 tool_outputs = {}
 
 
@@ -271,18 +305,41 @@ def stdio_main(cmd):
         # Still serving after all that.
         m = s.call(version, 16, "tools/list", {})
         check("result" in m, "still serving")
+        rids = iter(range(1000, 100000))
+
+        def run(command):
+            r = s.tool(version, next(rids), "execute", {"sessionId": sid, "command": command})
+            return r["structuredContent"]["stdout"]
+
+        # notifications/cancelled for a running execute: its process goes
+        # from the sandbox (counted there, by a concurrent call).
+        marker = str(random.randint(200000, 900000))
+        s.send(req(40, "tools/call", {"name": "execute", "arguments": {
+            "sessionId": sid, "command": "sleep", "args": [marker]}}, version))
+        check(in_sandbox(run, marker, 1), "long command running in the sandbox")
+        s.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 40, "reason": "test"}})
+        check(in_sandbox(run, marker, 0), "cancelled command gone from the sandbox")
+        if LOCAL:
+            check(wait_for(lambda: sleepers(marker) == 0), "cancelled command gone from the host")
+        check(not any(m.get("id") == 40 and "result" in m for m in s.lines),
+              "a cancelled call gets no result")
         # Disconnect mid-execute: the command and the sandbox must go.
         marker = str(random.randint(200000, 900000))
         s.send(req(17, "tools/call", {"name": "execute", "arguments": {
             "sessionId": sid, "command": "sleep", "args": [marker]}}, version))
+        check(in_sandbox(run, marker, 1), "long command running in the sandbox")
         if LOCAL:
-            check(wait_for(lambda: sleepers(marker) == 1), "long command running")
-        else:
-            time.sleep(2)
+            check(sleepers(marker) == 1, "long command running on the host")
         s.p.stdin.close()
         check(s.p.wait(timeout=30) == 0, "server exits cleanly on EOF")
         if LOCAL:
             check(wait_for(lambda: sleepers(marker) == 0), "command gone after disconnect")
+        # The sandbox went with the server (under a VM backend its VMM, and
+        # with it the guest's process table): nothing names the state dir.
+        state = cmd[cmd.index("--state-dir") + 1]
+        check(wait_for(lambda: not procs_naming(state), 30),
+              f"sandbox processes left after disconnect: {procs_naming(state)}")
         print(f"stdio {version}: ok")
 
 
@@ -327,6 +384,19 @@ class Http:
         final = [m for m in msgs if m.get("id") == rid or "error" in m]
         check(len(final) == 1, f"{method}: one answer, got {msgs}")
         return r, final[0], msgs
+
+    def start_call(self, version, msg):
+        """POSTs `msg` on a raw socket (Connection: close) and returns the
+        socket, to read the SSE stream from or to drop mid-call."""
+        body = json.dumps(msg).encode()
+        sock = socket.create_connection((self.host, self.port), timeout=SANDBOX_WAIT)
+        head = (f"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json, text/event-stream\r\nAuthorization: Bearer {self.key}\r\n"
+                f"MCP-Protocol-Version: {version}\r\nConnection: close\r\n"
+                + (f"Mcp-Session-Id: {self.sid}\r\n" if self.sid else "")
+                + f"Content-Length: {len(body)}\r\n\r\n").encode()
+        sock.sendall(head + body)
+        return sock
 
     def request(self, method, headers=None):
         c = http.client.HTTPConnection(self.host, self.port, timeout=30)
@@ -427,22 +497,48 @@ def http_main(base, key):
         # A client that disconnects mid-execute: the command dies, the
         # server keeps serving.
         marker = str(random.randint(200000, 900000))
-        body = json.dumps(req(17, "tools/call", {"name": "execute", "arguments": {
-            "sessionId": sid, "command": "sleep", "args": [marker]}}, version)).encode()
-        sock = socket.create_connection((h.host, h.port))
-        head = (f"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Accept: application/json, text/event-stream\r\nAuthorization: Bearer {key}\r\n"
-                f"MCP-Protocol-Version: {version}\r\n"
-                + (f"Mcp-Session-Id: {h.sid}\r\n" if h.sid else "")
-                + f"Content-Length: {len(body)}\r\n\r\n").encode()
-        sock.sendall(head + body)
+        sock = h.start_call(version, req(17, "tools/call", {"name": "execute", "arguments": {
+            "sessionId": sid, "command": "sleep", "args": [marker]}}, version))
+        rids = iter(range(1000, 100000))
+
+        def run(command):
+            _, m, _ = h.call(version, next(rids), "tools/call", {"name": "execute", "arguments": {
+                "sessionId": sid, "command": command}})
+            return m["result"]["structuredContent"]["stdout"]
+
+        check(in_sandbox(run, marker, 1), "long command running in the sandbox")
         if LOCAL:
-            check(wait_for(lambda: sleepers(marker) == 1), "long command running")
-        else:
-            time.sleep(2)
+            check(sleepers(marker) == 1, "long command running on the host")
         sock.close()
+        check(in_sandbox(run, marker, 0), "command gone from the sandbox after the client left")
         if LOCAL:
             check(wait_for(lambda: sleepers(marker) == 0), "command gone after the client left")
+        # notifications/cancelled (in the call's MCP session, or the key's
+        # scope when stateless) stops a running execute: its process goes
+        # from the sandbox and its stream ends without a result.
+        marker = str(random.randint(200000, 900000))
+        sock = h.start_call(version, req(22, "tools/call", {"name": "execute", "arguments": {
+            "sessionId": sid, "command": "sleep", "args": [marker]}}, version))
+        check(in_sandbox(run, marker, 1), "call to cancel running in the sandbox")
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 22, "reason": "test"}}
+        if version == MODERN:
+            note["params"]["_meta"] = meta(version)
+        r, _ = h.post(note, {"MCP-Protocol-Version": version})
+        check(r.status == 202, f"cancellation gets 202, not {r.status}")
+        check(in_sandbox(run, marker, 0), "cancelled command gone from the sandbox")
+        if LOCAL:
+            check(wait_for(lambda: sleepers(marker) == 0), "cancelled command gone from the host")
+        streamed = b""
+        # To the end of the chunked stream (or the connection).
+        while not streamed.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            streamed += chunk
+        sock.close()
+        check(b"200 OK" in streamed.split(b"\r\n", 1)[0], f"cancelled call's stream: {streamed[:200]}")
+        check(b'"result"' not in streamed, f"a cancelled call gets no result: {streamed[-500:]}")
         _, m, _ = h.call(version, 18, "tools/call", {"name": "execute", "arguments": {
             "sessionId": sid, "command": "echo alive"}})
         check(m["result"]["structuredContent"]["stdout"] == "alive\n", "server and session still serve")
