@@ -78,9 +78,13 @@ pub fn ready(
         .map(|(_, _, why)| why.as_str())
         .collect();
     let ok = failed.is_empty();
+    let named: serde_json::Map<String, Value> = checks
+        .iter()
+        .map(|(name, ok, _)| (name.to_string(), json!(ok)))
+        .collect();
     let mut v = json!({
         "status": if ok { "ready" } else { "not_ready" },
-        "checks": checks.iter().map(|(n, ok, _)| (n.to_string(), json!(ok))).collect::<serde_json::Map<_, _>>(),
+        "checks": named,
         "ready": ok,
         "sessions": sessions,
         "maxSessions": max,
@@ -699,17 +703,30 @@ pub fn list_keys(
     ok_json(json!({"keys": keys}))
 }
 
-/// `rateLimit`: `{requestsPerSecond, burst?}`, or a bare number of
-/// requests per second.
+/// `rateLimit` as an object.
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum RateLimitIn {
-    PerSecond(f64),
-    Full {
-        #[serde(rename = "requestsPerSecond")]
-        rate: Option<f64>,
-        burst: Option<f64>,
-    },
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RateLimitIn {
+    requests_per_second: Option<f64>,
+    burst: Option<f64>,
+}
+
+/// `rateLimit`: `{requestsPerSecond?, burst?}`, or a bare number of
+/// requests per second; as (rate, burst).
+fn rate_limit(v: Value) -> ApiResult<(Option<f64>, Option<f64>)> {
+    match v {
+        Value::Null => Ok((None, None)),
+        Value::Number(n) => Ok((n.as_f64(), None)),
+        v @ Value::Object(_) => {
+            let r: RateLimitIn = serde_json::from_value(v)
+                .map_err(|e| ApiError::bad_request(format!("rateLimit: {e}")))?;
+            Ok((r.requests_per_second, r.burst))
+        }
+        other => Err(ApiError::bad_request(format!(
+            "rateLimit: want a number (requests per second) or {{requestsPerSecond, burst}}, \
+             not {other}"
+        ))),
+    }
 }
 
 #[derive(Deserialize)]
@@ -719,7 +736,7 @@ struct CreateKey {
     name: String,
     /// Default: `["exec"]`.
     scopes: Option<Vec<String>>,
-    rate_limit: Option<RateLimitIn>,
+    rate_limit: Option<Value>,
     /// Ms since the epoch; null or absent: never.
     expires_at: Option<u64>,
     rate: Option<f64>,
@@ -742,8 +759,7 @@ pub fn create_key(
                 "give rateLimit or rate/burst, not both",
             ))
         }
-        Some(RateLimitIn::PerSecond(r)) => (Some(r), None),
-        Some(RateLimitIn::Full { rate, burst }) => (rate, burst),
+        Some(v) => rate_limit(v)?,
     };
     let (rec, token) = ctx
         .keys
