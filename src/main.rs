@@ -1,6 +1,6 @@
 //! `agent-sandbox`: the host daemon and its administration commands.
 
-use agent_sandbox::api::auth::{validate_scopes, KeyStore};
+use agent_sandbox::api::auth::{self, validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::seed_env::EnvLayer;
 use agent_sandbox::config::{default_state_dir, parse_duration, Config, FileConfig};
@@ -445,7 +445,12 @@ enum KeysCmd {
         rate: Option<f64>,
         #[arg(long)]
         burst: Option<f64>,
+        /// The key stops working this long from now: `7d`, `12h`, `30m`,
+        /// `90s` (default: never).
+        #[arg(long)]
+        expires: Option<String>,
     },
+    /// Keys with their state (active, revoked, expired) and expiry.
     List,
     /// Replace a key's secret (same id and scopes).
     Rotate {
@@ -601,6 +606,7 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
         let (rec, token) = keys.create(
             "initial-admin",
             vec!["admin".into(), "exec".into(), "metrics".into()],
+            None,
             None,
             None,
         )?;
@@ -810,6 +816,7 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
             scopes,
             rate,
             burst,
+            expires,
         } => {
             let scopes: Vec<String> = scopes
                 .split(',')
@@ -817,9 +824,23 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
                 .filter(|s| !s.is_empty())
                 .collect();
             validate_scopes(&scopes)?;
-            let (rec, token) = store.create(&name, scopes, rate, burst)?;
+            let expires_at = match expires {
+                None => None,
+                Some(e) => {
+                    let d = parse_duration(&e).map_err(|m| format!("--expires: {m}"))?;
+                    if d.as_millis() == 0 {
+                        return Err("--expires must be longer than 0 (e.g. 7d, 12h, 30m)".into());
+                    }
+                    Some(auth::now_ms().saturating_add(d.as_millis() as u64))
+                }
+            };
+            let (rec, token) = store.create(&name, scopes, rate, burst, expires_at)?;
+            let until = rec
+                .expires_at
+                .map(|t| format!(", expires {}", auth::utc_string(t)))
+                .unwrap_or_default();
             eprintln!(
-                "created key {} ({}) in {}",
+                "created key {} ({}{until}) in {}",
                 rec.id,
                 rec.scopes.join(","),
                 path.display()
@@ -827,17 +848,19 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
             println!("{token}");
         }
         KeysCmd::List => {
+            let now = auth::now_ms();
             println!(
-                "{:<16} {:<24} {:<22} {:<8}",
-                "ID", "NAME", "SCOPES", "STATE"
+                "{:<16} {:<24} {:<22} {:<8} {:<20}",
+                "ID", "NAME", "SCOPES", "STATE", "EXPIRES (UTC)"
             );
             for k in store.list() {
                 println!(
-                    "{:<16} {:<24} {:<22} {:<8}",
+                    "{:<16} {:<24} {:<22} {:<8} {:<20}",
                     k.id,
                     k.name,
                     k.scopes.join(","),
-                    if k.revoked { "revoked" } else { "active" }
+                    k.state(now),
+                    k.expires_at.map_or("never".into(), auth::utc_string)
                 );
             }
         }

@@ -99,6 +99,7 @@ fn seed_compatible_endpoints() {
         &json!({"path": "dir/hello.txt", "content": "héllo\n"}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["bytesWritten"], "héllo\n".len());
     assert_eq!(r.json()["success"], true);
     let r = h.get("/exec/seed1/read?path=dir/hello.txt");
     assert_eq!(r.status, 200);
@@ -137,10 +138,14 @@ fn seed_compatible_endpoints() {
     assert!(before >= 1);
     let r = h.delete("/exec/seed1");
     assert_eq!(r.status, 200);
+    assert_eq!(r.json()["destroyed"], true, "{}", r.text());
     assert!(wait_until(Duration::from_secs(5), || d
         .session_procs()
         .is_empty()));
-    assert_eq!(h.delete("/exec/seed1").status, 404);
+    // As the seed: gone already is 200 with destroyed false.
+    let r = h.delete("/exec/seed1");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["destroyed"], false, "{}", r.text());
     assert!(h.get("/exec").json()["sessions"]
         .as_array()
         .unwrap()
@@ -478,7 +483,8 @@ fn keys_isolate_sessions_and_rate_limit() {
         .unwrap()
         .is_empty());
     assert_eq!(b.get("/v1/sessions/mine").status, 404);
-    assert_eq!(b.delete("/exec/mine").status, 404);
+    let r = b.delete("/exec/mine");
+    assert_eq!((r.status, &r.json()["destroyed"]), (200, &json!(false)));
     assert_eq!(b.get("/exec/mine/read?path=owner.txt").status, 404);
     // ...and the same id for B is a different session.
     let v = b.exec("mine", "cat owner.txt 2>/dev/null || echo none");
@@ -688,6 +694,10 @@ fn bad_input_gets_clear_4xx() {
         );
         assert_eq!(r.code(), code, "{}", r.text());
     }
+    // The seed routes answer errors in the seed's shape, the rest in v1's.
+    assert!(h.get("/exec/s/read").json()["error"].is_string());
+    assert!(h.get("/nope").json()["error"]["message"].is_string());
+    assert!(h.get("/v1/sessions/ghost").json()["error"]["code"].is_string());
     // Still healthy, nothing leaked.
     assert_eq!(h.get("/health").status, 200);
     assert!(h.get("/exec").json()["sessions"]

@@ -358,10 +358,7 @@ fn a_control_byte_read_is_refused_before_it_is_built() {
         let r = t.join().expect("reader");
         assert_eq!(r.status, 413, "{}", r.text());
         assert_eq!(r.code(), "reply_too_large");
-        let m = r.json()["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let m = r.message();
         assert!(m.contains("402653"), "names the size: {m}");
         assert!(
             m.contains("encoding=base64") && m.contains("files/content"),

@@ -38,10 +38,7 @@ fn mem_total_mib() -> u64 {
 fn assert_error(r: &common::daemon::Resp, status: u16, code: &str, words: &[&str]) {
     assert_eq!(r.status, status, "{}", r.text());
     assert_eq!(r.code(), code, "{}", r.text());
-    let msg = r.json()["error"]["message"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let msg = r.message();
     for w in words {
         assert!(msg.contains(w), "{w:?} not in {msg:?}");
     }

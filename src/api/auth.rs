@@ -32,17 +32,126 @@ pub struct KeyRecord {
     pub rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<f64>,
+    /// When the key stops working, in ms since the Unix epoch; `None`:
+    /// never. (Absent in key files written before keys could expire.)
+    #[serde(default, rename = "expiresAt", skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+/// What [`KeyRecord::public`] fills in for a key without its own rate
+/// limit: the daemon's (`--rate-limit`, `--rate-burst`).
+#[derive(Debug, Clone, Copy)]
+pub struct RateDefaults {
+    pub rate: f64,
+    pub burst: f64,
 }
 
 impl KeyRecord {
-    /// The public view (no hash).
-    pub fn public(&self) -> serde_json::Value {
+    /// The public view (no hash), in the seed's record shape `{id, name,
+    /// keyPrefix, scopes, rateLimit, createdAt, expiresAt, enabled}`
+    /// (times in ms since the epoch, `expiresAt` null for never;
+    /// `rateLimit` as in force: `{requestsPerSecond, burst}`), with
+    /// `expired` and our older fields (`created` in seconds, `revoked`,
+    /// `rate`, `burst`) beside it.
+    pub fn public(&self, d: RateDefaults) -> serde_json::Value {
         serde_json::json!({
-            "id": self.id, "name": self.name, "scopes": self.scopes,
-            "created": self.created, "revoked": self.revoked,
-            "rate": self.rate, "burst": self.burst,
+            "id": self.id,
+            "name": self.name,
+            "keyPrefix": self.key_prefix(),
+            "scopes": self.scopes,
+            "rateLimit": {
+                "requestsPerSecond": self.rate.unwrap_or(d.rate),
+                "burst": self.burst.unwrap_or(d.burst),
+            },
+            "createdAt": self.created.saturating_mul(1000),
+            "expiresAt": self.expires_at,
+            "enabled": !self.revoked,
+            "expired": self.is_expired(now_ms()),
+            "created": self.created,
+            "revoked": self.revoked,
+            "rate": self.rate,
+            "burst": self.burst,
         })
     }
+
+    /// The start of the key's tokens that is not secret (`asbx_<id>`): what
+    /// tells a key apart in a list.
+    pub fn key_prefix(&self) -> String {
+        format!("{TOKEN_PREFIX}{}", self.id)
+    }
+
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at.is_some_and(|t| now_ms >= t)
+    }
+
+    /// Neither revoked nor expired.
+    pub fn is_active(&self, now_ms: u64) -> bool {
+        !self.revoked && !self.is_expired(now_ms)
+    }
+
+    /// `active`, `revoked` or `expired`, as `keys list` shows it.
+    pub fn state(&self, now_ms: u64) -> &'static str {
+        if self.revoked {
+            "revoked"
+        } else if self.is_expired(now_ms) {
+            "expired"
+        } else {
+            "active"
+        }
+    }
+}
+
+/// Tokens are `asbx_<id>_<secret>`.
+const TOKEN_PREFIX: &str = "asbx_";
+
+/// Why a token was refused (the 401 message).
+pub fn refusal_message(r: &KeyRefusal) -> String {
+    match r {
+        KeyRefusal::Invalid => "invalid or revoked API key".into(),
+        KeyRefusal::Expired { id, at } => format!(
+            "API key {id} expired at {} ({at} ms since the epoch)",
+            utc_string(*at)
+        ),
+    }
+}
+
+/// A token that does not authenticate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRefusal {
+    /// Unknown, malformed, wrong secret or revoked.
+    Invalid,
+    /// A key of ours whose `expiresAt` has passed.
+    Expired { id: String, at: u64 },
+}
+
+/// Now, in ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+pub fn utc_string(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -247,8 +356,10 @@ impl KeyStore {
         c.keys.clone()
     }
 
+    /// No key can authenticate (none, or all revoked or expired).
     pub fn is_empty(&self) -> bool {
-        self.list().iter().all(|k| k.revoked)
+        let now = now_ms();
+        self.list().iter().all(|k| !k.is_active(now))
     }
 
     /// Creates a key; returns the record and the token (shown only now).
@@ -258,8 +369,17 @@ impl KeyStore {
         scopes: Vec<String>,
         rate: Option<f64>,
         burst: Option<f64>,
+        expires_at: Option<u64>,
     ) -> Result<(KeyRecord, String), String> {
         validate_scopes(&scopes)?;
+        if let Some(t) = expires_at {
+            let now = now_ms();
+            if t <= now {
+                return Err(format!(
+                    "expiresAt {t} is not in the future (now is {now} ms since the epoch)"
+                ));
+            }
+        }
         if name.len() > 128 || name.chars().any(|c| c.is_control()) {
             return Err("key name: at most 128 printable characters".into());
         }
@@ -269,7 +389,7 @@ impl KeyStore {
             }
         }
         let id = format!("k{}", random_hex(6)?);
-        let token = format!("asbx_{id}_{}", random_hex(24)?);
+        let token = format!("{TOKEN_PREFIX}{id}_{}", random_hex(24)?);
         let rec = KeyRecord {
             id,
             name: name.to_string(),
@@ -279,6 +399,7 @@ impl KeyStore {
             revoked: false,
             rate,
             burst,
+            expires_at,
         };
         let r2 = rec.clone();
         self.update(move |keys| {
@@ -290,7 +411,7 @@ impl KeyStore {
 
     /// New secret for an existing key id (same id, scopes, sessions).
     pub fn rotate(&self, id: &str) -> Result<(KeyRecord, String), String> {
-        let token = format!("asbx_{id}_{}", random_hex(24)?);
+        let token = format!("{TOKEN_PREFIX}{id}_{}", random_hex(24)?);
         let hash = hash_token(&token);
         let rec = self.update(|keys| {
             let k = keys
@@ -329,22 +450,39 @@ impl KeyStore {
         self.list().into_iter().find(|k| k.id == id)
     }
 
-    /// The active key a token belongs to.
-    /// Whether key `id` exists and is not revoked (the file is re-read if
-    /// it changed: the CLI may have revoked or deleted it).
+    /// Whether key `id` exists and is neither revoked nor expired (the
+    /// file is re-read if it changed: the CLI may have revoked or deleted
+    /// it).
     pub fn is_usable(&self, id: &str) -> bool {
         let mut c = self.lock();
         self.refresh(&mut c, false);
-        c.keys.iter().any(|k| k.id == id && !k.revoked)
+        let now = now_ms();
+        c.keys.iter().any(|k| k.id == id && k.is_active(now))
     }
 
-    pub fn verify(&self, token: &str) -> Option<KeyRecord> {
-        let id = token.strip_prefix("asbx_")?.split('_').next()?;
-        let check = |rec: Option<KeyRecord>| {
-            rec.filter(|r| !r.revoked && ct_eq(hash_token(token).as_bytes(), r.hash.as_bytes()))
+    /// The active key a token belongs to, or why there is none.
+    pub fn verify(&self, token: &str) -> Result<KeyRecord, KeyRefusal> {
+        let id = token
+            .strip_prefix(TOKEN_PREFIX)
+            .and_then(|t| t.split('_').next())
+            .ok_or(KeyRefusal::Invalid)?;
+        let check = |rec: Option<KeyRecord>| -> Result<KeyRecord, KeyRefusal> {
+            let r = rec
+                .filter(|r| !r.revoked && ct_eq(hash_token(token).as_bytes(), r.hash.as_bytes()))
+                .ok_or(KeyRefusal::Invalid)?;
+            match r.expires_at {
+                // Only for the right secret: an expiry says nothing to a
+                // caller who does not hold the key.
+                Some(at) if r.is_expired(now_ms()) => Err(KeyRefusal::Expired {
+                    id: r.id.clone(),
+                    at,
+                }),
+                _ => Ok(r),
+            }
         };
-        if let Some(r) = check(self.get(id)) {
-            return Some(r);
+        match check(self.get(id)) {
+            Err(KeyRefusal::Invalid) => {}
+            r => return r,
         }
         // A key created or rotated by the CLI a moment ago: look at the
         // file now (one stat when it did not change).
@@ -492,16 +630,80 @@ mod tests {
         let s = KeyStore::open(&p).unwrap();
         let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let (rec, tok) = s.create("a", vec!["exec".into()], None, None).unwrap();
+        let (rec, tok) = s
+            .create("a", vec!["exec".into()], None, None, None)
+            .unwrap();
         assert_eq!(s.verify(&tok).unwrap().id, rec.id);
-        assert!(s.verify(&format!("{tok}x")).is_none());
+        assert!(s.verify(&format!("{tok}x")).is_err());
         assert!(!fs::read_to_string(&p).unwrap().contains(&tok));
         let (_, tok2) = s.rotate(&rec.id).unwrap();
-        assert!(s.verify(&tok).is_none());
-        assert!(s.verify(&tok2).is_some());
+        assert!(s.verify(&tok).is_err());
+        assert!(s.verify(&tok2).is_ok());
         s.revoke(&rec.id).unwrap();
-        assert!(s.verify(&tok2).is_none());
-        assert!(s.create("b", vec!["root".into()], None, None).is_err());
+        assert_eq!(s.verify(&tok2), Err(KeyRefusal::Invalid));
+        assert!(s
+            .create("b", vec!["root".into()], None, None, None)
+            .is_err());
+    }
+
+    #[test]
+    fn keys_expire_and_old_files_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keys.json");
+        // A key file from before keys could expire.
+        fs::write(
+            &p,
+            r#"{"keys":[{"id":"k1","name":"old","hash":"00","scopes":["exec"],"created":5}]}"#,
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+        let s = KeyStore::open(&p).unwrap();
+        let old = s.get("k1").unwrap();
+        assert_eq!(old.expires_at, None);
+        assert_eq!(old.state(now_ms()), "active");
+        let d = RateDefaults {
+            rate: 10.0,
+            burst: 20.0,
+        };
+        let v = old.public(d);
+        assert_eq!(v["createdAt"], 5000);
+        assert_eq!(v["expiresAt"], serde_json::Value::Null);
+        assert_eq!(v["enabled"], true);
+        assert_eq!(v["keyPrefix"], "asbx_k1");
+        assert_eq!(v["rateLimit"]["requestsPerSecond"], 10.0);
+
+        assert!(s
+            .create("past", vec!["exec".into()], None, None, Some(now_ms() - 1))
+            .is_err());
+        let soon = now_ms() + 300;
+        let (rec, tok) = s
+            .create("soon", vec!["exec".into()], None, None, Some(soon))
+            .unwrap();
+        assert!(s.verify(&tok).is_ok());
+        assert!(s.is_usable(&rec.id));
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        assert_eq!(
+            s.verify(&tok),
+            Err(KeyRefusal::Expired {
+                id: rec.id.clone(),
+                at: soon
+            })
+        );
+        assert!(!s.is_usable(&rec.id));
+        assert_eq!(s.get(&rec.id).unwrap().state(now_ms()), "expired");
+        // A wrong secret for an expired key is just invalid.
+        assert_eq!(s.verify(&format!("{tok}0")), Err(KeyRefusal::Invalid));
+        // The expiry survives a reload from disk.
+        let again = KeyStore::open(&p).unwrap();
+        assert_eq!(again.get(&rec.id).unwrap().expires_at, Some(soon));
+        assert!(fs::read_to_string(&p).unwrap().contains("\"expiresAt\""));
+    }
+
+    #[test]
+    fn utc_strings() {
+        assert_eq!(utc_string(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_string(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_string(1_795_000_000_123), "2026-11-18T11:06:40Z");
     }
 
     #[test]
@@ -545,6 +747,7 @@ mod tests {
             revoked: false,
             rate: None,
             burst: None,
+            expires_at: None,
         };
         assert!(rl.check(&k).is_ok());
         assert!(rl.check(&k).is_ok());

@@ -1,5 +1,7 @@
-//! API errors: one JSON shape, `{"error": {"code", "message"}}`, with the
-//! matching HTTP status.
+//! API errors, with the matching HTTP status, in the shape of the API the
+//! request addressed: `/v1` (and everything else) answers
+//! `{"error": {"code", "message"}}`; the seed routes answer as the seed
+//! does, `{"error": "<message>", "code"}` (a seed client shows `error`).
 
 use crate::agent::ClientError;
 use crate::proto::ErrorCode;
@@ -46,8 +48,13 @@ impl ApiError {
         e
     }
 
+    /// The v1 shape (also the stream error lines of v1 and MCP).
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
+        self.body_as(Shape::Nested)
+    }
+
+    pub fn body_as(&self, shape: Shape) -> serde_json::Value {
+        shape.body(self.code, &self.message)
     }
 
     /// Maps an agent failure. Agent-side errors about the user's input
@@ -90,6 +97,36 @@ impl ApiError {
     }
 }
 
+/// The error shape of an API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `{"error": {"code", "message"}}`: `/v1` and any other path.
+    Nested,
+    /// `{"error": "<message>", "code"}`: the seed's routes.
+    Seed,
+}
+
+impl Shape {
+    /// The shape for a request target (path, with or without a query):
+    /// the seed's routes are `/exec[/...]`, `/admin[/...]`, `/health` and
+    /// `/ready`, whatever the method and whether the route exists.
+    pub fn for_target(target: &str) -> Shape {
+        let path = target.split(['?', '#']).next().unwrap_or("");
+        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        match first {
+            "exec" | "admin" | "health" | "ready" => Shape::Seed,
+            _ => Shape::Nested,
+        }
+    }
+
+    pub fn body(self, code: &str, message: &str) -> serde_json::Value {
+        match self {
+            Shape::Nested => json!({"error": {"code": code, "message": message}}),
+            Shape::Seed => json!({"error": message, "code": code}),
+        }
+    }
+}
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}: {}", self.status, self.code, self.message)
@@ -99,3 +136,32 @@ impl std::fmt::Display for ApiError {
 impl std::error::Error for ApiError {}
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_paths_get_the_seed_shape() {
+        for t in [
+            "/exec",
+            "/exec/",
+            "/exec/s/execute?format=ndjson",
+            "/exec/templates",
+            "/admin/keys/k1/revoke",
+            "/health",
+            "/ready?x=1",
+        ] {
+            assert_eq!(Shape::for_target(t), Shape::Seed, "{t}");
+        }
+        for t in ["/v1/sessions", "/metrics", "/", "/executor", "/mcp", ""] {
+            assert_eq!(Shape::for_target(t), Shape::Nested, "{t}");
+        }
+        let e = ApiError::not_found("no such thing");
+        assert_eq!(
+            e.body_as(Shape::Seed),
+            json!({"error": "no such thing", "code": "not_found"})
+        );
+        assert_eq!(e.body()["error"]["message"], "no such thing");
+    }
+}

@@ -478,7 +478,7 @@ pub fn relay(
             Ok(Inbound::Error(e)) => {
                 let e = ApiError::from_agent(crate::agent::ClientError::Agent(e), "exec");
                 ctx.metrics.exec_done("error", t0.elapsed());
-                let mut v = e.body();
+                let mut v = e.body_as(w.shape);
                 v["type"] = json!("error");
                 emit(w, fmt, &v);
                 return;
@@ -487,7 +487,7 @@ pub fn relay(
             Err(e) => {
                 let e = ApiError::from_agent(e, "exec");
                 ctx.metrics.exec_done("error", t0.elapsed());
-                let mut v = e.body();
+                let mut v = e.body_as(w.shape);
                 v["type"] = json!("error");
                 emit(w, fmt, &v);
                 return;

@@ -1,7 +1,7 @@
 //! HTTP plumbing over our server (`httpd`): URL and query parsing, bounded
 //! bodies, replies, and chunked streaming written straight to the socket.
 
-use super::errors::{ApiError, ApiResult};
+use super::errors::{ApiError, ApiResult, Shape};
 use super::httpd::Request;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -9,6 +9,9 @@ use std::io::{Read, Write};
 /// What a handler answers.
 pub enum Reply {
     Json(u16, serde_json::Value),
+    /// Rendered when sent, in the shape of the API the request addressed
+    /// ([`super::errors::Shape`]).
+    Error(ApiError),
     Bytes(u16, String, Vec<u8>),
     Empty(u16),
     /// Computed on a separate (bounded) thread, so a long command never
@@ -24,7 +27,18 @@ pub enum Reply {
 
 impl From<ApiError> for Reply {
     fn from(e: ApiError) -> Reply {
-        Reply::Json(e.status, e.body())
+        Reply::Error(e)
+    }
+}
+
+impl Reply {
+    /// The status of a finished reply (500 for one not yet computed).
+    pub fn status(&self) -> u16 {
+        match self {
+            Reply::Json(s, _) | Reply::Bytes(s, _, _) | Reply::Empty(s) => *s,
+            Reply::Error(e) => e.status,
+            Reply::Later(_) | Reply::Stream { .. } => 500,
+        }
     }
 }
 
@@ -150,7 +164,13 @@ pub fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request, max: usize) 
 
 /// Sends a finished reply. Write errors mean the client left: nothing to do.
 pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
+    let shape = Shape::for_target(req.url());
     let (status, ct, body) = match reply {
+        Reply::Error(e) => (
+            e.status,
+            "application/json".to_string(),
+            serde_json::to_vec(&e.body_as(shape)).unwrap_or_default(),
+        ),
         Reply::Json(s, v) => (
             s,
             "application/json".to_string(),
@@ -164,7 +184,7 @@ pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
             (
                 e.status,
                 "application/json".into(),
-                serde_json::to_vec(&e.body()).unwrap_or_default(),
+                serde_json::to_vec(&e.body_as(shape)).unwrap_or_default(),
             )
         }
     };
@@ -185,11 +205,14 @@ pub struct StreamWriter {
     out: Box<dyn Write + Send>,
     chunked: bool,
     pub failed: bool,
+    /// The error shape of the API the stream answers (for its error line).
+    pub shape: Shape,
 }
 
 impl StreamWriter {
     pub fn start(req: Request, content_type: &str) -> StreamWriter {
         let chunked = !req.is_http10();
+        let shape = Shape::for_target(req.url());
         let mut out = req.into_writer();
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
@@ -208,6 +231,7 @@ impl StreamWriter {
             out,
             chunked,
             failed,
+            shape,
         }
     }
 

@@ -21,6 +21,7 @@
 //!   client address (503 beyond, written without waiting);
 //! - a handler that panics ends only its own connection.
 
+use super::errors::Shape;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -741,8 +742,10 @@ fn refuse(stream: TcpStream, why: &str) {
 }
 
 /// Writes a reply to a request we could not parse, then closes.
-fn reject(mut conn: Conn, status: u16, code: &str, message: &str, linger: u64) {
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+/// `shape`: the error shape of the API the target addresses (the v1 one
+/// while no target was read).
+fn reject(mut conn: Conn, status: u16, code: &str, message: &str, linger: u64, shape: Shape) {
+    let body = shape.body(code, message).to_string();
     let msg = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
@@ -838,6 +841,7 @@ fn read_head(mut conn: Conn, limits: &Arc<Limits>, back: SyncSender<Conn>) -> He
                 "header_too_large",
                 &format!("request head exceeds {MAX_HEAD} bytes"),
                 LINGER_REFUSED,
+                Shape::Nested,
             );
             return Head::Rejected;
         }
@@ -857,19 +861,24 @@ fn read_head(mut conn: Conn, limits: &Arc<Limits>, back: SyncSender<Conn>) -> He
                     "request_timeout",
                     "the request head did not arrive in time",
                     0,
+                    Shape::Nested,
                 );
                 return Head::Rejected;
             }
             Err(_) => return Head::Closed,
         }
     };
-    let fail = |conn: Conn, status: u16, code: &str, msg: String| {
-        reject(conn, status, code, &msg, LINGER_REFUSED);
-        Head::Rejected
-    };
     let (method, url, http10, headers) = match parse_head(&conn.buf[..end]) {
         Ok(h) => h,
-        Err((status, code, msg)) => return fail(conn, status, code, msg),
+        Err((status, code, msg)) => {
+            reject(conn, status, code, &msg, LINGER_REFUSED, Shape::Nested);
+            return Head::Rejected;
+        }
+    };
+    let shape = Shape::for_target(&url);
+    let fail = |conn: Conn, status: u16, code: &str, msg: String| {
+        reject(conn, status, code, &msg, LINGER_REFUSED, shape);
+        Head::Rejected
     };
     conn.pos = end;
 

@@ -257,14 +257,14 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
                     match r {
                         Reply::Later(job) => {
                             let out = job();
-                            let status = match &out {
-                                Reply::Json(s, _) | Reply::Bytes(s, _, _) | Reply::Empty(s) => *s,
-                                _ => 500,
-                            };
+                            let status = out.status();
                             count(&ctx2, status);
                             // A deferred 503 (a budget or capacity ran
                             // out meanwhile) is worth a retry shortly.
-                            let retry = (status == 503).then_some(1);
+                            let retry = match &out {
+                                Reply::Error(e) if e.retry_after.is_some() => e.retry_after,
+                                _ => (status == 503).then_some(1),
+                            };
                             respond(req, out, retry)
                         }
                         Reply::Stream { content_type, job } => {
@@ -284,10 +284,7 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
             }
         }
         r => {
-            let status = match &r {
-                Reply::Json(s, _) | Reply::Bytes(s, _, _) | Reply::Empty(s) => *s,
-                _ => 500,
-            };
+            let status = r.status();
             count(ctx, status);
             respond(req, r, retry_after)
         }
@@ -338,13 +335,13 @@ fn authenticate(ctx: &Ctx, req: &httpd::Request) -> Result<Principal, ApiError> 
             "an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)",
         )));
     };
-    let Some(rec) = ctx.keys.verify(&token) else {
-        return Err(failed(ApiError::new(
-            401,
-            "unauthorized",
-            "invalid or revoked API key",
-        )));
-    };
+    let rec = ctx.keys.verify(&token).map_err(|r| {
+        let code = match r {
+            auth::KeyRefusal::Expired { .. } => "key_expired",
+            auth::KeyRefusal::Invalid => "unauthorized",
+        };
+        failed(ApiError::new(401, code, auth::refusal_message(&r)))
+    })?;
     ctx.limiter.check(&rec)?;
     Ok(Principal {
         id: rec.id,

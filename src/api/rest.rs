@@ -1,6 +1,6 @@
 //! Seed-compatible routes (`/exec/...`), health, metrics and admin keys.
 
-use super::auth::{validate_scopes, Principal};
+use super::auth::{validate_scopes, KeyRecord, Principal, RateDefaults};
 use super::errors::{ApiError, ApiResult};
 use super::exec::{self, ExecBody, StreamFormat};
 use super::http::{header, json_body, ok_json, Reply};
@@ -15,17 +15,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+/// `GET /health`: the seed's `{status: "ok", uptime}` (uptime in
+/// seconds), and ours beside it.
 pub fn health(
     ctx: &Arc<Ctx>,
     _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
+    let up = ctx.started.elapsed();
     ok_json(json!({
         "status": "ok",
+        "uptime": up.as_millis() as f64 / 1000.0,
         "version": env!("CARGO_PKG_VERSION"),
         "backend": ctx.mgr.factory.backend(),
-        "uptimeSeconds": ctx.started.elapsed().as_secs(),
+        "uptimeSeconds": up.as_secs(),
         "sessions": ctx.mgr.count(),
     }))
 }
@@ -34,28 +38,61 @@ pub fn health(
 /// `/ready` reports it until the daemon exits.
 pub static NOT_READY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
+/// `GET /ready`: `{status: "ready" | "not_ready", checks}`, 200 or 503.
+/// Ready when every check holds: `accepting` (not shutting down), `vmm`
+/// (sandboxes can still be started), `images` (a template to start from),
+/// `capacity` (a session can still be created).
 pub fn ready(
     ctx: &Arc<Ctx>,
     _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    if let Some(why) = NOT_READY.get() {
-        return Ok(Reply::Json(503, json!({"ready": false, "reason": why})));
+    let sessions = ctx.mgr.count();
+    let max = ctx.cfg.max_sessions;
+    let checks = [
+        (
+            "accepting",
+            !(ctx.is_closing() || ctx.mgr.is_closing()),
+            "shutting down".to_string(),
+        ),
+        (
+            "vmm",
+            NOT_READY.get().is_none(),
+            NOT_READY.get().cloned().unwrap_or_default(),
+        ),
+        (
+            "images",
+            !ctx.mgr.factory.templates().is_empty(),
+            "no templates available".to_string(),
+        ),
+        (
+            "capacity",
+            sessions < max,
+            format!("at capacity ({sessions} of {max} sessions)"),
+        ),
+    ];
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|(_, ok, _)| !ok)
+        .map(|(_, _, why)| why.as_str())
+        .collect();
+    let ok = failed.is_empty();
+    let named: serde_json::Map<String, Value> = checks
+        .iter()
+        .map(|(name, ok, _)| (name.to_string(), json!(ok)))
+        .collect();
+    let mut v = json!({
+        "status": if ok { "ready" } else { "not_ready" },
+        "checks": named,
+        "ready": ok,
+        "sessions": sessions,
+        "maxSessions": max,
+    });
+    if !ok {
+        v["reason"] = json!(failed.join("; "));
     }
-    if ctx.is_closing() || ctx.mgr.is_closing() {
-        return Ok(Reply::Json(
-            503,
-            json!({"ready": false, "reason": "shutting down"}),
-        ));
-    }
-    if ctx.mgr.factory.templates().is_empty() {
-        return Ok(Reply::Json(
-            503,
-            json!({"ready": false, "reason": "no templates available"}),
-        ));
-    }
-    ok_json(json!({"ready": true}))
+    Ok(Reply::Json(if ok { 200 } else { 503 }, v))
 }
 
 pub fn metrics(
@@ -80,15 +117,38 @@ pub fn templates(
     ok_json(json!({"templates": ctx.mgr.factory.templates()}))
 }
 
+/// The sessions a caller sees (an admin key: all), each as `view` shows it.
+pub fn sessions_json(ctx: &Ctx, p: &Principal, view: impl Fn(&Session) -> Value) -> Reply {
+    let owner = (!p.is_admin()).then_some(p.id.as_str());
+    let sessions: Vec<Value> = ctx.mgr.list(owner).iter().map(|s| view(s)).collect();
+    Reply::Json(200, json!({"sessions": sessions}))
+}
+
+/// A session as the seed lists it: `state` is `creating`, `active` or
+/// `destroying`, `lastActivityAt`, `ownerId` and `templateName` beside our
+/// own fields (times in ms since the epoch).
+pub fn seed_session(s: &Session) -> Value {
+    let mut v = s.info();
+    let state = match s.state() {
+        crate::session::State::Starting => "creating",
+        crate::session::State::Ready => "active",
+        // A failed session is on its way out.
+        crate::session::State::Failed(_) | crate::session::State::Closing => "destroying",
+    };
+    v["state"] = json!(state);
+    v["lastActivityAt"] = v["lastUsedAt"].clone();
+    v["ownerId"] = json!(s.owner);
+    v["templateName"] = json!(s.spec.template);
+    v
+}
+
 pub fn list_sessions(
     ctx: &Arc<Ctx>,
     _: &mut super::httpd::Request,
     p: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let owner = (!p.is_admin()).then_some(p.id.as_str());
-    let sessions: Vec<Value> = ctx.mgr.list(owner).iter().map(|s| s.info()).collect();
-    ok_json(json!({"sessions": sessions}))
+    Ok(sessions_json(ctx, p, seed_session))
 }
 
 /// The caller's session `id`, created on first use when `create` is set.
@@ -224,7 +284,10 @@ pub fn write(
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
         match write_file(&session, &path, &data, mode, wait) {
-            Ok(n) => Reply::Json(200, json!({"success": true, "path": path, "bytes": n})),
+            Ok(n) => Reply::Json(
+                200,
+                json!({"bytesWritten": n, "success": true, "path": path, "bytes": n}),
+            ),
             Err(e) => e.into(),
         }
     })))
@@ -414,6 +477,11 @@ fn type_name(t: FileType) -> &'static str {
     }
 }
 
+/// What a listing calls a directory: the seed says `dir`, v1 and MCP
+/// `directory`.
+pub const SEED_DIR: &str = "dir";
+pub const V1_DIR: &str = "directory";
+
 /// One entry of a listing as the API shows it (serialized as is: a
 /// `Value` per entry costs ten times the entry).
 #[derive(Serialize)]
@@ -526,11 +594,12 @@ pub fn files(
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        list_reply(&session, lease, &path, recursive, wait, max_reply)
+        list_reply(&session, lease, &path, recursive, wait, max_reply, SEED_DIR)
     })))
 }
 
-/// A listing as a JSON reply (both APIs serve the same shape).
+/// A listing as a JSON reply (both APIs serve the same shape but for what
+/// they call a directory, `dir`).
 pub fn list_reply(
     session: &Session,
     mut lease: Lease,
@@ -538,9 +607,15 @@ pub fn list_reply(
     recursive: bool,
     wait: std::time::Duration,
     max_reply: usize,
+    dir: &'static str,
 ) -> Reply {
     list(session, &mut lease, path, recursive, wait)
-        .and_then(|l| {
+        .and_then(|mut l| {
+            if dir != V1_DIR {
+                for f in l.files.iter_mut().filter(|f| f.file_type == V1_DIR) {
+                    f.file_type = dir;
+                }
+            }
             budget::json_reply(
                 &mut lease,
                 200,
@@ -561,17 +636,27 @@ pub fn delete_session(
     let id = params.get("session");
     validate::session_id(id)?;
     let owner = owner_for(p, params)?;
+    // As the seed: 200 either way, `destroyed` says whether there was one.
+    let gone = |id: &str| {
+        Reply::Json(
+            200,
+            json!({"destroyed": false, "success": false, "sessionId": id}),
+        )
+    };
     if ctx.mgr.get(&owner, id).is_none() {
-        return Err(ApiError::session_not_found(id));
+        return Ok(gone(id));
     }
     // Destroying a VM can take a moment: not on an API worker thread.
     let mgr = ctx.mgr.clone();
     let id = id.to_string();
     Ok(Reply::Later(Box::new(move || {
         if mgr.remove(&owner, &id, "deleted by request", true) {
-            Reply::Json(200, json!({"success": true, "sessionId": id}))
+            Reply::Json(
+                200,
+                json!({"destroyed": true, "success": true, "sessionId": id}),
+            )
         } else {
-            ApiError::session_not_found(&id).into()
+            gone(&id)
         }
     })))
 }
@@ -588,22 +673,72 @@ pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
 
 // ---- admin keys -----------------------------------------------------------
 
+fn rate_defaults(ctx: &Ctx) -> RateDefaults {
+    RateDefaults {
+        rate: ctx.cfg.rate_per_sec,
+        burst: ctx.cfg.rate_burst,
+    }
+}
+
+/// `{record, ...record}`: the seed reads `record`; our earlier clients
+/// read the same fields at the top level.
+fn with_record(ctx: &Ctx, rec: &KeyRecord, extra: Value) -> Value {
+    let public = rec.public(rate_defaults(ctx));
+    let mut v = public.clone();
+    v["record"] = public;
+    if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
+        v.extend(extra);
+    }
+    v
+}
+
 pub fn list_keys(
     ctx: &Arc<Ctx>,
     _: &mut super::httpd::Request,
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let keys: Vec<Value> = ctx.keys.list().iter().map(|k| k.public()).collect();
+    let d = rate_defaults(ctx);
+    let keys: Vec<Value> = ctx.keys.list().iter().map(|k| k.public(d)).collect();
     ok_json(json!({"keys": keys}))
 }
 
+/// `rateLimit` as an object.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RateLimitIn {
+    requests_per_second: Option<f64>,
+    burst: Option<f64>,
+}
+
+/// `rateLimit`: `{requestsPerSecond?, burst?}`, or a bare number of
+/// requests per second; as (rate, burst).
+fn rate_limit(v: Value) -> ApiResult<(Option<f64>, Option<f64>)> {
+    match v {
+        Value::Null => Ok((None, None)),
+        Value::Number(n) => Ok((n.as_f64(), None)),
+        v @ Value::Object(_) => {
+            let r: RateLimitIn = serde_json::from_value(v)
+                .map_err(|e| ApiError::bad_request(format!("rateLimit: {e}")))?;
+            Ok((r.requests_per_second, r.burst))
+        }
+        other => Err(ApiError::bad_request(format!(
+            "rateLimit: want a number (requests per second) or {{requestsPerSecond, burst}}, \
+             not {other}"
+        ))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct CreateKey {
     #[serde(default)]
     name: String,
-    scopes: Vec<String>,
+    /// Default: `["exec"]`.
+    scopes: Option<Vec<String>>,
+    rate_limit: Option<Value>,
+    /// Ms since the epoch; null or absent: never.
+    expires_at: Option<u64>,
     rate: Option<f64>,
     burst: Option<f64>,
 }
@@ -615,14 +750,25 @@ pub fn create_key(
     _: &Params,
 ) -> ApiResult<Reply> {
     let body: CreateKey = json_body(req, ctx.cfg.max_body)?;
-    validate_scopes(&body.scopes).map_err(ApiError::bad_request)?;
+    let scopes = body.scopes.unwrap_or_else(|| vec!["exec".into()]);
+    validate_scopes(&scopes).map_err(ApiError::bad_request)?;
+    let (rate, burst) = match body.rate_limit {
+        None => (body.rate, body.burst),
+        Some(_) if body.rate.is_some() || body.burst.is_some() => {
+            return Err(ApiError::bad_request(
+                "give rateLimit or rate/burst, not both",
+            ))
+        }
+        Some(v) => rate_limit(v)?,
+    };
     let (rec, token) = ctx
         .keys
-        .create(&body.name, body.scopes, body.rate, body.burst)
+        .create(&body.name, scopes, rate, burst, body.expires_at)
         .map_err(ApiError::bad_request)?;
-    let mut v = rec.public();
-    v["key"] = json!(token);
-    Ok(Reply::Json(201, v))
+    Ok(Reply::Json(
+        201,
+        with_record(ctx, &rec, json!({"key": token})),
+    ))
 }
 
 fn key_id(params: &Params) -> ApiResult<&str> {
@@ -653,7 +799,7 @@ pub fn revoke_key(
     let id = key_id(params)?;
     let rec = ctx.keys.revoke(id).map_err(|_| key_missing(id))?;
     drop_sessions_of(ctx, id);
-    ok_json(rec.public())
+    ok_json(with_record(ctx, &rec, json!({"revoked": true})))
 }
 
 pub fn rotate_key(
@@ -664,9 +810,7 @@ pub fn rotate_key(
 ) -> ApiResult<Reply> {
     let id = key_id(params)?;
     let (rec, token) = ctx.keys.rotate(id).map_err(|_| key_missing(id))?;
-    let mut v = rec.public();
-    v["key"] = json!(token);
-    ok_json(v)
+    ok_json(with_record(ctx, &rec, json!({"key": token})))
 }
 
 pub fn delete_key(

@@ -129,11 +129,11 @@ pub fn create_session(
 
 pub fn list_sessions(
     ctx: &Arc<Ctx>,
-    r: &mut super::httpd::Request,
+    _: &mut super::httpd::Request,
     p: &Principal,
-    params: &Params,
+    _: &Params,
 ) -> ApiResult<Reply> {
-    rest::list_sessions(ctx, r, p, params)
+    Ok(rest::sessions_json(ctx, p, Session::info))
 }
 
 pub fn get_session(
@@ -647,7 +647,7 @@ pub fn list_files(
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
-        rest::list_reply(&s, lease, &path, recursive, wait, max_reply)
+        rest::list_reply(&s, lease, &path, recursive, wait, max_reply, rest::V1_DIR)
     })))
 }
 

@@ -140,7 +140,7 @@ fn authenticate(ctx: &Ctx, req: &Request) -> Result<Caller, (u16, String, Option
     let rec = ctx
         .keys
         .verify(&token)
-        .ok_or_else(|| failed("invalid or revoked API key"))?;
+        .map_err(|r| failed(&auth::refusal_message(&r)))?;
     ctx.limiter
         .check(&rec)
         .map_err(|e| (e.status, e.message, e.retry_after))?;

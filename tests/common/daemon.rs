@@ -301,10 +301,24 @@ impl Resp {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
-    /// The `error.code` of an error answer.
+    /// The code of an error answer, in either shape: v1's
+    /// `{"error": {code, message}}` or the seed routes' `{"error":
+    /// message, code}` (docs/api.md).
     pub fn code(&self) -> String {
-        self.json()["error"]["code"]
+        let v = self.json();
+        v["error"]["code"]
             .as_str()
+            .or(v["code"].as_str())
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// The message of an error answer, in either shape (see [`Resp::code`]).
+    pub fn message(&self) -> String {
+        let v = self.json();
+        v["error"]["message"]
+            .as_str()
+            .or(v["error"].as_str())
             .unwrap_or("")
             .to_string()
     }

@@ -172,7 +172,29 @@ pub fn python() -> Option<PathBuf> {
 /// when node or npm is missing or npm's registry is unreachable: the
 /// calling test is recorded as skipped and must return.
 pub fn node_dir() -> Option<PathBuf> {
-    let dir = deps_root().join(format!("node-sdk-{NODE_SDK}"));
+    npm_dir(
+        &format!("node-sdk-{NODE_SDK}"),
+        &format!("@modelcontextprotocol/sdk@{NODE_SDK}"),
+    )
+}
+
+/// The TypeScript compiler the seed-client test builds its script with.
+pub const TYPESCRIPT: &str = "5.9.3";
+
+/// `tsc` (as a script for node) of [`TYPESCRIPT`], or `None` as for
+/// [`node_dir`].
+pub fn tsc() -> Option<PathBuf> {
+    let dir = npm_dir(
+        &format!("typescript-{TYPESCRIPT}"),
+        &format!("typescript@{TYPESCRIPT}"),
+    )?;
+    Some(dir.join("node_modules/typescript/bin/tsc"))
+}
+
+/// `deps_root()/<name>` with npm package `spec` installed in it (once), or
+/// `None` (a skip) when node or npm is missing or the registry unreachable.
+fn npm_dir(name: &str, spec: &str) -> Option<PathBuf> {
+    let dir = deps_root().join(name);
     let done = dir.join(".installed");
     for tool in ["node", "npm"] {
         let found = Command::new(tool)
@@ -197,7 +219,7 @@ pub fn node_dir() -> Option<PathBuf> {
         if !dir.join("package.json").exists() {
             std::fs::write(
                 dir.join("package.json"),
-                b"{\"name\":\"mcp-test-deps\",\"private\":true}\n",
+                b"{\"name\":\"test-deps\",\"private\":true}\n",
             )
             .unwrap_or_else(|e| panic!("write package.json in {}: {e}", dir.display()));
         }
@@ -205,8 +227,8 @@ pub fn node_dir() -> Option<PathBuf> {
             Command::new("npm")
                 .current_dir(&dir)
                 .args(["install", "--no-audit", "--no-fund", "--silent"])
-                .arg(format!("@modelcontextprotocol/sdk@{NODE_SDK}")),
-            "npm install @modelcontextprotocol/sdk",
+                .arg(spec),
+            &format!("npm install {spec}"),
         )?;
         std::fs::write(&done, b"").unwrap_or_else(|e| panic!("write {}: {e}", done.display()));
         Ok(())
