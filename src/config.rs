@@ -112,6 +112,9 @@ pub struct Config {
     /// on the state dir's filesystem, since snapshot files are hard-linked
     /// into jails.
     pub jail_dir: Option<PathBuf>,
+    /// What new API keys' tokens start with (`asbx_`; the seed's
+    /// `AUTH_KEY_PREFIX`); keys made under another prefix keep working.
+    pub key_prefix: String,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -211,6 +214,7 @@ impl Default for Config {
             vm_cpu_max: None,
             vm_nofile_limit: None,
             jail_dir: None,
+            key_prefix: "asbx_".into(),
         }
     }
 }
@@ -367,6 +371,8 @@ impl Config {
         if let Some(r) = &self.vm_io_max {
             crate::vm::cgroup::validate_io_rule(r).map_err(|e| format!("vm_io_max: {e}"))?;
         }
+        crate::api::auth::validate_prefix(&self.key_prefix)
+            .map_err(|e| format!("key_prefix: {e}"))?;
         if let Some(c) = &self.vm_cpu_max {
             c.validate().map_err(|e| format!("vm_cpu_max: {e}"))?;
         }
@@ -449,6 +455,7 @@ pub struct FileConfig {
     pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
     pub vm_nofile_limit: Option<u64>,
     pub jail_dir: Option<PathBuf>,
+    pub key_prefix: Option<String>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -565,6 +572,7 @@ impl FileConfig {
             images => c.artifacts.images,
             vm_ids => c.vm_ids,
             allow_unlimited_vmms => c.allow_unlimited_vmms,
+            key_prefix => c.key_prefix,
         );
         set_secs!(
             idle_timeout_secs => c.idle_timeout,
@@ -658,6 +666,7 @@ impl FileConfig {
             vm_cpu_max: c.vm_cpu_max,
             vm_nofile_limit: c.vm_nofile_limit,
             jail_dir: c.jail_dir.clone(),
+            key_prefix: Some(c.key_prefix.clone()),
         }
     }
 }

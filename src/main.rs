@@ -804,12 +804,11 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 }
 
 fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Result<(), String> {
-    let path = match (key_file, config) {
-        (Some(k), _) => k,
-        (None, Some(c)) => admin_config(Some(c), None, None)?.key_file,
-        (None, None) => default_state_dir().join("keys.json"),
-    };
-    let store = KeyStore::open(&path)?;
+    // The config file (if any) and the seed's environment name the key
+    // file and the prefix of new keys; --key-file names the file.
+    let c = admin_config(config, None, None)?;
+    let path = key_file.unwrap_or(c.key_file);
+    let store = KeyStore::open_with_prefix(&path, &c.key_prefix)?;
     match cmd {
         KeysCmd::Create {
             name,

@@ -389,6 +389,25 @@ fn a_seed_env_configures_the_daemon_under_the_file() {
     assert_eq!(code, 2);
     assert!(err.contains("VM_MEM_SIZE_MIB"), "{err}");
 
+    // Keys made from the environment: its key file, its prefix.
+    let seed_keys = dir.path().join("seed-keys.json");
+    let out = bin()
+        .args(["keys", "create", "--name", "seed"])
+        .env("AUTH_KEYS_PATH", &seed_keys)
+        .env("AUTH_KEY_PREFIX", "sk_seed_")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("sk_seed_k"), "{text}");
+    assert!(std::fs::read_to_string(&seed_keys)
+        .unwrap()
+        .contains("sk_seed_"));
+
     // A daemon from the environment alone.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -36,6 +36,10 @@ pub struct KeyRecord {
     /// never. (Absent in key files written before keys could expire.)
     #[serde(default, rename = "expiresAt", skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// The start of its token before the id (`key_prefix` when it was
+    /// made or last rotated); absent: [`TOKEN_PREFIX`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
 }
 
 /// What [`KeyRecord::public`] fills in for a key without its own rate
@@ -77,7 +81,11 @@ impl KeyRecord {
     /// The start of the key's tokens that is not secret (`asbx_<id>`): what
     /// tells a key apart in a list.
     pub fn key_prefix(&self) -> String {
-        format!("{TOKEN_PREFIX}{}", self.id)
+        format!(
+            "{}{}",
+            self.prefix.as_deref().unwrap_or(TOKEN_PREFIX),
+            self.id
+        )
     }
 
     pub fn is_expired(&self, now_ms: u64) -> bool {
@@ -101,8 +109,29 @@ impl KeyRecord {
     }
 }
 
-/// Tokens are `asbx_<id>_<secret>`.
-const TOKEN_PREFIX: &str = "asbx_";
+/// Tokens are `<prefix><id>_<secret>`, the prefix `asbx_` unless the
+/// operator names another (`key_prefix`, the seed's `AUTH_KEY_PREFIX`).
+pub const TOKEN_PREFIX: &str = "asbx_";
+
+/// Ids of keys this store makes: `k` and 12 hex digits. The id is found
+/// at this length before a token's last `_`, whatever prefix the token
+/// has (an operator may change the prefix; older keys keep working).
+const ID_LEN: usize = 13;
+
+/// A token prefix an operator may choose: 1-32 of `A-Za-z0-9_-`.
+pub fn validate_prefix(p: &str) -> Result<(), String> {
+    if p.is_empty()
+        || p.len() > 32
+        || !p
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "key prefix {p:?}: 1 to 32 of A-Z, a-z, 0-9, '_' and '-'"
+        ));
+    }
+    Ok(())
+}
 
 /// Why a token was refused (the 401 message).
 pub fn refusal_message(r: &KeyRefusal) -> String {
@@ -226,6 +255,8 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 pub struct KeyStore {
     path: PathBuf,
     inner: Mutex<Cached>,
+    /// What new and rotated tokens start with.
+    prefix: String,
 }
 
 struct Cached {
@@ -237,6 +268,12 @@ struct Cached {
 impl KeyStore {
     /// Opens (or creates, empty) the key file; tightens its mode to 0600.
     pub fn open(path: &Path) -> Result<KeyStore, String> {
+        Self::open_with_prefix(path, TOKEN_PREFIX)
+    }
+
+    /// [`open`](Self::open), new tokens starting with `prefix`.
+    pub fn open_with_prefix(path: &Path, prefix: &str) -> Result<KeyStore, String> {
+        validate_prefix(prefix)?;
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         }
@@ -247,6 +284,7 @@ impl KeyStore {
                 mtime: None,
                 checked: Instant::now(),
             }),
+            prefix: prefix.to_string(),
         };
         if path.exists() {
             let meta = fs::metadata(path).map_err(|e| format!("stat {}: {e}", path.display()))?;
@@ -389,7 +427,7 @@ impl KeyStore {
             }
         }
         let id = format!("k{}", random_hex(6)?);
-        let token = format!("{TOKEN_PREFIX}{id}_{}", random_hex(24)?);
+        let token = format!("{}{id}_{}", self.prefix, random_hex(24)?);
         let rec = KeyRecord {
             id,
             name: name.to_string(),
@@ -400,6 +438,7 @@ impl KeyStore {
             rate,
             burst,
             expires_at,
+            prefix: self.record_prefix(),
         };
         let r2 = rec.clone();
         self.update(move |keys| {
@@ -411,14 +450,16 @@ impl KeyStore {
 
     /// New secret for an existing key id (same id, scopes, sessions).
     pub fn rotate(&self, id: &str) -> Result<(KeyRecord, String), String> {
-        let token = format!("{TOKEN_PREFIX}{id}_{}", random_hex(24)?);
+        let token = format!("{}{id}_{}", self.prefix, random_hex(24)?);
         let hash = hash_token(&token);
+        let prefix = self.record_prefix();
         let rec = self.update(|keys| {
             let k = keys
                 .iter_mut()
                 .find(|k| k.id == id && !k.revoked)
                 .ok_or_else(|| format!("no active key {id:?}"))?;
             k.hash = hash;
+            k.prefix = prefix;
             Ok(k.clone())
         })?;
         Ok((rec, token))
@@ -462,10 +503,7 @@ impl KeyStore {
 
     /// The active key a token belongs to, or why there is none.
     pub fn verify(&self, token: &str) -> Result<KeyRecord, KeyRefusal> {
-        let id = token
-            .strip_prefix(TOKEN_PREFIX)
-            .and_then(|t| t.split('_').next())
-            .ok_or(KeyRefusal::Invalid)?;
+        let id = token_id(token, &self.prefix).ok_or(KeyRefusal::Invalid)?;
         let check = |rec: Option<KeyRecord>| -> Result<KeyRecord, KeyRefusal> {
             let r = rec
                 .filter(|r| !r.revoked && ct_eq(hash_token(token).as_bytes(), r.hash.as_bytes()))
@@ -490,6 +528,36 @@ impl KeyStore {
         self.refresh(&mut c, true);
         check(c.keys.iter().find(|k| k.id == id).cloned())
     }
+
+    /// The prefix a record keeps: none for the default (files stay as
+    /// they were).
+    fn record_prefix(&self) -> Option<String> {
+        (self.prefix != TOKEN_PREFIX).then(|| self.prefix.clone())
+    }
+}
+
+/// The key id in `token` (`<prefix><id>_<secret>`): the [`ID_LEN`]
+/// characters before the last `_` when they look like one of our ids,
+/// else what follows `prefix` or [`TOKEN_PREFIX`] (ids of other lengths,
+/// made by hand). The hash check that follows covers the whole token, the
+/// prefix included.
+fn token_id<'a>(token: &'a str, prefix: &str) -> Option<&'a str> {
+    let (head, secret) = token.rsplit_once('_')?;
+    if secret.is_empty() {
+        return None;
+    }
+    let b = head.as_bytes();
+    if b.len() > ID_LEN {
+        let id = &b[b.len() - ID_LEN..];
+        if id[0] == b'k' && id[1..].iter().all(u8::is_ascii_hexdigit) {
+            // ASCII, so a char boundary.
+            return head.get(head.len() - ID_LEN..);
+        }
+    }
+    [prefix, TOKEN_PREFIX]
+        .iter()
+        .find_map(|p| head.strip_prefix(p))
+        .filter(|id| !id.is_empty() && !id.contains('_'))
 }
 
 /// Per-key token buckets.
@@ -736,6 +804,36 @@ mod tests {
     }
 
     #[test]
+    fn a_chosen_prefix_makes_tokens_and_older_ones_still_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keys.json");
+        let old = KeyStore::open(&p).unwrap();
+        let (_, t_old) = old
+            .create("a", vec!["exec".into()], None, None, None)
+            .unwrap();
+        assert!(t_old.starts_with("asbx_k"), "{t_old}");
+        let s = KeyStore::open_with_prefix(&p, "sk_live_").unwrap();
+        let (rec, t) = s
+            .create("b", vec!["exec".into()], None, None, None)
+            .unwrap();
+        assert!(t.starts_with(&format!("sk_live_{}_", rec.id)), "{t}");
+        assert_eq!(rec.key_prefix(), format!("sk_live_{}", rec.id));
+        assert_eq!(s.verify(&t).map(|r| r.id), Ok(rec.id.clone()));
+        assert!(s.verify(&t_old).is_ok(), "a key of the old prefix");
+        // The prefix is part of what the hash covers.
+        let forged = t.replacen("sk_live_", "asbx_", 1);
+        assert_eq!(s.verify(&forged), Err(KeyRefusal::Invalid));
+        // Hand-made ids of other lengths, and junk.
+        assert_eq!(token_id("asbx_k1_x", "asbx_"), Some("k1"));
+        assert_eq!(token_id("sk-k1_x", "sk-"), Some("k1"));
+        for bad in ["", "_", "asbx_", "asbx__x", "asbx_k1_", "nope"] {
+            assert_eq!(token_id(bad, "asbx_"), None, "{bad:?}");
+        }
+        assert!(KeyStore::open_with_prefix(&p, "bad prefix").is_err());
+        assert!(validate_prefix(&"x".repeat(33)).is_err());
+    }
+
+    #[test]
     fn bucket() {
         let rl = RateLimiter::new(1.0, 2.0);
         let k = KeyRecord {
@@ -745,6 +843,7 @@ mod tests {
             scopes: vec![],
             created: 0,
             revoked: false,
+            prefix: None,
             rate: None,
             burst: None,
             expires_at: None,

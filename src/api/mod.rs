@@ -71,7 +71,7 @@ impl Server {
             ));
         }
         let cfg = Arc::new(cfg);
-        let keys = Arc::new(KeyStore::open(&cfg.key_file)?);
+        let keys = Arc::new(KeyStore::open_with_prefix(&cfg.key_file, &cfg.key_prefix)?);
         match factory.sweep_orphans() {
             Ok(0) => {}
             Ok(n) => log::warn!("orphan sweep removed {n} leftover resource(s) of an earlier run"),

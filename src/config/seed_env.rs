@@ -94,14 +94,9 @@ impl EnvLayer {
             o.push(("keys_file", "AUTH_KEYS_PATH"));
         }
         if let Some(v) = var("AUTH_KEY_PREFIX") {
-            // The api layer's token format (`api::auth`), which config
-            // may not import: `asbx_<id>_<secret>`.
-            if v != "asbx_" {
-                return Err(format!(
-                    "AUTH_KEY_PREFIX {v:?}: keys here are always asbx_<id>_<secret> (the id \
-                     names the key record); unset it or set it to \"asbx_\""
-                ));
-            }
+            crate::api::auth::validate_prefix(&v).map_err(|e| format!("AUTH_KEY_PREFIX: {e}"))?;
+            f.key_prefix = Some(v);
+            o.push(("key_prefix", "AUTH_KEY_PREFIX"));
         }
         let vcpus: Option<u32> = var("VM_VCPU_COUNT")
             .map(|v| num("VM_VCPU_COUNT", &v))
@@ -403,10 +398,11 @@ mod tests {
             ("VM_BW_ENABLED", "true"),
             ("VM_BW_RATE_KBIT", "8000"),
             ("VM_BW_BURST_KBIT", "800"),
-            ("AUTH_KEY_PREFIX", ""),
+            ("AUTH_KEY_PREFIX", "sk_live_"),
         ])
         .unwrap();
         let f = &l.file;
+        assert_eq!(f.key_prefix.as_deref(), Some("sk_live_"));
         assert_eq!(f.listen, Some("127.0.0.1:8080".parse().unwrap()));
         assert_eq!(f.auth, Some(false));
         assert_eq!(f.keys_file, Some("/etc/seed/keys.json".into()));
@@ -467,7 +463,7 @@ mod tests {
             (vec![("PORT", "0")], "PORT"),
             (vec![("AUTH_ENABLED", "maybe")], "AUTH_ENABLED"),
             (vec![("AUTH_KEYS_PATH", "keys.json")], "AUTH_KEYS_PATH"),
-            (vec![("AUTH_KEY_PREFIX", "sk_")], "AUTH_KEY_PREFIX"),
+            (vec![("AUTH_KEY_PREFIX", "sk live")], "AUTH_KEY_PREFIX"),
             (vec![("VM_VCPU_COUNT", "-1")], "VM_VCPU_COUNT"),
             (vec![("VM_CPU_PERIOD_US", "100000")], "VM_CPU_PERIOD_US"),
             (vec![("VM_CPU_QUOTA_US", "10")], "VM_CPU_QUOTA_US"),
