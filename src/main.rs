@@ -3,7 +3,7 @@
 use agent_sandbox::api::auth::{self, validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::seed_env::EnvLayer;
-use agent_sandbox::config::{default_state_dir, parse_duration, Config, FileConfig};
+use agent_sandbox::config::{parse_duration, Config, FileConfig};
 use agent_sandbox::sandbox;
 use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
