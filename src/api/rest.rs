@@ -77,7 +77,7 @@ pub fn templates(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(json!({"templates": ctx.mgr.factory.templates()}))
+    ok_json(json!({"templates": ctx.mgr.templates()}))
 }
 
 pub fn list_sessions(
