@@ -182,8 +182,8 @@ fn bad(path: &Path, problem: String, fix: &str) -> VmError {
 const IMAGE_FIX: &str = "agent-sandbox image build";
 
 /// The template of a session that names none (config `default_template`
-/// "default").
-pub const DEFAULT_TEMPLATE: &str = "base";
+/// "default"): the developer image; `base` is the small one.
+pub const DEFAULT_TEMPLATE: &str = "dev";
 
 /// The version listed for a template file that states none.
 const UNVERSIONED: &str = "0";
