@@ -3,7 +3,10 @@
 //! standby QEMU started ahead), p50/p99, with the QEMU backend
 //! (TCG here, KVM where it works). Prints numbers; asserts nothing.
 //!
-//!   cargo bench --bench vm [-- ITERATIONS] [restore]   (restore: skip cold boots)
+//!   cargo bench --bench vm [-- ITERATIONS] [restore] [template=NAME]
+//!
+//! `restore` skips the cold boots; `template=` restores that template's
+//! snapshot (and boots its image cold) instead of `base`'s.
 //!
 //! `AGENT_SANDBOX_BENCH_LAUNCHER=spawner` starts QEMU as the daemon does
 //! (through the spawner, jailed; root only), `spawner-nojail` the same
@@ -140,12 +143,15 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(10);
+    let template = std::env::args()
+        .find_map(|a| a.strip_prefix("template=").map(str::to_string))
+        .unwrap_or_else(|| "base".into());
     let Some(e) = vm::env() else { return };
     let accel = e
         .backend
         .vmm_version_for(&e.kernel)
         .unwrap_or_else(|err| format!("? ({err})"));
-    println!("QEMU backend: {accel}; {n} iterations each; 1 vCPU, 256 MiB (cold), template shape (restore)");
+    println!("QEMU backend: {accel}; template {template}; {n} iterations each; 1 vCPU, 256 MiB (cold), template shape (restore)");
 
     // `-- N restore` skips the cold boots.
     let cold_n = if std::env::args().any(|a| a == "restore") {
@@ -155,7 +161,7 @@ fn main() {
     };
     let (mut cold, mut cold_hello, mut cold_rss) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..cold_n {
-        let cfg = e.cold_config(&format!("bench-cold-{i}"), "base", 256);
+        let cfg = e.cold_config(&format!("bench-cold-{i}"), &template, 256);
         let t = Instant::now();
         let mut v = e.backend.boot(&cfg).expect("boot");
         cold.push(t.elapsed());
@@ -170,9 +176,9 @@ fn main() {
     }
 
     let t = Instant::now();
-    let info = e.registry.ensure_snapshot("base").expect("snapshot");
+    let info = e.registry.ensure_snapshot(&template).expect("snapshot");
     println!(
-        "snapshot of base: {} in {:.1} s ({} vCPU, {} MiB)",
+        "snapshot of {template}: {} in {:.1} s ({} vCPU, {} MiB)",
         if info.rebuilt {
             "made"
         } else {

@@ -2,7 +2,9 @@
 # Template files: validate and resolve.
 #   template.sh validate [NAME|FILE ...]   check files (default: all templates)
 #   template.sh resolve NAME|FILE          print the template with `extends`
-#                                          applied (what the build uses)
+#                                          applied (what the build uses),
+#                                          without the listing fields
+#                                          (display_name, version, tools)
 #   template.sh list                       names of all templates
 # The checks mirror templates/schema.json (jq only, so a bare Debian host
 # can run them); test/run-tests.sh also checks the files against the
@@ -26,10 +28,14 @@ def strings: type == "array" and all(.[]; type == "string");
 def int_in($lo; $hi): type == "number" and . == floor and . >= $lo and . <= $hi;
 if type != "object" then ["not a JSON object"] else
   ( (["name","description","packages","env","setup","warm"] - keys) | map("missing field \(.)") )
-  + ( (keys - ["name","description","extends","packages","env","setup","warm","tests","memory_mib","vcpus","disk_mib"]) | map("unknown field \(.)") )
+  + ( (keys - ["name","display_name","version","description","tools","extends","packages","env","setup","warm","tests","memory_mib","vcpus","disk_mib"]) | map("unknown field \(.)") )
   + ( if has("name") and (.name | name_ok | not) then ["name must match ^[a-z0-9][a-z0-9_-]{0,31}$"]
       elif has("name") and .name != $stem then ["name \(.name) differs from file name \($stem)"] else [] end )
   + ( if has("description") and ((.description | type) != "string" or .description == "") then ["description must be a non-empty string"] else [] end )
+  + ( if has("display_name") and ((.display_name | type) != "string" or .display_name == "") then ["display_name must be a non-empty string"] else [] end )
+  + ( if has("version") and ((.version | type) != "string" or (.version | test("^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$") | not)) then ["version must match ^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$"] else [] end )
+  + ( if has("tools") and (.tools | strings | not) then ["tools must be an array of strings"]
+      elif has("tools") then (.tools | map(select(test("^[A-Za-z0-9][A-Za-z0-9+._-]{0,63}$") | not)) | map("bad tool name \(.)")) else [] end )
   + ( if has("extends") and (.extends | name_ok | not) then ["extends must be a template name"] else [] end )
   + ( if has("packages") and (.packages | strings | not) then ["packages must be an array of strings"]
       elif has("packages") then (.packages | map(select(test("^[a-z0-9][a-z0-9+.-]+$") | not)) | map("bad package name \(.)")) else [] end )
@@ -62,6 +68,11 @@ validate_one() {
 	fi
 }
 
+# The fields only listings read (the daemon, from the template files): left
+# out of what the build sees, so editing them neither changes the image's
+# hash (its cache key) nor makes every snapshot of it stale.
+LISTING='del(.display_name, .version, .tools)'
+
 # Print the resolved template: parent first, then this file's additions.
 resolve() {
 	local f depth=${2:-0} parent
@@ -70,12 +81,12 @@ resolve() {
 	[ "$depth" -lt 8 ] || die "extends chain too deep at $f (a cycle?)"
 	parent=$(jq -r '.extends // empty' "$f")
 	if [ -z "$parent" ]; then
-		jq -S '. + {chain: [.name], tests: (.tests // [])}' "$f"
+		jq -S "$LISTING"' | . + {chain: [.name], tests: (.tests // [])}' "$f"
 		return
 	fi
 	resolve "$(dirname "$f")/$parent.json" $((depth + 1)) | jq -S --slurpfile c "$f" '
 		. as $p | $c[0] as $c |
-		($p + ($c | del(.extends))) + {
+		($p + ($c | del(.extends) | '"$LISTING"')) + {
 			packages: (($p.packages + $c.packages) | reduce .[] as $x ([]; if index([$x]) then . else . + [$x] end)),
 			env: ($p.env + $c.env),
 			setup: ($p.setup + $c.setup),

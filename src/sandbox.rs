@@ -136,15 +136,58 @@ pub struct SandboxSpec {
 /// Prefix of every resource name we create (processes, dirs, netns, ...).
 pub const ID_PREFIX: &str = "asbx-";
 
-#[derive(Debug, Clone, Serialize)]
+/// One template as listed (`GET /exec/templates`, `/v1/templates`, MCP
+/// `list_templates`): serialized in the seed's shape (`displayName`,
+/// `version`, `tools`, `resources`) plus our own fields.
+#[derive(Debug, Clone, Default)]
 pub struct TemplateInfo {
     pub name: String,
+    pub display_name: String,
+    pub version: String,
     pub description: String,
+    pub tools: Vec<String>,
     pub vcpus: u32,
-    #[serde(rename = "memoryMib")]
     pub mem_mib: u32,
-    #[serde(rename = "default")]
     pub is_default: bool,
+}
+
+impl Serialize for TemplateInfo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Resources {
+            mem_size_mib: u32,
+            vcpu_count: u32,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire<'a> {
+            name: &'a str,
+            display_name: &'a str,
+            version: &'a str,
+            description: &'a str,
+            tools: &'a [String],
+            resources: Resources,
+            vcpus: u32,
+            memory_mib: u32,
+            default: bool,
+        }
+        Wire {
+            name: &self.name,
+            display_name: &self.display_name,
+            version: &self.version,
+            description: &self.description,
+            tools: &self.tools,
+            resources: Resources {
+                mem_size_mib: self.mem_mib,
+                vcpu_count: self.vcpus,
+            },
+            vcpus: self.vcpus,
+            memory_mib: self.mem_mib,
+            default: self.is_default,
+        }
+        .serialize(s)
+    }
 }
 
 /// One isolated machine with a connected agent. Owned by exactly one

@@ -4,9 +4,9 @@
 //! the document lists field by field; key expiry in REST, MCP and the CLI;
 //! and a TypeScript seed client that uses nothing but `fetch`.
 //!
-//! The seed's default template has node; until the default template is the
-//! developer image (another change of issue 19), these daemons are started
-//! with `--default-template node`, which the client never names.
+//! The seed's default template has node; ours is the developer image
+//! (`dev`). Test daemons default to `base` for speed
+//! (`common::default_template_args`), so these name the real default.
 
 mod common;
 #[path = "mcp/harness.rs"]
@@ -21,12 +21,11 @@ use std::io::{BufRead, Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Daemon flags: on VMs the default template is `node` until the default
-/// image has node (see the module comment); the `local-process` backend
-/// runs the host's node.
+/// Daemon flags: on VMs the real default template (see the module
+/// comment); the `local-process` backend runs the host's node.
 fn seed_args() -> Vec<&'static str> {
     if common::daemon::vm_backend() {
-        vec!["--default-template", "node"]
+        vec!["--default-template", "default"]
     } else {
         vec![]
     }

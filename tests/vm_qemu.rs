@@ -346,8 +346,9 @@ fn every_template_is_built_by_the_vm_tests() {
 
 /// A session of `template` as the daemon makes one (`{"template": ...}`):
 /// the snapshot is made on first use (boot, warm commands, save), then
-/// restored. Prints how long each took; commands run without the
-/// template's `env`, as a daemon session's do.
+/// restored. Prints how long each took. Commands get the template's `env`
+/// from the guest agent, which reads it from the image
+/// (`/etc/agent-sandbox/template.json`), as a daemon session's do.
 fn template_session(
     e: &VmEnv,
     template: &str,
@@ -401,6 +402,51 @@ fn node_template_runs_node_and_npm() {
         version.split('.').count() == 3 && version.split('.').all(|p| p.parse::<u32>().is_ok()),
         "npm --version printed {version:?}"
     );
+    v.destroy().expect("destroy");
+}
+
+/// The `tests` of `template` with its `extends` chain applied, as
+/// `images/template.sh resolve` prints them.
+fn template_tests(template: &str) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/template.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .args(["resolve", template])
+        .output()
+        .unwrap_or_else(|err| panic!("run {}: {err}", script.display()));
+    assert!(
+        out.status.success(),
+        "template.sh resolve {template}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("resolved template");
+    v["tests"]
+        .as_array()
+        .expect("tests")
+        .iter()
+        .map(|t| t.as_str().expect("test command").to_string())
+        .collect()
+}
+
+/// The default template, a developer machine: its own tests and those of
+/// base and python it extends (python, pip, venv, node, npm, gcc and g++
+/// compile and run, make, git, jq, sqlite3, zip, the tools on PATH) pass in
+/// a restored session, with the template's env as a session has it.
+#[test]
+fn dev_template_passes_its_tests() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let tests = template_tests("dev");
+    assert!(tests.len() >= 10, "dev has {} tests", tests.len());
+    let (mut v, c) = template_session(e, "dev", "dev-run");
+    let out = sh(&c, "echo \"$PYTHONUNBUFFERED $NPM_CONFIG_FUND\"");
+    assert_eq!(stdout(&out), "1 false", "the template's env");
+    for cmd in &tests {
+        let t = Instant::now();
+        let out = vm::sh_within(&c, cmd, Duration::from_secs(300));
+        eprintln!("dev: {} ms: {cmd}", t.elapsed().as_millis());
+        assert_ok(&out, cmd);
+    }
     v.destroy().expect("destroy");
 }
 

@@ -24,9 +24,12 @@ mk envnum '.env.X = 1'
 mk unknown '.colour = "blue"'
 mk nowarm 'del(.warm)'
 mk badmem '.memory_mib = 12.5'
+mk badtools '.tools = ["ok", 1]'
+mk badversion '.version = "1 0"'
+mk nodisplay '.display_name = ""'
 mk noparent '.extends = "missing"'
 echo '{"name": ' >"$tmp/t/notjson.json"
-for t in badname badpkg badenv envnum unknown nowarm badmem noparent notjson; do
+for t in badname badpkg badenv envnum unknown nowarm badmem badtools badversion nodisplay noparent notjson; do
 	if AGENT_SANDBOX_TEMPLATES=$tmp/t "$here/template.sh" validate "$t" >/dev/null 2>&1; then
 		bad "template $t accepted"
 	else
@@ -51,7 +54,7 @@ for f in glob.glob(os.path.join(tdir, "*.json")):
     if errs:
         print(f, errs[0].message); ok = False
 # Schema-level faults (not name/file or extends, which need context).
-for name in ["badpkg", "badenv", "envnum", "unknown", "nowarm", "badmem"]:
+for name in ["badpkg", "badenv", "envnum", "unknown", "nowarm", "badmem", "badtools", "badversion", "nodisplay"]:
     if not list(v.iter_errors(json.load(open(os.path.join(bad_dir, name + ".json"))))):
         print("schema accepted", name); ok = False
 sys.exit(0 if ok else 1)
@@ -65,6 +68,16 @@ r=$("$here/template.sh" resolve python)
 if jq -e '.packages[0] == "bash" and (.packages | index("python3")) and .env.LANG == "C.UTF-8"
 	and .env.PIP_ROOT_USER_ACTION == "ignore" and .chain == ["base","python"] and (.warm | length) == 4
 	and (has("extends") | not)' <<<"$r" >/dev/null; then pass "extends resolution"; else bad "extends resolution"; fi
+
+# 4b. The listing fields are not build inputs: editing them changes nothing
+# the build sees (so no image or snapshot is rebuilt for them).
+jq '.display_name = "Other" | .version = "9" | .tools = ["x"]' "$here/templates/python.json" >"$tmp/t/python.json"
+r2=$(AGENT_SANDBOX_TEMPLATES=$tmp/t "$here/template.sh" resolve python)
+if [ "$r" = "$r2" ] && jq -e 'has("display_name") or has("version") or has("tools") | not' <<<"$r" >/dev/null; then
+	pass "listing fields are not build inputs"
+else
+	bad "listing fields reach the build"
+fi
 
 # 5. The config verifier catches a dropped option and a forced-off one.
 frag=$here/kernel/agent-sandbox.config

@@ -38,4 +38,31 @@
   gcc = p: [ p.gcc ];
   libc6-dev = _: [ ];
   make = p: [ p.gnumake ];
+
+  # dev: nixpkgs' python3 has `python` too; its gcc wrapper has g++ and
+  # binutils (Debian's build-essential is a meta package of those).
+  python-is-python3 = _: [ ];
+  build-essential = p: [ p.gcc p.gnumake ];
+  "g++" = _: [ ];
+  pkg-config = p: [ p.pkg-config ];
+  patch = p: [ p.gnupatch ];
+  wget = p: [ p.wget ];
+  openssh-client = p: [ p.openssh ];
+  netcat-openbsd = p: [ p.netcat-openbsd ];
+  iputils-ping = p: [ p.iputils ];
+  dnsutils = p: [ p.dnsutils ];
+  jq = p: [ p.jq ];
+  ripgrep = p: [ p.ripgrep ];
+  file = p: [ p.file ];
+  tree = p: [ p.tree ];
+  xxd = _: [ ]; # in nixpkgs' vim (vim-tiny)
+  htop = p: [ p.htop ];
+  sqlite3 = p: [ p.sqlite ];
+  zip = p: [ p.zip ];
+  unzip = p: [ p.unzip ];
+  bzip2 = p: [ p.bzip2 ];
+  gzip = p: [ p.gzip ];
+  tar = p: [ p.gnutar ];
+  vim-tiny = p: [ p.vim ];
+  nano = p: [ p.nano ];
 }

@@ -2,7 +2,9 @@
 # uses (images/templates/NAME.json, schema in images/templates/schema.json),
 # resolved the way images/template.sh resolves them: `extends` puts the
 # parent first; packages are the parent's followed by the child's new ones,
-# env and scalar fields of the child override, setup/warm/tests append.
+# env and scalar fields of the child override, setup/warm/tests append; the
+# listing fields (display_name, version, tools: the daemon reads them from
+# the files) are left out, so editing them rebuilds no image.
 #
 # Builtins only (no nixpkgs lib), so .ci/nix-check can evaluate it without
 # nixpkgs.
@@ -27,7 +29,7 @@ let
   resolve = depth: name:
     let
       t = read name;
-      own = builtins.removeAttrs t [ "extends" ];
+      own = builtins.removeAttrs t [ "extends" "display_name" "version" "tools" ];
     in
     if depth > 8 then throw "agent-sandbox: template ${name}: extends chain too deep (a cycle?)"
     else if !(t ? extends) then own // { chain = [ name ]; tests = t.tests or [ ]; }

@@ -114,7 +114,7 @@ pub fn templates(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(json!({"templates": ctx.mgr.factory.templates()}))
+    ok_json(json!({"templates": ctx.mgr.templates()}))
 }
 
 /// The sessions a caller sees (an admin key: all), each as `view` shows it.

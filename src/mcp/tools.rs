@@ -378,9 +378,14 @@ fn execute_out() -> Value {
 fn templates_out() -> Value {
     out(
         json!({"templates": {"type": "array", "items": {"type": "object", "properties": {
-            "name": {"type": "string"}, "description": {"type": "string"},
+            "name": {"type": "string"}, "displayName": {"type": "string"},
+            "version": {"type": "string"}, "description": {"type": "string"},
+            "tools": {"type": "array", "items": {"type": "string"}},
+            "resources": {"type": "object", "properties": {
+                "memSizeMib": {"type": "integer"}, "vcpuCount": {"type": "integer"}
+            }},
             "vcpus": {"type": "integer"}, "memoryMib": {"type": "integer"}, "default": {"type": "boolean"}
-        }, "required": ["name"]}}}),
+        }, "required": ["name", "displayName", "version", "description", "tools"]}}}),
         &["templates"],
     )
 }
@@ -919,7 +924,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 
 fn list_templates(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &empty_in())?;
-    Ok(json!({"templates": ctx.host.mgr.factory.templates()}).into())
+    Ok(json!({"templates": ctx.host.mgr.templates()}).into())
 }
 
 fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {

@@ -40,8 +40,11 @@ impl LocalProcessFactory {
             run_root,
             templates: vec![TemplateInfo {
                 name: "default".into(),
+                display_name: "Local process".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
                 description:
                     "host process running the guest agent (no isolation; development only)".into(),
+                tools: Vec::new(),
                 vcpus: 1,
                 mem_mib: 256,
                 is_default: true,

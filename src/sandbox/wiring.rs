@@ -11,7 +11,7 @@ use crate::vm::ids::VmIds;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
 use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
-use crate::vm::templates::{Registry, RegistryConfig};
+use crate::vm::templates::{Registry, RegistryConfig, DEFAULT_TEMPLATE};
 use crate::vm::Backend;
 use crate::vm::NetAttachment;
 use std::path::PathBuf;
@@ -388,15 +388,17 @@ struct Templates {
 
 impl TemplateSource for Templates {
     fn list(&self) -> Vec<TemplateInfo> {
-        let default = "base";
         match self.reg.list() {
             Ok(l) => l
                 .into_iter()
                 .filter(|t| t.rootfs.is_some() && t.kernel.is_some())
                 .map(|t| TemplateInfo {
-                    is_default: t.name == default,
+                    is_default: t.name == DEFAULT_TEMPLATE,
                     name: t.name,
+                    display_name: t.display_name,
+                    version: t.version,
                     description: t.description,
+                    tools: t.tools,
                     vcpus: t.vcpus,
                     mem_mib: t.mem_mib,
                 })
@@ -416,7 +418,11 @@ impl TemplateSource for Templates {
     }
 
     fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate> {
-        let name = if name == "default" { "base" } else { name };
+        let name = if name == "default" {
+            DEFAULT_TEMPLATE
+        } else {
+            name
+        };
         self.reg
             .template(name)
             .map_err(|_| SandboxError::UnknownTemplate(name.to_string()))?;

@@ -6,7 +6,7 @@ use super::{lock, worker, Cmd, Session, State};
 use crate::api::errors::ApiError;
 use crate::api::metrics::Metrics;
 use crate::config::Config;
-use crate::sandbox::{new_sandbox_id, EgressPolicy, SandboxFactory, SandboxSpec};
+use crate::sandbox::{new_sandbox_id, EgressPolicy, SandboxFactory, SandboxSpec, TemplateInfo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,6 +102,17 @@ impl Manager {
             .collect();
         v.sort_by(|a, b| (&a.owner, &a.id).cmp(&(&b.owner, &b.id)));
         v
+    }
+
+    /// The templates sessions can be made from, listed with `default` on
+    /// the one a session naming none gets (config `default_template`).
+    pub fn templates(&self) -> Vec<TemplateInfo> {
+        let mut all = self.factory.templates();
+        let default = default_of(&all, &self.cfg.default_template);
+        for t in &mut all {
+            t.is_default = t.name == default;
+        }
+        all
     }
 
     pub fn count(&self) -> usize {
@@ -322,15 +333,21 @@ impl Manager {
 }
 
 /// The template a session asking for `name` gets: "default" names the
-/// factory's default template (`base` for VMs).
+/// factory's default template (`vm::templates::DEFAULT_TEMPLATE` for VMs).
 pub(crate) fn template_name(factory: &dyn SandboxFactory, name: String) -> String {
     if name != "default" {
         return name;
     }
-    factory
-        .templates()
-        .into_iter()
+    default_of(&factory.templates(), &name)
+}
+
+/// [`template_name`] of `name` among the factory's `templates`.
+fn default_of(templates: &[TemplateInfo], name: &str) -> String {
+    if name != "default" {
+        return name.to_string();
+    }
+    templates
+        .iter()
         .find(|t| t.is_default)
-        .map(|t| t.name)
-        .unwrap_or(name)
+        .map_or_else(|| name.to_string(), |t| t.name.clone())
 }

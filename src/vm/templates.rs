@@ -23,8 +23,18 @@ use crate::proto::ExecRequest;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Template {
     pub name: String,
+    /// Human-readable name for listings; the name when unset.
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// Version of the template's contents, for listings.
+    #[serde(default)]
+    pub version: Option<String>,
     #[serde(default)]
     pub description: String,
+    /// Commands a user can count on, for listings. Like the scalars, a
+    /// child's list replaces its parent's.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
     #[serde(default)]
     pub extends: Option<String>,
     #[serde(default)]
@@ -110,7 +120,10 @@ pub enum SnapshotState {
 #[derive(Debug, Clone, Serialize)]
 pub struct TemplateStatus {
     pub name: String,
+    pub display_name: String,
+    pub version: String,
     pub description: String,
+    pub tools: Vec<String>,
     pub kernel: Option<PathBuf>,
     pub rootfs: Option<PathBuf>,
     pub snapshot_dir: PathBuf,
@@ -167,6 +180,13 @@ fn bad(path: &Path, problem: String, fix: &str) -> VmError {
 }
 
 const IMAGE_FIX: &str = "agent-sandbox image build";
+
+/// The template of a session that names none (config `default_template`
+/// "default"): the developer image; `base` is the small one.
+pub const DEFAULT_TEMPLATE: &str = "dev";
+
+/// The version listed for a template file that states none.
+const UNVERSIONED: &str = "0";
 
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
@@ -281,6 +301,9 @@ impl Registry {
             t.memory_mib = c.memory_mib.or(t.memory_mib);
             t.vcpus = c.vcpus.or(t.vcpus);
             t.disk_mib = c.disk_mib.or(t.disk_mib);
+            t.display_name = c.display_name.or(t.display_name);
+            t.version = c.version.or(t.version);
+            t.tools = c.tools.or(t.tools);
             t.name = c.name;
             t.description = c.description;
             t.extends = c.extends;
@@ -415,8 +438,11 @@ impl Registry {
             let (vcpus, mem_mib) = self.shape(&t);
             out.push(TemplateStatus {
                 snapshot_dir: self.snapshot_dir(&name),
+                display_name: t.display_name.unwrap_or_else(|| name.clone()),
+                version: t.version.unwrap_or_else(|| UNVERSIONED.into()),
                 name,
                 description: t.description,
+                tools: t.tools.unwrap_or_default(),
                 kernel: kernel.clone(),
                 rootfs,
                 snapshot,

@@ -124,6 +124,7 @@ impl Daemon {
                 net_prefix = Some(p);
             }
         }
+        cmd.args(super::default_template_args(&backend, extra));
         if let Ok(a) = std::env::var("AGENT_SANDBOX_TEST_ARGS") {
             cmd.args(a.split_whitespace());
         }

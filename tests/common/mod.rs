@@ -222,6 +222,27 @@ pub fn leftovers(state_dir: &Path, net_prefix: Option<&str>) -> Vec<String> {
     left
 }
 
+/// The default template of test daemons on VM backends. The real default
+/// (`dev`) is a 1 GiB developer image whose restores cost more under TCG:
+/// tests that do not need its tools stay on the small `base`. A test of
+/// the default itself passes `--default-template default`.
+pub const VM_TEST_DEFAULT_TEMPLATE: &str = "base";
+
+/// `--default-template` [`VM_TEST_DEFAULT_TEMPLATE`] for a daemon or MCP
+/// host on `backend`, unless its arguments (`args`, then
+/// `AGENT_SANDBOX_TEST_ARGS`) name one.
+pub fn default_template_args(backend: &str, args: &[&str]) -> Vec<String> {
+    let named = |a: &str| a == "--default-template" || a.starts_with("--default-template=");
+    let env_args = std::env::var("AGENT_SANDBOX_TEST_ARGS").unwrap_or_default();
+    if backend == "local-process"
+        || args.iter().any(|a| named(a))
+        || env_args.split_whitespace().any(named)
+    {
+        return Vec::new();
+    }
+    vec!["--default-template".into(), VM_TEST_DEFAULT_TEMPLATE.into()]
+}
+
 /// Backend the daemon and MCP tests run on: `AGENT_SANDBOX_TEST_BACKEND`,
 /// else `qemu` once `agent-sandbox image build` (the quick start's first
 /// command) has recorded guest images, else `local-process`: reported as

@@ -262,6 +262,7 @@ fn backend_args(state: &Path) -> Vec<String> {
         v.push("--agent-bin".into());
         v.push(super::common::agent_bin().display().to_string());
     }
+    v.extend(super::common::default_template_args(&backend(), &[]));
     if let Ok(a) = std::env::var("AGENT_SANDBOX_TEST_ARGS") {
         v.extend(a.split_whitespace().map(str::to_string));
     }

@@ -31,6 +31,7 @@ impl SandboxFactory for NoSandboxes {
             vcpus: 1,
             mem_mib: 256,
             is_default: true,
+            ..Default::default()
         }]
     }
 }
