@@ -124,6 +124,8 @@ checks.use_after_free.enabled = false
 EOF
 
 SPEC="$PWD/docs/openapi.yaml"
+# Validates NDJSON bodies line by line (schemathesis has no NDJSON reader).
+HOOKS="$PWD/tests/schemathesis_hooks.py"
 case "$ST" in /*) ;; *) ST="$PWD/$ST" ;; esac
 N=0
 st() {
@@ -131,7 +133,7 @@ st() {
     # From the state dir, so schemathesis' cache does not land in the tree.
     # Our key is the only credential: no generated Authorization/X-API-Key
     # values (those would only test the 401 path, which ignored_auth does).
-    (cd "$STATE" && "$ST" --config-file "$STATE/schemathesis.toml" run "$SPEC" --url "$BASE" \
+    (cd "$STATE" && SCHEMATHESIS_HOOKS="$HOOKS" "$ST" --config-file "$STATE/schemathesis.toml" run "$SPEC" --url "$BASE" \
         -H "Authorization: Bearer $KEY" \
         --generation-with-security-parameters false \
         --checks all --exclude-checks positive_data_acceptance \
