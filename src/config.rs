@@ -58,6 +58,10 @@ pub struct Config {
     /// Per-key token bucket: sustained requests per second and burst.
     pub rate_per_sec: f64,
     pub rate_burst: f64,
+    /// Failed authentications one client address may make in a burst
+    /// before it gets 429 `auth_throttled` (refilled at
+    /// [`crate::api::auth::AUTH_FAIL_RATE`] per second).
+    pub auth_fail_burst: f64,
     pub reap_interval: Duration,
     pub default_vcpus: u32,
     pub default_mem_mib: u32,
@@ -189,6 +193,7 @@ impl Default for Config {
             create_timeout: Duration::from_secs(60),
             rate_per_sec: 50.0,
             rate_burst: 100.0,
+            auth_fail_burst: crate::api::auth::AUTH_FAIL_BURST,
             reap_interval: Duration::from_secs(5),
             default_vcpus: 1,
             default_mem_mib: 256,
@@ -252,6 +257,12 @@ impl Config {
         }
         if !(self.rate_burst >= 1.0 && self.rate_burst.is_finite()) {
             return Err(format!("rate_burst {}: must be >= 1", self.rate_burst));
+        }
+        if !(self.auth_fail_burst >= 1.0 && self.auth_fail_burst.is_finite()) {
+            return Err(format!(
+                "auth_fail_burst {}: must be >= 1",
+                self.auth_fail_burst
+            ));
         }
         for (key, v) in [
             ("max_sessions", self.max_sessions),
@@ -427,6 +438,7 @@ pub struct FileConfig {
     pub max_reply_memory: Option<usize>,
     pub rate_limit: Option<f64>,
     pub rate_burst: Option<f64>,
+    pub auth_fail_burst: Option<f64>,
     pub default_vcpus: Option<u32>,
     pub default_mem_mib: Option<u32>,
     pub default_disk_mib: Option<u32>,
@@ -557,6 +569,7 @@ impl FileConfig {
             max_reply_memory => c.max_reply_memory,
             rate_limit => c.rate_per_sec,
             rate_burst => c.rate_burst,
+            auth_fail_burst => c.auth_fail_burst,
             default_vcpus => c.default_vcpus,
             default_mem_mib => c.default_mem_mib,
             default_disk_mib => c.default_disk_mib,
@@ -638,6 +651,7 @@ impl FileConfig {
             max_reply_memory: Some(c.max_reply_memory),
             rate_limit: Some(c.rate_per_sec),
             rate_burst: Some(c.rate_burst),
+            auth_fail_burst: Some(c.auth_fail_burst),
             default_vcpus: Some(c.default_vcpus),
             default_mem_mib: Some(c.default_mem_mib),
             default_disk_mib: Some(c.default_disk_mib),

@@ -241,6 +241,10 @@ struct ServeArgs {
     /// [100]
     #[arg(long)]
     rate_burst: Option<f64>,
+    /// Failed authentications one client address may make in a burst
+    /// (then 2 per second) before it gets 429 auth_throttled [20]
+    #[arg(long)]
+    auth_fail_burst: Option<f64>,
     /// [5s]
     #[arg(long, value_parser = dur)]
     reap_interval: Option<Duration>,
@@ -388,6 +392,7 @@ fn serve_config_with(a: &ServeArgs, env: &EnvLayer) -> Result<Config, String> {
         exec_timeout => c.default_exec_timeout,
         rate_limit => c.rate_per_sec,
         rate_burst => c.rate_burst,
+        auth_fail_burst => c.auth_fail_burst,
         reap_interval => c.reap_interval,
         write_timeout => c.write_timeout,
         vm_ids => c.vm_ids,

@@ -42,3 +42,45 @@ fn openapi_matches_routes() {
         assert_eq!(public, r.scope.is_none(), "{} {}", r.method, r.pattern);
     }
 }
+
+/// A path served with other methods answers 405 with the `Allow` header
+/// RFC 9110 requires, naming exactly the methods the spec gives that path;
+/// the literal `/exec/templates` is never the `{session}` of
+/// `DELETE /exec/{session}`.
+#[test]
+fn method_not_allowed_names_the_paths_methods() {
+    use agent_sandbox::api::http::parse_target;
+    use agent_sandbox::api::routes::find;
+    let allow = |method: &str, url: &str| {
+        let t = parse_target(url).expect("target");
+        match find(method, &t) {
+            Ok((r, _)) => panic!("{method} {url} routed to {} {}", r.method, r.pattern),
+            Err(e) => {
+                assert_eq!((e.status, e.code), (405, "method_not_allowed"), "{e}");
+                e.allow.expect("Allow on a 405")
+            }
+        }
+    };
+    assert_eq!(allow("TRACE", "/health"), "GET, HEAD");
+    assert_eq!(allow("DELETE", "/exec/templates"), "GET, HEAD");
+    assert_eq!(allow("OPTIONS", "/exec/templates"), "GET, HEAD");
+    assert_eq!(allow("PUT", "/v1/sessions"), "GET, POST, HEAD");
+    assert_eq!(
+        allow("PATCH", "/v1/sessions/s/files/content"),
+        "GET, PUT, HEAD"
+    );
+    // The literal route still wins for its own method, the parameter
+    // route for the others' paths.
+    let t = parse_target("/exec/templates").unwrap();
+    assert_eq!(
+        find("GET", &t).map(|(r, _)| r.pattern).ok(),
+        Some("/exec/templates")
+    );
+    let t = parse_target("/exec/s1").unwrap();
+    let (r, p) = find("DELETE", &t).map_err(|e| e.to_string()).unwrap();
+    assert_eq!((r.pattern, p.get("session")), ("/exec/{session}", "s1"));
+    // No such path at all: 404, no Allow.
+    let t = parse_target("/nope").unwrap();
+    let e = find("GET", &t).err().expect("404");
+    assert_eq!((e.status, e.allow), (404, None));
+}

@@ -329,6 +329,50 @@ fn failed_authentication_is_throttled_per_address() {
     assert_healthy(&d, "auth flood");
 }
 
+/// `auth_fail_burst` is the throttle's burst: a larger one lets a burst of
+/// bad keys (a conformance fuzzer's probes) through as 401s, a smaller one
+/// throttles sooner.
+#[test]
+fn auth_fail_burst_sets_the_throttles_burst() {
+    let count = |burst: &str| {
+        let d = Daemon::start_local(&["--auth-fail-burst", burst]);
+        let bad = d.http().with_key("sbx_not_a_key");
+        let codes: Vec<u16> = (0..40).map(|_| bad.get("/exec").status).collect();
+        assert!(codes.iter().all(|c| [401, 429].contains(c)), "{codes:?}");
+        // A good key is refused while the address is throttled, not before.
+        let good = d.http().get("/exec").status;
+        (codes.iter().filter(|&&c| c == 401).count(), good)
+    };
+    assert_eq!(count("1000"), (40, 200));
+    let (unauthorized, good) = count("5");
+    assert!(
+        (5..=8).contains(&unauthorized),
+        "{unauthorized} checked before the throttle"
+    );
+    assert_eq!(good, 429);
+}
+
+/// A 405 names the path's methods in `Allow` (RFC 9110).
+#[test]
+fn method_not_allowed_carries_allow() {
+    let d = Daemon::start_local(&[]);
+    for (req, allow) in [
+        (
+            &b"TRACE /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
+            "GET, HEAD",
+        ),
+        (
+            &b"DELETE /exec/templates HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
+            "GET, HEAD",
+        ),
+    ] {
+        let r = raw(addr(&d), req, Duration::from_secs(5));
+        assert_eq!(status_of(&r), 405, "{r}");
+        assert!(r.contains(&format!("\r\nAllow: {allow}\r\n")), "{r}");
+    }
+    assert_healthy(&d, "405");
+}
+
 #[test]
 fn connections_per_address_are_bounded() {
     let d = Daemon::start(&["--max-connections-per-ip", "4"]);

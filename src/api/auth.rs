@@ -614,17 +614,25 @@ pub const AUTH_FAIL_RATE: f64 = 2.0;
 const AUTH_FAIL_TRACKED: usize = 4096;
 
 /// Throttles failed authentication per client address: a token bucket
-/// of [`AUTH_FAIL_BURST`] failures refilled at [`AUTH_FAIL_RATE`] per
-/// second. An address that spent it gets 429 before its key is checked.
-#[derive(Default)]
+/// of `burst` failures (config `auth_fail_burst`, default
+/// [`AUTH_FAIL_BURST`]) refilled at [`AUTH_FAIL_RATE`] per second. An
+/// address that spent it gets 429 before its key is checked.
 pub struct AuthThrottle {
+    burst: f64,
     m: Mutex<HashMap<IpAddr, (f64, Instant)>>,
 }
 
 impl AuthThrottle {
-    fn refill(b: &mut (f64, Instant), now: Instant) {
+    pub fn new(burst: f64) -> AuthThrottle {
+        AuthThrottle {
+            burst,
+            m: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn refill(&self, b: &mut (f64, Instant), now: Instant) {
         let dt = now.saturating_duration_since(b.1).as_secs_f64();
-        b.0 = (b.0 + dt * AUTH_FAIL_RATE).min(AUTH_FAIL_BURST);
+        b.0 = (b.0 + dt * AUTH_FAIL_RATE).min(self.burst);
         b.1 = now;
     }
 
@@ -634,7 +642,7 @@ impl AuthThrottle {
         let Some(b) = m.get_mut(&ip) else {
             return Ok(());
         };
-        Self::refill(b, Instant::now());
+        self.refill(b, Instant::now());
         if b.0 >= 1.0 {
             return Ok(());
         }
@@ -656,8 +664,8 @@ impl AuthThrottle {
             // Forget addresses whose bucket is full again, then the
             // stalest one if that freed nothing.
             m.retain(|_, b| {
-                Self::refill(b, now);
-                b.0 < AUTH_FAIL_BURST
+                self.refill(b, now);
+                b.0 < self.burst
             });
             if m.len() >= AUTH_FAIL_TRACKED {
                 if let Some(k) = m.iter().min_by_key(|(_, b)| b.1).map(|(k, _)| *k) {
@@ -665,8 +673,8 @@ impl AuthThrottle {
                 }
             }
         }
-        let b = m.entry(ip).or_insert((AUTH_FAIL_BURST, now));
-        Self::refill(b, now);
+        let b = m.entry(ip).or_insert((self.burst, now));
+        self.refill(b, now);
         b.0 = (b.0 - 1.0).max(0.0);
     }
 }

@@ -14,6 +14,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds, for 429/503.
     pub retry_after: Option<u64>,
+    /// The `Allow` header of a 405 (RFC 9110: the methods the path has).
+    pub allow: Option<String>,
 }
 
 impl ApiError {
@@ -23,6 +25,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            allow: None,
         }
     }
 

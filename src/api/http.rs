@@ -162,9 +162,15 @@ pub fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request, max: usize) 
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-/// Sends a finished reply. Write errors mean the client left: nothing to do.
-pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
+/// Sends a finished reply (`allow`: the `Allow` header of a 405, else
+/// the error's own). Write errors mean the client left: nothing to do.
+pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>, allow: Option<&str>) {
     let shape = Shape::for_target(req.url());
+    let own_allow = match &reply {
+        Reply::Error(e) => e.allow.clone(),
+        _ => None,
+    };
+    let allow = allow.or(own_allow.as_deref());
     let (status, ct, body) = match reply {
         Reply::Error(e) => (
             e.status,
@@ -189,12 +195,15 @@ pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>) {
         }
     };
     let retry = retry_after.map(|s| s.to_string());
-    let mut headers = Vec::with_capacity(2);
+    let mut headers = Vec::with_capacity(3);
     if !ct.is_empty() {
         headers.push(("Content-Type", ct.as_str()));
     }
     if let Some(r) = &retry {
         headers.push(("Retry-After", r.as_str()));
+    }
+    if let Some(a) = allow {
+        headers.push(("Allow", a));
     }
     req.respond(status, &headers, &body);
 }

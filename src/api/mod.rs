@@ -91,7 +91,7 @@ impl Server {
         let http = Arc::new(httpd::Server::new(addr, metrics.http_conn.clone()));
         let ctx = Arc::new(Ctx {
             limiter: RateLimiter::new(cfg.rate_per_sec, cfg.rate_burst),
-            auth_throttle: AuthThrottle::default(),
+            auth_throttle: AuthThrottle::new(cfg.auth_fail_burst),
             cfg: cfg.clone(),
             mgr: mgr.clone(),
             keys,
@@ -200,23 +200,23 @@ fn handle(ctx: &Arc<Ctx>, mut req: httpd::Request) {
     if ctx.is_closing() {
         let e = ApiError::unavailable("the server is shutting down");
         let ra = e.retry_after;
-        return respond(req, e.into(), ra);
+        return respond(req, e.into(), ra, None);
     }
     // With mcp_http off, /mcp falls through to the router: 404.
     if ctx.cfg.mcp_http && crate::mcp::http::is_mcp_path(req.url()) {
         return crate::mcp::http::handle(ctx, req);
     }
-    let (reply, retry_after) = match route(ctx, &mut req) {
-        Ok(r) => (r, None),
+    let (reply, retry_after, allow) = match route(ctx, &mut req) {
+        Ok(r) => (r, None, None),
         Err(e) => {
             if e.status >= 500 {
                 ctx.metrics.error(e.code);
             }
-            let ra = e.retry_after;
-            (Reply::from(e), ra)
+            let (ra, allow) = (e.retry_after, e.allow.clone());
+            (Reply::from(e), ra, allow)
         }
     };
-    finish(ctx, req, reply, retry_after);
+    finish(ctx, req, reply, retry_after, allow.as_deref());
 }
 
 fn count(ctx: &Ctx, status: u16) {
@@ -234,7 +234,13 @@ impl Drop for LongGuard {
     }
 }
 
-fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option<u64>) {
+fn finish(
+    ctx: &Arc<Ctx>,
+    req: httpd::Request,
+    reply: Reply,
+    retry_after: Option<u64>,
+    allow: Option<&str>,
+) {
     match reply {
         r @ (Reply::Later(_) | Reply::Stream { .. }) => {
             let n = ctx.long_running.fetch_add(1, Ordering::AcqRel);
@@ -246,7 +252,7 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
                     ctx.cfg.max_streams
                 ));
                 count(ctx, e.status);
-                return respond(req, e.into(), Some(1));
+                return respond(req, e.into(), Some(1), None);
             }
             let ctx2 = ctx.clone();
             let spawned = std::thread::Builder::new()
@@ -265,7 +271,7 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
                                 Reply::Error(e) if e.retry_after.is_some() => e.retry_after,
                                 _ => (status == 503).then_some(1),
                             };
-                            respond(req, out, retry)
+                            respond(req, out, retry, None)
                         }
                         Reply::Stream { content_type, job } => {
                             count(&ctx2, 200);
@@ -286,7 +292,7 @@ fn finish(ctx: &Arc<Ctx>, req: httpd::Request, reply: Reply, retry_after: Option
         r => {
             let status = r.status();
             count(ctx, status);
-            respond(req, r, retry_after)
+            respond(req, r, retry_after, allow)
         }
     }
 }

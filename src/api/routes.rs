@@ -203,49 +203,47 @@ fn static_name(name: &str) -> &'static str {
     }
 }
 
-/// The route for `method` + target; 404 when no path matches, 405 when
-/// the path exists with other methods.
+/// The route for `method` + target; 404 when no path matches, 405 (with
+/// the path's methods for `Allow`) when the path exists with other methods.
+/// The most literal pattern owns a path for every method: `/exec/templates`
+/// is never `/exec/{session}` (DELETE there is 405, not a session delete).
 pub fn find(method: &str, t: &Target) -> Result<(&'static Route, Params), ApiError> {
-    let mut allowed = Vec::new();
-    // Literal segments win over parameters (`/exec/templates`).
-    let mut best: Option<(&'static Route, HashMap<&'static str, String>)> = None;
-    for r in ROUTES {
-        if let Some(p) = matches(r.pattern, &t.segments) {
-            if r.method == method || (method == "HEAD" && r.method == "GET") {
-                let better = best.as_ref().map_or(true, |(b, _)| p.len() < params_in(b));
-                if better {
-                    best = Some((r, p));
-                }
-            } else {
-                allowed.push(r.method);
-            }
-        }
-    }
-    if let Some((r, path)) = best {
-        return Ok((
-            r,
-            Params {
-                path,
-                query: t.query.clone(),
-            },
-        ));
-    }
-    if !allowed.is_empty() {
+    let matching: Vec<(&'static Route, HashMap<&'static str, String>)> = ROUTES
+        .iter()
+        .filter_map(|r| matches(r.pattern, &t.segments).map(|p| (r, p)))
+        .collect();
+    let Some(fewest) = matching.iter().map(|(r, _)| params_in(r)).min() else {
         return Err(ApiError::new(
-            405,
-            "method_not_allowed",
-            format!(
-                "{method} is not allowed on {}; try {}",
-                t.path,
-                allowed.join(", ")
-            ),
+            404,
+            "route_not_found",
+            format!("no route {method} {}", t.path),
         ));
+    };
+    let mut allowed = Vec::new();
+    for (r, path) in matching.into_iter().filter(|(r, _)| params_in(r) == fewest) {
+        if r.method == method || (method == "HEAD" && r.method == "GET") {
+            return Ok((
+                r,
+                Params {
+                    path,
+                    query: t.query.clone(),
+                },
+            ));
+        }
+        allowed.push(r.method);
     }
-    Err(ApiError::new(
-        404,
-        "route_not_found",
-        format!("no route {method} {}", t.path),
-    ))
+    // A GET route also answers HEAD.
+    if allowed.contains(&"GET") {
+        allowed.push("HEAD");
+    }
+    let allow = allowed.join(", ");
+    let mut e = ApiError::new(
+        405,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}; try {allow}", t.path),
+    );
+    e.allow = Some(allow);
+    Err(e)
 }
 
 fn params_in(r: &Route) -> usize {

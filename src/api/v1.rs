@@ -56,8 +56,11 @@ impl Dur {
 struct CreateBody {
     id: Option<String>,
     template: Option<String>,
+    #[serde(default, deserialize_with = "validate::opt_int")]
     vcpus: Option<u32>,
+    #[serde(default, deserialize_with = "validate::opt_int")]
     memory_mib: Option<u32>,
+    #[serde(default, deserialize_with = "validate::opt_int")]
     disk_mib: Option<u32>,
     /// Maximum lifetime (seconds or `2h`).
     ttl: Option<Dur>,
@@ -414,7 +417,7 @@ pub fn stdin(
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Sig {
-    Num(i32),
+    Num(#[serde(deserialize_with = "validate::int")] i32),
     Name(String),
 }
 
@@ -469,7 +472,9 @@ pub fn signal(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResizeBody {
+    #[serde(deserialize_with = "validate::int")]
     rows: u16,
+    #[serde(deserialize_with = "validate::int")]
     cols: u16,
 }
 
