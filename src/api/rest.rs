@@ -732,7 +732,8 @@ fn rate_limit(v: Value) -> ApiResult<(Option<f64>, Option<f64>)> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct CreateKey {
-    #[serde(default)]
+    /// Required, as in the seed's `{name, scopes?, ...}`: an empty body
+    /// makes no key.
     name: String,
     /// Default: `["exec"]`.
     scopes: Option<Vec<String>>,
