@@ -32,7 +32,7 @@ const localProcs = process.env.MCP_TEST_LOCAL_PROCS === "1";
 
 async function scenario(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name);
-  check(tools[0] === "create_session" && tools[1] === "execute" && tools.length === 15, `tools ${tools}`);
+  check(tools[0] === "create_session" && tools[1] === "execute" && tools.length === 16, `tools ${tools}`);
 
   let r = await client.callTool({ name: "create_session", arguments: {} });
   check(!r.isError, `create_session ${JSON.stringify(r)}`);
