@@ -342,14 +342,19 @@ pub struct RestoreFixup {
     pub warm_up: bool,
 }
 
+/// The agent honours [`ExecRequest::memory_max`] and `cpu_max_us`; a host
+/// sends them only to an agent that announces it (an older one would
+/// ignore them and run the command unlimited).
+pub const CAP_EXEC_LIMITS: &str = "exec.limits";
+
 /// Capabilities the agent announces in its hello.
 pub const CAPABILITIES: &[&str] = &[
     "exec",
     "exec.pty",
     "exec.background",
     "exec.uid",
-    // ExecRequest::memory_max / cpu_max_us, ExitStatus::usage / oom_killed.
-    "exec.limits",
+    CAP_EXEC_LIMITS,
+    // ExitStatus::usage / oom_killed.
     "exec.usage",
     "files",
     "restore",
