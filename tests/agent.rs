@@ -1264,3 +1264,71 @@ fn kill_all_outside_a_vm_kills_the_process_groups_of_execs() {
     }
     assert!(wait_until(Duration::from_secs(5), || sleepers(&m) == 0));
 }
+
+/// A host never sends per-exec limits to an agent that does not announce
+/// `exec.limits`: an older agent would ignore them and run the command
+/// unlimited. The real agent (as a plain process, no per-exec cgroups)
+/// refuses a limited exec itself, and reports its usage from rusage.
+#[test]
+fn exec_limits_are_never_dropped_silently() {
+    use agent_sandbox::agent::AgentClient;
+    let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
+    let old_agent = std::thread::spawn(move || {
+        let mut r = FrameReader::new(guest.try_clone().unwrap());
+        let f = r.read_frame().unwrap().expect("the host's hello");
+        let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+        let reply = Hello {
+            version: h.version,
+            min_version: 1,
+            nonce: h.nonce,
+            software: "old-agent/0".into(),
+            capabilities: vec!["exec".into()],
+            max_payload: 1 << 20,
+            restored: None,
+        };
+        (&guest)
+            .write_all(&encode_json(Kind::Hello, 0, &reply))
+            .unwrap();
+        // Nothing else may arrive (the refused exec is never sent).
+        guest
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let next = r.read_frame().ok().flatten();
+        assert!(next.is_none(), "the host sent {next:?}");
+    });
+    let c = AgentClient::connect(host, Duration::from_secs(10)).expect("hello");
+    let limited = ExecRequest {
+        argv: vec!["true".into()],
+        memory_max: Some(64 << 20),
+        ..Default::default()
+    };
+    match c.call(&Request::Exec(limited)) {
+        Err(ClientError::Agent(e)) => {
+            assert_eq!(e.code, ErrorCode::Invalid);
+            assert!(e.message.contains("exec.limits"), "{e}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a limited exec went to an agent without exec.limits"),
+    }
+    old_agent.join().unwrap();
+    drop(c);
+
+    let a = TestAgent::start();
+    let c = a.client();
+    let limited = ExecRequest {
+        argv: vec!["true".into()],
+        cpu_max_us: Some(50_000),
+        ..Default::default()
+    };
+    match c.exec(limited, 1 << 20) {
+        Err(ClientError::Agent(e)) => {
+            assert_eq!(e.code, ErrorCode::SpawnFailed);
+            assert!(e.message.contains("cgroup per exec"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let out = c.exec(sh("true"), 1 << 20).expect("exec");
+    let u = out.status.usage.expect("usage");
+    assert_eq!(u.source, proto::UsageSource::Rusage);
+    assert!(u.memory_peak_bytes > 0, "{u:?}");
+}

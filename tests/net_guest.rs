@@ -690,3 +690,44 @@ fn bandwidth_limit_holds_a_guest_download() {
     let left = leftovers(&topo, &prefix);
     assert!(left.is_empty(), "after shutdown: {left:?}");
 }
+
+/// `POST /v1/run`: no network at all unless `allowNetwork`, then the
+/// daemon's default policy (internet here: the test server answers,
+/// through the uplink's NAT).
+#[test]
+fn run_reaches_the_network_only_when_allowed() {
+    if !is_root() || !vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
+    }
+    let prefix = common::daemon::unique_prefix();
+    let topo = Topology::new("nr");
+    let _servers = Servers::start(&topo.internet, &[INTERNET]);
+    let d = daemon(&topo, &prefix, None);
+    let code = format!(
+        "r=$(timeout 5 bash -c 'exec 3<>/dev/tcp/{INTERNET}/{PORT} && head -c 64 <&3' 2>/dev/null); \
+         echo \"${{r:-BLOCKED}}\""
+    );
+    for (allow, want) in [
+        (false, "BLOCKED".to_string()),
+        (true, HOST_UPLINK.to_string()),
+    ] {
+        let r = d.http().post(
+            "/v1/run",
+            &json!({"language": "bash", "code": code, "limits": {"allowNetwork": allow}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        eprintln!("allowNetwork {allow}: {}", v["stdout"]);
+        assert_eq!(
+            v["stdout"].as_str().map(str::trim),
+            Some(want.as_str()),
+            "allowNetwork {allow}: {v}"
+        );
+        let id = v["sandboxId"].as_str().unwrap_or_default();
+        assert_eq!(
+            d.http().get(&format!("/v1/sessions/{id}")).status,
+            404,
+            "{v}"
+        );
+    }
+}

@@ -342,12 +342,20 @@ pub struct RestoreFixup {
     pub warm_up: bool,
 }
 
+/// The agent honours [`ExecRequest::memory_max`] and `cpu_max_us`; a host
+/// sends them only to an agent that announces it (an older one would
+/// ignore them and run the command unlimited).
+pub const CAP_EXEC_LIMITS: &str = "exec.limits";
+
 /// Capabilities the agent announces in its hello.
 pub const CAPABILITIES: &[&str] = &[
     "exec",
     "exec.pty",
     "exec.background",
     "exec.uid",
+    CAP_EXEC_LIMITS,
+    // ExitStatus::usage / oom_killed.
+    "exec.usage",
     "files",
     "restore",
     "shutdown",
@@ -501,6 +509,18 @@ pub struct ExecRequest {
     /// default: an event per exec costs the host a wake-up on the hot path.
     #[serde(default)]
     pub notify_start: bool,
+    /// `memory.max` of this exec's own cgroup, in bytes; the agent's
+    /// per-exec maximum still applies (the lower wins). Going over it is
+    /// an OOM kill of the exec's processes ([`ExitStatus::oom_killed`]).
+    /// Needs per-exec cgroups (the agent as the VM's init): an agent
+    /// without them refuses the exec rather than run it unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
+    /// `cpu.max` quota of this exec's cgroup: µs of CPU time per
+    /// [`limits::CPU_PERIOD_US`] period (one core = the period). Same
+    /// requirement as `memory_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_max_us: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -568,6 +588,37 @@ pub struct ExitStatus {
     #[serde(default)]
     pub timed_out: bool,
     pub duration_us: u64,
+    /// What the command's processes used, measured when it ended. Absent
+    /// from agents older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ResourceUsage>,
+    /// The kernel's OOM killer ended it: its cgroup counted an `oom_kill`
+    /// (`memory.events`). Only known with per-exec cgroups.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
+}
+
+/// Resources one exec used, from its own cgroup when it has one.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResourceUsage {
+    /// Peak memory in bytes: the cgroup's `memory.peak` (every process of
+    /// the exec together, page cache included), or without a cgroup the
+    /// largest `ru_maxrss` of the process and the descendants it reaped.
+    pub memory_peak_bytes: u64,
+    /// CPU time in µs: the cgroup's `cpu.stat` `usage_usec`, or without
+    /// one `ru_utime + ru_stime` of the process and its reaped descendants.
+    pub cpu_usec: u64,
+    pub source: UsageSource,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageSource {
+    /// The exec's own cgroup (the agent as the VM's init).
+    #[default]
+    Cgroup,
+    /// `wait4`-style rusage of the reaped process (no per-exec cgroup).
+    Rusage,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -705,6 +756,8 @@ pub mod limits {
     pub const WARM_UP_IDLE_MS: u64 = 25;
     /// A warm-up exec still running after this is killed.
     pub const WARM_UP_TIMEOUT_MS: u64 = 10_000;
+    /// The `cpu.max` period of an exec's cgroup ([`super::ExecRequest::cpu_max_us`]).
+    pub const CPU_PERIOD_US: u64 = 100_000;
 }
 
 #[cfg(test)]

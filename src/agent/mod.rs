@@ -354,6 +354,26 @@ impl AgentClient {
 
     /// Starts a request and returns its handle.
     pub fn call(&self, req: &Request) -> Result<Call> {
+        // An agent without the capability would ignore the fields and run
+        // the command unlimited: refused here instead.
+        if let Request::Exec(e) = req {
+            let limited = e.memory_max.is_some() || e.cpu_max_us.is_some();
+            if limited
+                && !self
+                    .hello
+                    .capabilities
+                    .iter()
+                    .any(|c| c == proto::CAP_EXEC_LIMITS)
+            {
+                return Err(ClientError::Agent(proto::ErrorBody::new(
+                    proto::ErrorCode::Invalid,
+                    format!(
+                        "the guest agent ({}) cannot limit one command (no exec.limits capability): rebuild the guest images",
+                        self.hello.software
+                    ),
+                )));
+            }
+        }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::unbounded();
         let send_credit = Arc::new(SendCredit {

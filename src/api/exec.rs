@@ -158,6 +158,8 @@ impl ExecBody {
             tag: self.tag,
             // Streams and answers report the process id.
             notify_start: true,
+            memory_max: None,
+            cpu_max_us: None,
         };
         Ok(Prepared {
             req,
@@ -316,15 +318,48 @@ pub fn outcome(st: &ExitStatus) -> &'static str {
     }
 }
 
-/// The result fields shared by the buffered answer and the stream's last line.
+/// The exit code a shell would show: 128 + the signal for a killed command.
+pub fn exit_code(st: &ExitStatus) -> i32 {
+    st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1)
+}
+
+/// The result fields shared by the buffered answer and the stream's last
+/// line. `duration` is the host's wall time of the call; `durationMs`,
+/// `resourceUsage` and `oomKilled` are the command's own, as the guest
+/// measured them ([`usage_fields`]).
 pub fn result_fields(st: &ExitStatus, took: Duration) -> Value {
-    let exit = st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1);
-    json!({
-        "exitCode": exit,
+    let mut v = json!({
+        "exitCode": exit_code(st),
         "signal": st.signal.map(signal_name),
         "timedOut": st.timed_out,
         "duration": took.as_millis() as u64,
-    })
+    });
+    for (k, x) in usage_fields(st) {
+        v[k] = x;
+    }
+    v
+}
+
+/// `durationMs` (the command's run time in the guest, spawn to exit),
+/// `resourceUsage: {memoryMb, cpuPercent}` (null from an agent that does
+/// not measure) and `oomKilled`: every API's exec result carries these.
+/// `memoryMb` is the peak in MiB; `cpuPercent` is CPU time over run time
+/// (above 100 for a command using more than one core).
+pub fn usage_fields(st: &ExitStatus) -> [(&'static str, Value); 3] {
+    let usage = st.usage.map(|u| {
+        let mb = u.memory_peak_bytes as f64 / (1024.0 * 1024.0);
+        let pct = u.cpu_usec as f64 * 100.0 / st.duration_us.max(1) as f64;
+        json!({
+            "memoryMb": (mb * 10.0).round() / 10.0,
+            "cpuPercent": (pct * 10.0).round() / 10.0,
+            "source": u.source,
+        })
+    });
+    [
+        ("durationMs", json!(st.duration_us / 1000)),
+        ("resourceUsage", usage.unwrap_or(Value::Null)),
+        ("oomKilled", json!(st.oom_killed)),
+    ]
 }
 
 /// Runs a started foreground call to completion and answers with all its

@@ -14,6 +14,7 @@ pub mod httpd;
 pub mod metrics;
 pub mod rest;
 pub mod routes;
+pub mod run;
 pub mod v1;
 pub mod validate;
 

@@ -79,6 +79,7 @@ pub static ROUTES: &[Route] = &[
     r!("DELETE", "/admin/keys/{key}", ADMIN, rest::delete_key),
     // v1.
     r!("GET", "/v1/templates", EXEC, rest::templates),
+    r!("POST", "/v1/run", EXEC, v1::run),
     r!("GET", "/v1/sessions", EXEC, v1::list_sessions),
     r!("POST", "/v1/sessions", EXEC, v1::create_session),
     r!("GET", "/v1/sessions/{session}", EXEC, v1::get_session),

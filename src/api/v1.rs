@@ -228,6 +228,28 @@ pub fn exec(
     rest::run_exec(ctx, fmt, prepared, session)
 }
 
+/// `POST /v1/run`: one program in a fresh sandbox, destroyed after
+/// (see [`super::run`]).
+pub fn run(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    // Read like a file upload: `code` has its own limit, named in the 400.
+    let body = read_body(req, ctx.cfg.max_file.max(ctx.cfg.max_body))?;
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    let r = super::run::RunRequest::parse(&v, &ctx.cfg)?;
+    let (mgr, owner, max) = (ctx.mgr.clone(), p.id.clone(), ctx.cfg.max_output);
+    Ok(Reply::Later(Box::new(move || {
+        match super::run::run(&mgr, &owner, r, max, &|| false) {
+            Ok(v) => Reply::Json(200, v),
+            Err(e) => e.into(),
+        }
+    })))
+}
+
 fn proc_id(params: &Params) -> ApiResult<u64> {
     let s = params.get("proc");
     s.parse::<u64>()

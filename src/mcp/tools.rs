@@ -107,6 +107,19 @@ pub static TOOLS: &[Tool] = &[
         run: execute,
     },
     Tool {
+        name: "run_code",
+        title: "Run code in a fresh sandbox",
+        description: "Run a python, node or bash program in a new sandbox made for this call and \
+            destroyed after it, under limits (timeoutMs, maxMemoryMb, cpuCores, allowNetwork; no \
+            network unless allowed). Returns exit code, stdout, stderr, durationMs, timedOut and \
+            resourceUsage; a program over its memory limit is killed (oomKilled).",
+        input: run_code_in,
+        output: run_code_out,
+        read_only: false,
+        destructive: false,
+        run: run_code,
+    },
+    Tool {
         name: "list_templates",
         title: "List templates",
         description: "List the sandbox templates (images) a session can be created from.",
@@ -362,7 +375,10 @@ fn execute_out() -> Value {
             "stdout": {"type": "string"},
             "stderr": {"type": "string"},
             "truncated": {"type": "boolean"},
-            "duration": {"type": "integer", "description": "Milliseconds"}
+            "duration": {"type": "integer", "description": "Milliseconds"},
+            "durationMs": {"type": "integer", "description": "The command's own run time in the sandbox, milliseconds"},
+            "resourceUsage": resource_usage_schema(),
+            "oomKilled": {"type": "boolean", "description": "Ended by the out-of-memory killer"}
         }),
         &[
             "sessionId",
@@ -371,6 +387,66 @@ fn execute_out() -> Value {
             "stderr",
             "timedOut",
             "duration",
+        ],
+    )
+}
+
+/// `resourceUsage` of an exec result (see `api::exec::usage_fields`).
+fn resource_usage_schema() -> Value {
+    json!({"type": ["object", "null"], "description": "What the command used, measured in the sandbox (null from an agent that does not measure)",
+           "properties": {
+               "memoryMb": {"type": "number", "description": "Peak memory, MiB"},
+               "cpuPercent": {"type": "number", "description": "CPU time over run time, percent (over 100 on several cores)"},
+               "source": {"type": "string", "enum": ["cgroup", "rusage"]}
+           }, "required": ["memoryMb", "cpuPercent"]})
+}
+
+fn run_code_in() -> Value {
+    use crate::api::run::*;
+    obj(
+        json!({
+            "language": {"type": "string", "enum": Language::NAMES},
+            "code": {"type": "string", "description": "The program's source"},
+            "limits": {"type": "object", "additionalProperties": false, "properties": {
+                "timeoutMs": {"type": "integer", "minimum": 1, "default": DEFAULT_TIMEOUT_MS,
+                              "description": "The program is killed after this long"},
+                "maxMemoryMb": {"type": "integer", "minimum": MIN_MEMORY_MB, "maximum": MEM_MIB.end(),
+                                "default": DEFAULT_MAX_MEMORY_MB,
+                                "description": "Memory of the program's processes, MiB; over it they are OOM-killed"},
+                "cpuCores": {"type": "number", "minimum": MIN_CPU_CORES, "maximum": VCPUS.end(),
+                             "default": DEFAULT_CPU_CORES, "description": "CPU quota in cores"},
+                "allowNetwork": {"type": "boolean", "default": false,
+                                 "description": "false: no network at all; true: the server's default egress policy"}
+            }}
+        }),
+        &["language", "code"],
+    )
+}
+
+fn run_code_out() -> Value {
+    out(
+        json!({
+            "sandboxId": {"type": "string", "description": "The session made for the run (already destroyed)"},
+            "language": {"type": "string"},
+            "template": {"type": "string"},
+            "exitCode": {"type": "integer"},
+            "signal": {"type": ["string", "null"]},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "truncated": {"type": "boolean"},
+            "timedOut": {"type": "boolean"},
+            "durationMs": {"type": "integer", "description": "The program's run time, milliseconds"},
+            "resourceUsage": resource_usage_schema(),
+            "oomKilled": {"type": "boolean"}
+        }),
+        &[
+            "sandboxId",
+            "exitCode",
+            "stdout",
+            "stderr",
+            "durationMs",
+            "timedOut",
+            "resourceUsage",
         ],
     )
 }
@@ -909,7 +985,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         .metrics
         .exec_done(crate::api::exec::outcome(&status), took);
     let (code, signal) = exit_fields(&status);
-    Ok(json!({
+    let mut v = json!({
         "sessionId": id,
         "exitCode": code,
         "signal": signal,
@@ -918,8 +994,21 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         "stderr": String::from_utf8_lossy(&stderr),
         "truncated": truncated,
         "duration": took.as_millis() as u64,
-    })
-    .into())
+    });
+    for (k, x) in crate::api::exec::usage_fields(&status) {
+        v[k] = x;
+    }
+    Ok(v.into())
+}
+
+fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    use crate::api::run;
+    let cfg = &ctx.host.cfg;
+    let r = run::RunRequest::parse(&Value::Object(a.clone()), cfg).map_err(msg)?;
+    // Kept well inside one message (clients bound what they buffer).
+    let max = cfg.max_output.min(super::MAX_MESSAGE / 2);
+    let v = run::run(&ctx.host.mgr, &ctx.caller.owner, r, max, ctx.stop).map_err(msg)?;
+    Ok(v.into())
 }
 
 fn list_templates(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {

@@ -19,7 +19,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 EXPECTED_TOOLS = [
-    "create_session", "execute", "list_templates", "write_file", "read_file",
+    "create_session", "execute", "run_code", "list_templates", "write_file", "read_file",
     "list_files", "ping", "reset_session", "list_sessions", "destroy_session",
     "start_process", "read_process", "write_process", "kill_process", "kill_all_processes",
 ]

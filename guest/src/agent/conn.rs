@@ -114,8 +114,8 @@ pub enum Msg {
         rows: u16,
         cols: u16,
     },
-    /// Raw wait status from the reaper.
-    Exited(i32),
+    /// Raw wait status from the reaper, and the child's rusage.
+    Exited(i32, Option<crate::proto::ResourceUsage>),
     /// New output in a background process's buffer.
     Notify,
 }

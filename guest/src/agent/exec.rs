@@ -122,6 +122,8 @@ fn spawn_spec<'a>(prep: &'a Prepared, io: &Stdio, e: &ExecRequest) -> SpawnSpec<
         pty: e.pty.is_some(),
         uid: e.uid,
         gid: e.gid,
+        memory_max: e.memory_max,
+        cpu_max_us: e.cpu_max_us,
     }
 }
 
@@ -422,6 +424,7 @@ pub fn start(
         stdin_queued: 0,
         credit: [INITIAL_WINDOW as i64; 2],
         exit: None,
+        rusage: None,
         exited_at: None,
         killed_at: None,
         deadline: e.timeout_ms.map(|ms| started + Duration::from_millis(ms)),
@@ -470,6 +473,8 @@ struct Pump {
     /// Bytes we may still send on channels 1 and 2 (foreground only).
     credit: [i64; 2],
     exit: Option<i32>,
+    /// The reaped child's rusage: what is reported without a cgroup.
+    rusage: Option<crate::proto::ResourceUsage>,
     exited_at: Option<Instant>,
     /// When [`Pump::kill`] first ran: the answer waits for the exit at
     /// most [`KILL_GRACE`] longer.
@@ -518,9 +523,15 @@ impl Pump {
         self.exit.is_some() && !self.outs.iter().any(Option::is_some)
     }
 
-    /// Records the exit status for listings and attachers.
+    /// Records the exit status for listings and attachers, with what the
+    /// exec used: from its cgroup (still there: it goes with the pump),
+    /// else the reaped child's rusage.
     fn conclude(&mut self) {
-        let status = exit_status(self.exit.unwrap_or(0), self.proc.started, self.timed_out);
+        let mut status = exit_status(self.exit.unwrap_or(0), self.proc.started, self.timed_out);
+        match &self.cgroup {
+            Some(cg) => (status.usage, status.oom_killed) = cg.usage(),
+            None => status.usage = self.rusage,
+        }
         let mut st = lock(&self.proc.state);
         st.exit = Some(status);
         st.notify_attachers();
@@ -691,9 +702,10 @@ impl Pump {
     fn reap_pidfd(&mut self) {
         let Some(fd) = &self.pidfd else { return };
         match sys::reap_pidfd(fd.as_raw_fd()) {
-            Ok(Some(raw)) => {
+            Ok(Some((raw, usage))) => {
                 self.agent.procs.forget_pid(self.proc.pid);
                 self.exit = Some(raw);
+                self.rusage = Some(usage);
                 self.exited_at = Some(Instant::now());
             }
             Ok(None) => {}
@@ -865,9 +877,10 @@ impl Pump {
                 }
                 Msg::Stdin { bytes, grant } => self.queue_stdin(bytes, Some(grant)),
                 Msg::Resize { rows, cols } => self.resize(rows, cols),
-                Msg::Exited(raw) => {
+                Msg::Exited(raw, usage) => {
                     if self.exit.is_none() {
                         self.exit = Some(raw);
+                        self.rusage = usage;
                         self.exited_at = Some(Instant::now());
                     }
                 }

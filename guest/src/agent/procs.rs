@@ -2,7 +2,7 @@
 //! worker pool.
 
 use super::conn::{Mailbox, Msg};
-use crate::proto::{limits, ExitStatus, ProcInfo};
+use crate::proto::{limits, ExitStatus, ProcInfo, ResourceUsage};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -138,7 +138,7 @@ struct Table {
     /// before `spawn` returns), and of orphans we adopted as PID 1. An
     /// orphan's pid is reused by later children, so an entry is claimed
     /// only by a child spawned before it was reaped (see `register`).
-    unclaimed: HashMap<i32, (i32, Instant)>,
+    unclaimed: HashMap<i32, (Reaped, Instant)>,
     unclaimed_order: VecDeque<(i32, Instant)>,
     finished: VecDeque<u64>,
 }
@@ -173,8 +173,8 @@ impl Procs {
             t.unclaimed_order.retain(|&(x, _)| x != p.pid);
         }
         match waiting {
-            Some((status, reaped)) if reaped >= spawned => {
-                p.mailbox.send(Msg::Exited(status));
+            Some(((status, usage), reaped)) if reaped >= spawned => {
+                p.mailbox.send(Msg::Exited(status, usage));
             }
             _ => {
                 t.by_pid.insert(p.pid, p);
@@ -183,14 +183,14 @@ impl Procs {
     }
 
     /// Called by the reaper for every child it collects.
-    pub fn reaped(&self, pid: i32, status: i32) {
+    pub fn reaped(&self, pid: i32, status: i32, usage: Option<ResourceUsage>) {
         let mut t = lock(&self.table);
         if let Some(p) = t.by_pid.remove(&pid) {
-            p.mailbox.send(Msg::Exited(status));
+            p.mailbox.send(Msg::Exited(status, usage));
             return;
         }
         let now = Instant::now();
-        t.unclaimed.insert(pid, (status, now));
+        t.unclaimed.insert(pid, ((status, usage), now));
         t.unclaimed_order.push_back((pid, now));
         while t.unclaimed_order.len() > MAX_UNCLAIMED {
             if let Some((old, at)) = t.unclaimed_order.pop_front() {
@@ -243,14 +243,19 @@ impl Procs {
 pub fn reap_all(procs: &Procs) {
     loop {
         let mut status: libc::c_int = 0;
-        // SAFETY: status is a valid out pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        // SAFETY: rusage is plain data filled by the kernel.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: status and ru are valid out pointers.
+        let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
         if pid <= 0 {
             return;
         }
-        procs.reaped(pid, status);
+        procs.reaped(pid, status, Some(super::sys::rusage_usage(&ru)));
     }
 }
+
+/// A reaped child: raw wait status and rusage.
+type Reaped = (i32, Option<ResourceUsage>);
 
 /// Decodes a raw wait status.
 pub fn exit_status(raw: i32, started: Instant, timed_out: bool) -> ExitStatus {
@@ -266,6 +271,8 @@ pub fn exit_status(raw: i32, started: Instant, timed_out: bool) -> ExitStatus {
         signal,
         timed_out,
         duration_us: started.elapsed().as_micros() as u64,
+        usage: None,
+        oom_killed: false,
     }
 }
 
@@ -396,7 +403,7 @@ mod tests {
 
     fn exited(rx: &Receiver<Msg>) -> Option<i32> {
         match rx.try_recv() {
-            Ok(Msg::Exited(s)) => Some(s),
+            Ok(Msg::Exited(s, _)) => Some(s),
             _ => None,
         }
     }
@@ -406,16 +413,16 @@ mod tests {
     #[test]
     fn an_orphans_status_is_never_a_later_childs_exit() {
         let procs = Procs::default();
-        procs.reaped(100, 9);
+        procs.reaped(100, 9, None);
         let spawned = Instant::now();
         let (b, rx_b) = proc(2, 100);
         procs.register(b, Instant::now());
         assert_eq!(exited(&rx_b), None);
         // Reaped while registered: delivered.
-        procs.reaped(100, 0);
+        procs.reaped(100, 0, None);
         assert_eq!(exited(&rx_b), Some(0));
         // A child reaped before it was registered (exited during its spawn): claimed.
-        procs.reaped(101, 256);
+        procs.reaped(101, 256, None);
         let (c, rx_c) = proc(3, 101);
         procs.register(c, spawned);
         assert_eq!(exited(&rx_c), Some(256));

@@ -144,6 +144,67 @@ impl ExecCgroup {
         Ok((cg, dir.into()))
     }
 
+    /// Applies an exec's own limits (`memory_max` no higher than the
+    /// per-exec maximum `exec_mem_max`). The cgroup is this exec's alone
+    /// and removed after it, so nothing carries over to the next one.
+    fn limit(
+        &self,
+        exec_mem_max: Option<u64>,
+        memory_max: Option<u64>,
+        cpu_max_us: Option<u64>,
+    ) -> io::Result<()> {
+        let write = |file: &str, v: String| {
+            let f = self.path.join(file);
+            std::fs::write(&f, v).map_err(|e| ctx(e, &format!("write {}", f.display())))
+        };
+        if let Some(m) = memory_max {
+            let m = exec_mem_max.map_or(m, |cap| m.min(cap));
+            write("memory.max", m.to_string())?;
+        }
+        if let Some(q) = cpu_max_us {
+            // The kernel takes no quota below 1 ms.
+            let q = q.max(1_000);
+            write(
+                "cpu.max",
+                format!("{q} {}", crate::proto::limits::CPU_PERIOD_US),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// What the exec's processes used so far, and whether the OOM killer
+    /// struck in the cgroup. Read when the exec ends, before the cgroup
+    /// is removed.
+    pub fn usage(&self) -> (Option<crate::proto::ResourceUsage>, bool) {
+        let read = |file: &str| std::fs::read_to_string(self.path.join(file)).ok();
+        let field = |text: &str, key: &str| {
+            text.lines().find_map(|l| {
+                l.strip_prefix(key)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        };
+        let peak = read("memory.peak").and_then(|t| t.trim().parse::<u64>().ok());
+        let cpu = read("cpu.stat").and_then(|t| field(&t, "usage_usec"));
+        let oom = read("memory.events")
+            .and_then(|t| field(&t, "oom_kill"))
+            .is_some_and(|n| n > 0);
+        let usage = match (peak, cpu) {
+            (Some(memory_peak_bytes), Some(cpu_usec)) => Some(crate::proto::ResourceUsage {
+                memory_peak_bytes,
+                cpu_usec,
+                source: crate::proto::UsageSource::Cgroup,
+            }),
+            _ => {
+                log::warn!("{}: no memory.peak or cpu.stat", self.path.display());
+                None
+            }
+        };
+        (usage, oom)
+    }
+
     /// SIGKILL to every process in the cgroup.
     pub fn kill(&self) {
         let f = self.path.join("cgroup.kill");
@@ -288,6 +349,10 @@ pub struct SpawnSpec<'a> {
     pub pty: bool,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// This exec's own limits ([`crate::proto::ExecRequest::memory_max`],
+    /// `cpu_max_us`), set on its cgroup before it starts.
+    pub memory_max: Option<u64>,
+    pub cpu_max_us: Option<u64>,
 }
 
 /// A started child: its pid, its cgroup (with user limits) and, when the
@@ -327,6 +392,18 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
         },
         None => (None, None),
     };
+    if spec.memory_max.is_some() || spec.cpu_max_us.is_some() {
+        match (&cg, limits) {
+            (Some(cg), Some(l)) => cg.limit(l.exec_mem_max, spec.memory_max, spec.cpu_max_us)?,
+            // Refused rather than run without the limits asked for.
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "per-command memory and CPU limits need a cgroup per exec (the agent as the VM's init)",
+                ))
+            }
+        }
+    }
     if spec.uid.is_some() || spec.gid.is_some() || spec.pty || limits.is_some() {
         let target = cg_fd
             .as_ref()

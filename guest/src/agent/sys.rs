@@ -1,5 +1,6 @@
 //! Thin, checked wrappers over the few raw syscalls the agent needs.
 
+use crate::proto::{ResourceUsage, UsageSource};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -221,21 +222,27 @@ pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Reaps the child behind `pidfd` if it has exited: `Ok(Some(raw wait
-/// status))`, `Ok(None)` while it runs, an error if someone else reaped it.
-/// `__WALL`: children started without an exit signal (see spawn.rs) are
-/// "clone" children to waitid and are found only with it.
-pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<i32>> {
+/// Reaps the child behind `pidfd` if it has exited: `Ok(Some((raw wait
+/// status, its rusage)))`, `Ok(None)` while it runs, an error if someone
+/// else reaped it. `__WALL`: children started without an exit signal (see
+/// spawn.rs) are "clone" children to waitid and are found only with it.
+/// The raw syscall, not glibc's waitid: only the syscall's fifth argument
+/// returns the child's rusage.
+pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<(i32, ResourceUsage)>> {
     const P_PIDFD: libc::idtype_t = 3;
-    // SAFETY: siginfo_t is plain data filled by the kernel.
+    // SAFETY: siginfo_t and rusage are plain data filled by the kernel.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointers for the kernel's waitid(which, id,
+    // infop, options, rusage).
     let r = unsafe {
-        libc::waitid(
+        libc::syscall(
+            libc::SYS_waitid,
             P_PIDFD,
             pidfd as libc::id_t,
-            &mut info,
+            &mut info as *mut libc::siginfo_t,
             libc::WEXITED | libc::WNOHANG | libc::__WALL,
+            &mut ru as *mut libc::rusage,
         )
     };
     if r < 0 {
@@ -249,9 +256,22 @@ pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<i32>> {
         return Ok(None);
     }
     // Rebuild a classic wait status so one decoder serves both paths.
-    Ok(Some(match info.si_code {
+    let raw = match info.si_code {
         libc::CLD_EXITED => (status & 0xff) << 8,
         libc::CLD_DUMPED => (status & 0x7f) | 0x80,
         _ => status & 0x7f,
-    }))
+    };
+    Ok(Some((raw, rusage_usage(&ru))))
+}
+
+/// A reaped child's rusage as [`ResourceUsage`]: the child's own and
+/// that of the descendants it reaped (the kernel folds those in).
+pub fn rusage_usage(ru: &libc::rusage) -> ResourceUsage {
+    let us = |t: libc::timeval| t.tv_sec.max(0) as u64 * 1_000_000 + t.tv_usec.max(0) as u64;
+    ResourceUsage {
+        // ru_maxrss is in KiB.
+        memory_peak_bytes: ru.ru_maxrss.max(0) as u64 * 1024,
+        cpu_usec: us(ru.ru_utime) + us(ru.ru_stime),
+        source: UsageSource::Rusage,
+    }
 }
