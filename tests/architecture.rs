@@ -410,7 +410,7 @@ fn uses(f: &SourceFile) -> Vec<Use> {
     let guest = f.module[0] == "guest";
     // The file's module plus the inline `mod x { … }` it is in.
     let mut inline: Vec<(String, usize)> = Vec::new();
-    let mut depth = 0;
+    let mut depth: usize = 0;
     let mut out = Vec::new();
     let mut i = 0;
     while i < toks.len() {
@@ -420,7 +420,9 @@ fn uses(f: &SourceFile) -> Vec<Use> {
         match t {
             Tok::Open => depth += 1,
             Tok::Close => {
-                depth -= 1;
+                depth = depth
+                    .checked_sub(1)
+                    .unwrap_or_else(|| panic!("{}:{line}: unbalanced `}}`: a scanner bug", f.rel));
                 if inline.last().is_some_and(|(_, d)| *d == depth) {
                     inline.pop();
                 }
