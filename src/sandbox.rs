@@ -10,6 +10,11 @@
 //!   host process. No isolation at all: for development and the daemon's own
 //!   tests only, selected explicitly with `--backend local-process`.
 
+/// The developer image every language of `/v1/run` runs in (what a
+/// session naming no template gets unless `default_template` says
+/// otherwise), for the front ends, which do not reach into `vm`.
+pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
+
 pub mod local;
 pub mod standby;
 pub mod vm;

@@ -61,7 +61,7 @@ impl Language {
     pub fn template(self) -> &'static str {
         match self {
             Language::Python | Language::Node | Language::Bash => {
-                crate::vm::templates::DEFAULT_TEMPLATE
+                crate::sandbox::DEVELOPER_TEMPLATE
             }
         }
     }

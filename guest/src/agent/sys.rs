@@ -230,8 +230,9 @@ pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
 /// returns the child's rusage.
 pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<(i32, ResourceUsage)>> {
     const P_PIDFD: libc::idtype_t = 3;
-    // SAFETY: siginfo_t and rusage are plain data filled by the kernel.
+    // SAFETY: siginfo_t is plain data (all-zero is valid), filled by the kernel.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: rusage is plain data too (integers and timevals).
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid out pointers for the kernel's waitid(which, id,
     // infop, options, rusage).
