@@ -114,7 +114,7 @@ in
       type = types.listOf types.str;
       default = attrNames cfg.images;
       defaultText = literalMD "every template in {option}`images`";
-      example = [ "base" "python" ];
+      example = [ "dev" "base" ];
       description = "Templates this host offers; the daemon snapshots each on first start.";
     };
 
@@ -227,7 +227,20 @@ in
         assertion = cfg.images ? ${t};
         message = "services.agent-sandbox.templates: no image for template \"${t}\" (have: ${lib.concatStringsSep ", " (lib.attrNames cfg.images)})";
       })
-      cfg.templates;
+      cfg.templates
+    ++ [
+      (
+        # A session naming no template gets the default: it must be offered.
+        let
+          d = cfg.settings.default_template or "default";
+          name = if d == "default" then "dev" else d;
+        in
+        {
+          assertion = builtins.elem name cfg.templates;
+          message = "services.agent-sandbox.templates: the default template \"${name}\" (settings.default_template; \"default\" is dev) is not among them: add it, or set settings.default_template";
+        }
+      )
+    ];
 
     services.agent-sandbox.settings = lib.mapAttrs (_: lib.mkDefault) ((cli.artifacts {
       firecracker = cfg.firecrackerPackage;

@@ -39,6 +39,8 @@ pkgs.testers.runNixOSTest {
       enable = true;
       inherit backend;
       templates = [ "base" ];
+      # The small image; the default (dev) is not built for this test.
+      settings.default_template = "base";
       maxSessions = 4;
       defaultMemMib = 512;
       # agent-sandbox-mcp (stdio) forwards to /mcp.

@@ -65,7 +65,7 @@ let
   hostSettings = builtins.mapAttrs
     (_: v: if builtins.isString v then builtins.replaceStrings [ "$state" "$backend" "$port" ] [ "/var/lib/agent-sandbox" "firecracker" "3000" ] v else v)
     outputs.packages.x86_64-linux.host.passthru.settings;
-  keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; extraEnvironment.RUST_LOG = "debug"; };
+  keyed = run { enable = true; keysFile = "/run/secrets/keys.json"; listenAddress = "::"; openFirewall = true; templates = [ "base" ]; settings.max_sessions = 99; settings.default_template = "base"; extraEnvironment.RUST_LOG = "debug"; };
 
   x86 = outputs.packages.x86_64-linux;
   nixosTest = outputs.checks.x86_64-linux.nixos;
@@ -102,6 +102,7 @@ assert check (dflt.settings.vm_ids == { first = 2000000000; count = 65536; }) "V
 assert check ((unIf keyed.body.networking.firewall.allowedTCPPorts) == [ 3000 ]) "openFirewall";
 assert check (all (map (t: t.assertion) keyed.body.assertions)) "assertions hold for known templates";
 assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "nope" ]; }).body.assertions))) "unknown template is refused";
+assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "base" ]; }).body.assertions))) "templates without the default (dev) are refused";
 {
   inputs = builtins.attrNames flake.inputs;
   nixpkgsUrl = flake.inputs.nixpkgs.url;
