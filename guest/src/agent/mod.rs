@@ -405,7 +405,7 @@ pub fn handle(
             replay,
         } => exec::attach(agent, req, mailbox, proc, stdin, replay),
         Request::Signal { proc, signal } => {
-            if !(1..=64).contains(&signal) {
+            if !proto::signal::RANGE.contains(&signal) {
                 return req.fail(ErrorBody::new(
                     ErrorCode::Invalid,
                     format!("bad signal number {signal}"),
