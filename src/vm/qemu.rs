@@ -1166,9 +1166,10 @@ pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: getpid has no preconditions; the closure only makes
-    // async-signal-safe syscalls.
+    // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe syscalls (prctl, getppid); it allocates nothing.
     unsafe { cmd.pre_exec(move || launch::die_with_parent(parent)) };
     let mut child = cmd
         .spawn()

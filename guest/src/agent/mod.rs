@@ -255,9 +255,11 @@ pub fn run(cfg: Config) -> Result<(), String> {
                                 drop(s);
                                 refused.note(peer.cid(), peer.port());
                             }
-                            // SAFETY: into_raw_fd hands over ownership.
                             Ok((s, _)) => {
-                                spawn_conn(&a, unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) })
+                                // SAFETY: into_raw_fd hands over the stream's
+                                // descriptor: the OwnedFd is its one owner.
+                                let fd = unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) };
+                                spawn_conn(&a, fd)
                             }
                             Err(e) => {
                                 log::warn!("vsock accept: {e}");
