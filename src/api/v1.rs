@@ -13,6 +13,7 @@ use crate::config::parse_duration;
 use crate::proto::{FileType, Request, Response, Signal};
 use crate::sandbox::EgressPolicy;
 use crate::session::{Session, SessionOptions};
+use crate::sync::lock;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -179,7 +180,7 @@ pub fn get_network(
 }
 
 fn network_state(s: &Session) -> serde_json::Value {
-    let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let e = lock(&s.egress).clone();
     json!({"sessionId": s.id, "egress": e})
 }
 

@@ -23,6 +23,7 @@
 //! lets forbidden syscalls run and has the kernel log them
 //! (`SECCOMP_RET_LOG`; `dmesg | grep type=1326`), for development.
 
+use crate::sync::lock;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
     SeccompFilter, SeccompRule, TargetArch,
@@ -528,7 +529,7 @@ fn cache() -> &'static Cache {
 
 /// The compiled filter of `kind` (cached).
 pub fn program(kind: ThreadKind, mode: Mode) -> Result<Arc<BpfProgram>, HardenError> {
-    let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = lock(cache());
     if let Some(p) = c.get(&(kind, mode)) {
         return Ok(p.clone());
     }

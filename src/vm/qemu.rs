@@ -19,6 +19,7 @@
 //!
 //! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
@@ -211,13 +212,6 @@ pub struct QemuBackend {
     jail_base: Mutex<Option<Arc<Vec<Bind>>>>,
     /// Whether running unjailed was logged.
     unjailed_said: std::sync::Once,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 fn io_err(what: String, source: io::Error) -> VmError {

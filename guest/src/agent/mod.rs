@@ -517,7 +517,7 @@ fn with_running(
             format!("no process {id}"),
         ));
     };
-    if procs::lock(&p.state).exit.is_some() {
+    if crate::sync::lock(&p.state).exit.is_some() {
         return req.fail(ErrorBody::new(
             ErrorCode::NotFound,
             format!("process {id} has exited"),

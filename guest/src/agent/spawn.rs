@@ -19,6 +19,7 @@
 //! so std::process::Command, which waits on exec failure, is not usable.
 
 use super::sys::{ctx, cvt};
+use crate::sync::lock;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -78,10 +79,7 @@ static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 static SPARE: std::sync::Mutex<Option<(ExecCgroup, OwnedFd)>> = std::sync::Mutex::new(None);
 
 fn lock_spare() -> std::sync::MutexGuard<'static, Option<(ExecCgroup, OwnedFd)>> {
-    match SPARE.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    lock(&SPARE)
 }
 
 /// Makes the spare exec cgroup if there is none (and user limits give
@@ -217,10 +215,7 @@ impl ExecCgroup {
 impl Drop for ExecCgroup {
     fn drop(&mut self) {
         if std::fs::remove_dir(&self.path).is_err() {
-            let mut busy = match BUSY.lock() {
-                Ok(b) => b,
-                Err(p) => p.into_inner(),
-            };
+            let mut busy = lock(&BUSY);
             busy.push(std::mem::take(&mut self.path));
         }
     }
@@ -330,10 +325,7 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
 
 /// Removes exec cgroups whose last process has gone.
 fn retry_busy() {
-    let mut busy = match BUSY.lock() {
-        Ok(b) => b,
-        Err(p) => p.into_inner(),
-    };
+    let mut busy = lock(&BUSY);
     busy.retain(|p| std::fs::remove_dir(p).is_err_and(|e| e.kind() != io::ErrorKind::NotFound));
 }
 
