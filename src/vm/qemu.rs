@@ -1098,7 +1098,7 @@ fn kvm_device_answers() -> bool {
     else {
         return false;
     };
-    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
+    use crate::harden::seccomp::KVM_GET_API_VERSION;
     // SAFETY: ioctl without arguments on an fd we own.
     let v = unsafe { libc::ioctl(f.as_raw_fd(), KVM_GET_API_VERSION, 0) };
     v == 12
