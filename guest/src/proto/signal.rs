@@ -135,8 +135,10 @@ impl<'de> Deserialize<'de> for Signal {
                 Signal::from_number(n).map_err(E::custom)
             }
             fn visit_u64<E: de::Error>(self, n: u64) -> Result<Signal, E> {
-                let n = i64::try_from(n).unwrap_or(i64::MAX);
-                Signal::from_number(n).map_err(E::custom)
+                match i64::try_from(n) {
+                    Ok(n) => Signal::from_number(n).map_err(E::custom),
+                    Err(_) => Err(E::custom(format!("signal {n} out of range"))),
+                }
             }
             fn visit_f64<E: de::Error>(self, f: f64) -> Result<Signal, E> {
                 // Integral and small: the number it spells; else refused.
