@@ -36,6 +36,7 @@ fn target() -> &'static Target {
                 vec!["admin".into(), "exec".into(), "metrics".into()],
                 None,
                 None,
+                None,
             )
             .expect("create a key");
         Target {
