@@ -2,6 +2,8 @@
 //! disposable microVM.
 
 pub use sandbox_agent::proto;
+/// The one poison-tolerant `lock()`, shared with the agent crate.
+pub use sandbox_agent::sync;
 
 pub mod admin;
 pub mod agent;

@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 /// `crate::proto` (a re-export) or `sandbox_agent::proto`.
 const PROTO: &str = "guest::proto";
 
+/// The poison-tolerant `lock()` (guest crate, re-exported to the daemon
+/// as `crate::sync`): one definition every module of both crates may use.
+const SYNC: &str = "guest::sync";
+
 /// A submodule counted as a node of its own: the spawner is the
 /// privileged process that implements `vm::launch`'s seam, so it sits above
 /// `vm`, while the rest of `harden` (thread broker, seccomp, caps) sits
@@ -102,6 +106,8 @@ const RULES: &[(&str, &[&str])] = &[
     // Guest crate: the agent speaks the protocol; the protocol is a leaf.
     ("guest::agent", &[PROTO]),
     (PROTO, &[]),
+    // A leaf every module may import (checked below, not listed per row).
+    (SYNC, &[]),
 ];
 
 /// Today's breaches of `RULES` (from, to, what and where). Issue #20
@@ -129,7 +135,7 @@ const DEBT: &[(&str, &str, &str)] = &[
 /// `unsafe` blocks/impls in src/ and guest/src/ without a `// SAFETY:`
 /// comment: today's number (clippy's undocumented_unsafe_blocks agrees).
 /// Issue #20 brings it to 0; it may only go down.
-const UNDOCUMENTED_UNSAFE: usize = 8;
+const UNDOCUMENTED_UNSAFE: usize = 0;
 
 struct SourceFile {
     /// Path relative to the workspace root, for messages.
@@ -470,8 +476,9 @@ fn uses(f: &SourceFile) -> Vec<Use> {
                 for tail in path_tails(&toks, j) {
                     let mut path = base.clone();
                     path.extend(tail);
-                    // The daemon's `crate::proto` re-exports the guest's.
-                    if !guest && path.first().is_some_and(|s| s == "proto") {
+                    // The daemon's `crate::proto` and `crate::sync`
+                    // re-export the guest's.
+                    if !guest && path.first().is_some_and(|s| s == "proto" || s == "sync") {
                         path.insert(0, "guest".into());
                     }
                     out.push(Use { path, line: *line });
@@ -660,9 +667,10 @@ fn module_layering_follows_the_rules() {
     // Uses the rules do not allow, per edge.
     let mut breaches: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
     for e in &top_edges {
-        let allowed = rules
-            .get(e.from.as_str())
-            .is_some_and(|r| r.contains(&e.to.as_str()) || r.contains(&e.to_sub.as_str()));
+        let allowed = e.to == SYNC
+            || rules
+                .get(e.from.as_str())
+                .is_some_and(|r| r.contains(&e.to.as_str()) || r.contains(&e.to_sub.as_str()));
         if !allowed {
             let sites = breaches.entry((&e.from, &e.to)).or_default();
             if !sites.contains(&e.site.as_str()) {

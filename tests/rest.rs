@@ -684,6 +684,32 @@ fn bad_input_gets_clear_4xx() {
         ),
         (404, "session_not_found", h.get("/v1/sessions/ghost")),
         (404, "session_not_found", h.get("/exec/ghost/files")),
+        // Signals as MCP's kill_process reads them: a string is a name
+        // ("9" refused), a name parses (then the session is looked up).
+        (
+            400,
+            "bad_request",
+            h.post(
+                "/v1/sessions/ghost/processes/1/signal",
+                &json!({"signal": "9"}),
+            ),
+        ),
+        (
+            400,
+            "bad_request",
+            h.post(
+                "/v1/sessions/ghost/processes/1/signal",
+                &json!({"signal": 65}),
+            ),
+        ),
+        (
+            404,
+            "session_not_found",
+            h.post(
+                "/v1/sessions/ghost/processes/1/signal",
+                &json!({"signal": "sigsegv"}),
+            ),
+        ),
     ];
     for (status, code, r) in cases {
         assert_eq!(

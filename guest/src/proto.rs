@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read};
 
+pub mod signal;
+pub use signal::Signal;
+
 /// Protocol version spoken by this build. The hello exchange picks the
 /// highest version both sides support.
 ///
@@ -379,6 +382,7 @@ pub enum Request {
     /// Send a signal to a process's whole process group.
     Signal {
         proc: u64,
+        /// A number in [`signal::RANGE`].
         signal: i32,
     },
     /// Change the PTY size of a process started with a PTY.

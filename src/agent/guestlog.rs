@@ -7,6 +7,7 @@
 //! is escaped, cut to [`MAX_LOGGED`] bytes, and the lines it causes are
 //! rate-limited per connection ([`LogBucket`]).
 
+use crate::sync::lock;
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -100,10 +101,7 @@ impl LogBucket {
     /// `Some(n)`: log this line, and say that `n` lines were suppressed
     /// since the last one logged. `None`: drop it (it is counted).
     pub fn admit(&self) -> Option<u64> {
-        let mut st = match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut st = lock(&self.state);
         let now = Instant::now();
         let refill = now.duration_since(st.last).as_secs_f64() * LOG_PER_SEC;
         st.tokens = (st.tokens + refill).min(LOG_BURST);
@@ -119,10 +117,7 @@ impl LogBucket {
 
     /// Lines dropped and not yet reported (for a last note at the end).
     pub fn take_suppressed(&self) -> u64 {
-        match self.state.lock() {
-            Ok(mut g) => std::mem::take(&mut g.suppressed),
-            Err(p) => std::mem::take(&mut p.into_inner().suppressed),
-        }
+        std::mem::take(&mut lock(&self.state).suppressed)
     }
 }
 

@@ -19,13 +19,14 @@ use crate::proto::{
     Event, ExecRequest, ExitStatus, FileStat, Frame, Header, Hello, Kind, Request, Response,
     RestoreFixup, HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
 };
+use crate::sync::{lock, wait_timeout};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod guestlog;
@@ -70,13 +71,6 @@ pub enum Inbound {
     /// [`Call`] turns it into [`ClientError::OverBudget`]; callers never
     /// receive it.
     OverBudget(String),
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 /// Credit the guest has granted us for sending on channel 0.
@@ -986,10 +980,7 @@ fn background_reader(shared: Arc<Shared>) {
                         _ => break,
                     }
                 };
-                g = match shared.want_cv.wait_timeout(g, wait) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                };
+                g = wait_timeout(&shared.want_cv, g, wait);
             }
         }
         if shared.closed.load(Ordering::Acquire) {

@@ -3,6 +3,7 @@
 //! the record, the SHA-256 of the whole token must match its hash.
 
 use super::errors::ApiError;
+use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -311,10 +312,7 @@ impl KeyStore {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
-        match self.inner.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        lock(&self.inner)
     }
 
     fn read_file(&self) -> Result<(Vec<KeyRecord>, Option<SystemTime>), String> {
@@ -580,10 +578,7 @@ impl RateLimiter {
     pub fn check(&self, key: &KeyRecord) -> Result<(), ApiError> {
         let rate = key.rate.unwrap_or(self.default_rate).max(1e-6);
         let burst = key.burst.unwrap_or(self.default_burst).max(1.0);
-        let mut b = match self.buckets.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut b = lock(&self.buckets);
         let now = Instant::now();
         let (tokens, last) = b.entry(key.id.clone()).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
@@ -638,7 +633,7 @@ impl AuthThrottle {
 
     /// Refuses an address that has failed too often lately.
     pub fn check(&self, ip: IpAddr) -> Result<(), ApiError> {
-        let mut m = self.m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.m);
         let Some(b) = m.get_mut(&ip) else {
             return Ok(());
         };
@@ -659,7 +654,7 @@ impl AuthThrottle {
     /// Counts one failed authentication of `ip`.
     pub fn failed(&self, ip: IpAddr) {
         let now = Instant::now();
-        let mut m = self.m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.m);
         if m.len() >= AUTH_FAIL_TRACKED && !m.contains_key(&ip) {
             // Forget addresses whose bucket is full again, then the
             // stalest one if that freed nothing.

@@ -6,7 +6,7 @@ use super::http::{Reply, StreamWriter};
 use super::validate;
 use super::Ctx;
 use crate::agent::{Call, Inbound};
-use crate::proto::{channel, Event, ExecRequest, ExitStatus, PtySize, Request, Response};
+use crate::proto::{channel, Event, ExecRequest, ExitStatus, PtySize, Request, Response, Signal};
 use crate::session::{now_unix_ms, Activity, Session};
 use base64::Engine;
 use serde::Deserialize;
@@ -290,22 +290,6 @@ fn entry(ch: u16, data: String, enc: Encoding) -> Value {
     v
 }
 
-pub fn signal_name(sig: i32) -> String {
-    let name = match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        6 => "SIGABRT",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return format!("SIG{sig}"),
-    };
-    name.to_string()
-}
-
 pub fn outcome(st: &ExitStatus) -> &'static str {
     if st.timed_out {
         "timeout"
@@ -330,7 +314,7 @@ pub fn exit_code(st: &ExitStatus) -> i32 {
 pub fn result_fields(st: &ExitStatus, took: Duration) -> Value {
     let mut v = json!({
         "exitCode": exit_code(st),
-        "signal": st.signal.map(signal_name),
+        "signal": st.signal.map(Signal::name_of),
         "timedOut": st.timed_out,
         "duration": took.as_millis() as u64,
     });

@@ -22,6 +22,7 @@
 //! - a handler that panics ends only its own connection.
 
 use super::errors::Shape;
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -541,7 +542,7 @@ struct Slot {
 
 impl Slots {
     fn take(self: &Arc<Self>, ip: IpAddr, limits: &Limits) -> Result<Slot, &'static str> {
-        let mut m = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.per_ip);
         if self.total.load(Ordering::Acquire) >= limits.max_connections {
             return Err("too many connections");
         }
@@ -560,7 +561,7 @@ impl Slots {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut m = self.slots.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.slots.per_ip);
         if let Some(n) = m.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {

@@ -6,7 +6,7 @@
 use super::errors::{ApiError, ApiResult};
 use super::rest;
 use crate::agent::{ClientError, Inbound};
-use crate::proto::{channel, limits::CPU_PERIOD_US, ExecRequest, Request, Response};
+use crate::proto::{channel, limits::CPU_PERIOD_US, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{MEM_MIB, VCPUS};
 use crate::session::{Manager, SessionOptions};
@@ -346,7 +346,7 @@ pub fn run(
         "language": r.language.name(),
         "template": session.spec.template,
         "exitCode": super::exec::exit_code(&status),
-        "signal": status.signal.map(super::exec::signal_name),
+        "signal": status.signal.map(Signal::name_of),
         "stdout": String::from_utf8_lossy(&stdout),
         "stderr": String::from_utf8_lossy(&stderr),
         "truncated": truncated,

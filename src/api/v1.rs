@@ -10,9 +10,10 @@ use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::{ClientError, Inbound};
 use crate::config::parse_duration;
-use crate::proto::{FileType, Request, Response};
+use crate::proto::{FileType, Request, Response, Signal};
 use crate::sandbox::EgressPolicy;
 use crate::session::{Session, SessionOptions};
+use crate::sync::lock;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -179,7 +180,7 @@ pub fn get_network(
 }
 
 fn network_state(s: &Session) -> serde_json::Value {
-    let e = s.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let e = lock(&s.egress).clone();
     json!({"sessionId": s.id, "egress": e})
 }
 
@@ -303,7 +304,7 @@ pub fn list_procs(
                             "startedAt": p.started_unix_ms,
                             "running": p.exit.is_none(),
                             "exitCode": p.exit.as_ref().and_then(|e| e.code),
-                            "signal": p.exit.as_ref().and_then(|e| e.signal).map(exec::signal_name),
+                            "signal": p.exit.as_ref().and_then(|e| e.signal).map(Signal::name_of),
                         })
                     })
                     .collect();
@@ -437,38 +438,11 @@ pub fn stdin(
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum Sig {
-    Num(#[serde(deserialize_with = "validate::int")] i32),
-    Name(String),
-}
-
-#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SignalBody {
-    signal: Option<Sig>,
-}
-
-fn signal_number(s: &Sig) -> ApiResult<i32> {
-    let n = match s {
-        Sig::Num(n) => *n,
-        Sig::Name(name) => match name.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
-            "HUP" => 1,
-            "INT" => 2,
-            "QUIT" => 3,
-            "KILL" => 9,
-            "USR1" => 10,
-            "USR2" => 12,
-            "TERM" => 15,
-            "CONT" => 18,
-            "STOP" => 19,
-            _ => return Err(ApiError::bad_request(format!("unknown signal {name:?}"))),
-        },
-    };
-    if !(1..=64).contains(&n) {
-        return Err(ApiError::bad_request(format!("signal {n} out of range")));
-    }
-    Ok(n)
+pub(crate) struct SignalBody {
+    /// Absent or null: SIGTERM.
+    #[serde(default)]
+    pub(crate) signal: Option<Signal>,
 }
 
 pub fn signal(
@@ -479,7 +453,7 @@ pub fn signal(
 ) -> ApiResult<Reply> {
     let proc = proc_id(params)?;
     let b: SignalBody = json_body(req, ctx.cfg.max_body)?;
-    let sig = signal_number(&b.signal.unwrap_or(Sig::Num(15)))?;
+    let sig = b.signal.unwrap_or(Signal::TERM).number();
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
     Ok(simple(

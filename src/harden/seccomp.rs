@@ -23,6 +23,7 @@
 //! lets forbidden syscalls run and has the kernel log them
 //! (`SECCOMP_RET_LOG`; `dmesg | grep type=1326`), for development.
 
+use crate::sync::lock;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
     SeccompFilter, SeccompRule, TargetArch,
@@ -134,7 +135,10 @@ impl ThreadKind {
                     r.merge(k.rules()?);
                 }
                 // The main thread waits for SIGTERM/SIGINT with sigwait.
-                r.allow(&[libc::SYS_rt_sigtimedwait, libc::SYS_rt_sigpending]);
+                r.allow(
+                    "the main thread waits for SIGTERM/SIGINT with sigwait",
+                    &[libc::SYS_rt_sigtimedwait, libc::SYS_rt_sigpending],
+                );
             }
             ThreadKind::Http => {
                 threads(&mut r)?;
@@ -162,7 +166,10 @@ impl ThreadKind {
                 pidfd(&mut r);
                 // The sealed in-memory copy of a snapshot's RAM that
                 // restored QEMUs map (vm/qemu.rs, SnapshotMemory).
-                r.allow(&[libc::SYS_memfd_create]);
+                r.allow(
+                    "the sealed in-memory copy of a snapshot's RAM (SnapshotMemory)",
+                    &[libc::SYS_memfd_create],
+                );
             }
             ThreadKind::Reaper => {}
             ThreadKind::AgentReader => socket_io(&mut r),
@@ -179,7 +186,11 @@ impl ThreadKind {
             ThreadKind::Dns => {
                 fs_read(&mut r)?;
                 sockets(&mut r, &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK])?;
-                r.allow_when(libc::SYS_setns, vec![eq32(1, libc::CLONE_NEWNET as u64)]);
+                r.allow_when(
+                    "moving to the host namespace to forward queries upstream",
+                    libc::SYS_setns,
+                    vec![eq32(1, libc::CLONE_NEWNET as u64)],
+                );
             }
         }
         Ok(r)
@@ -230,22 +241,46 @@ fn masked64(arg: u8, mask: u64, val: u64) -> Cond {
 }
 
 /// Allowed syscalls: unconditionally, or when any of several condition
-/// lists (each ANDed) holds.
+/// lists (each ANDed) holds; each with the reasons it is allowed (as
+/// `caps.rs` keeps a `why` with every capability), so the surface of a
+/// thread kind is explained where it is defined.
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
-    map: BTreeMap<i64, Option<Vec<Vec<Cond>>>>,
+    map: BTreeMap<i64, Allowed>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Allowed {
+    /// `None`: unconditionally.
+    conds: Option<Vec<Vec<Cond>>>,
+    why: Vec<&'static str>,
+}
+
+impl Allowed {
+    fn because(&mut self, why: &'static str) {
+        if !self.why.contains(&why) {
+            self.why.push(why);
+        }
+    }
 }
 
 impl Rules {
-    fn allow(&mut self, nrs: &[libc::c_long]) {
+    fn allow(&mut self, why: &'static str, nrs: &[libc::c_long]) {
         for nr in nrs {
-            self.map.insert(*nr, None);
+            let a = self.map.entry(*nr).or_default();
+            a.conds = None;
+            a.because(why);
         }
     }
 
-    fn allow_when(&mut self, nr: libc::c_long, conds: Vec<Cond>) {
+    fn allow_when(&mut self, why: &'static str, nr: libc::c_long, conds: Vec<Cond>) {
+        let a = self.map.entry(nr).or_insert_with(|| Allowed {
+            conds: Some(Vec::new()),
+            why: Vec::new(),
+        });
+        a.because(why);
         // `None` means already unconditional: nothing to add.
-        if let Some(v) = self.map.entry(nr).or_insert_with(|| Some(Vec::new())) {
+        if let Some(v) = &mut a.conds {
             if !v.contains(&conds) {
                 v.push(conds)
             }
@@ -253,12 +288,14 @@ impl Rules {
     }
 
     fn merge(&mut self, other: Rules) {
-        for (nr, rules) in other.map {
-            match rules {
-                None => self.allow(&[nr]),
-                Some(list) => {
-                    for c in list {
-                        self.allow_when(nr, c);
+        for (nr, a) in other.map {
+            for why in a.why {
+                match &a.conds {
+                    None => self.allow(why, &[nr]),
+                    Some(list) => {
+                        for c in list {
+                            self.allow_when(why, nr, c.clone());
+                        }
                     }
                 }
             }
@@ -270,12 +307,17 @@ impl Rules {
         self.map.contains_key(&nr)
     }
 
+    /// Why `nr` is allowed (empty: it is not).
+    pub fn why(&self, nr: libc::c_long) -> &[&'static str] {
+        self.map.get(&nr).map_or(&[], |a| &a.why)
+    }
+
     fn compile(&self, mode: Mode) -> Result<BpfProgram, HardenError> {
         let bpf = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
         let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-        for (nr, conds) in &self.map {
+        for (nr, a) in &self.map {
             let mut list = Vec::new();
-            if let Some(alts) = conds {
+            if let Some(alts) = &a.conds {
                 for alt in alts {
                     let mut cs = Vec::new();
                     for c in alt {
@@ -303,83 +345,151 @@ fn arch() -> Result<TargetArch, HardenError> {
         .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
 }
 
+// ---- ioctl requests ---------------------------------------------------------
+
+/// `KVM_GET_API_VERSION` (`_IO(KVMIO, 0x00)`): the QEMU backend's probe of
+/// `/dev/kvm` (libc does not define the KVM ioctls).
+pub const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
+
 // ---- syscall groups -------------------------------------------------------
 
 /// Every thread: memory, futexes, time, signals, I/O on fds it already has,
 /// naming itself, installing further (narrower) filters, exiting.
 fn base(r: &mut Rules) -> Result<(), HardenError> {
     use libc::*;
-    r.allow(&[
-        SYS_read,
-        SYS_write,
-        SYS_readv,
-        SYS_writev,
-        SYS_pread64,
-        SYS_pwrite64,
-        SYS_close,
-        SYS_lseek,
-        SYS_fstat,
-        SYS_newfstatat,
-        SYS_statx,
-        SYS_mmap,
-        SYS_munmap,
-        SYS_mprotect,
-        SYS_madvise,
-        SYS_mremap,
-        SYS_brk,
-        SYS_futex,
-        SYS_sched_yield,
-        SYS_sched_getaffinity,
-        SYS_clock_gettime,
-        SYS_clock_getres,
-        SYS_gettimeofday,
-        SYS_clock_nanosleep,
-        SYS_nanosleep,
-        SYS_poll,
-        SYS_ppoll,
-        SYS_epoll_create1,
-        SYS_epoll_ctl,
-        SYS_epoll_wait,
-        SYS_epoll_pwait,
-        SYS_eventfd2,
-        SYS_pipe2,
-        SYS_dup,
-        SYS_dup3,
-        SYS_fcntl,
-        SYS_getrandom,
-        SYS_rt_sigprocmask,
-        SYS_rt_sigaction,
-        SYS_rt_sigreturn,
-        SYS_sigaltstack,
-        SYS_restart_syscall,
-        SYS_exit,
-        SYS_exit_group,
-        SYS_getpid,
-        SYS_gettid,
-        SYS_getuid,
-        SYS_geteuid,
-        SYS_getgid,
-        SYS_getegid,
-        SYS_set_robust_list,
-        SYS_rseq,
-        // abort() on a panic in a no-unwind path: tgkill(self, SIGABRT).
-        SYS_tgkill,
-    ]);
-    for req in [FIONBIO, FIOCLEX, FIONCLEX, FIONREAD, TCGETS] {
-        r.allow_when(SYS_ioctl, vec![eq32(1, req)]);
-    }
-    for op in [
-        PR_SET_NAME,
-        PR_GET_NAME,
-        PR_SET_NO_NEW_PRIVS,
-        PR_GET_NO_NEW_PRIVS,
-        PR_GET_DUMPABLE,
+    r.allow(
+        "I/O on descriptors the thread already holds",
+        &[
+            SYS_read,
+            SYS_write,
+            SYS_readv,
+            SYS_writev,
+            SYS_pread64,
+            SYS_pwrite64,
+            SYS_close,
+            SYS_lseek,
+            SYS_fstat,
+            SYS_newfstatat,
+            SYS_statx,
+        ],
+    );
+    r.allow(
+        "the allocator and thread stacks",
+        &[
+            SYS_mmap,
+            SYS_munmap,
+            SYS_mprotect,
+            SYS_madvise,
+            SYS_mremap,
+            SYS_brk,
+        ],
+    );
+    r.allow(
+        "std::sync locks, condvars and thread parking",
+        &[SYS_futex, SYS_sched_yield],
+    );
+    r.allow(
+        "std::thread::available_parallelism",
+        &[SYS_sched_getaffinity],
+    );
+    r.allow(
+        "clocks, sleeps and timeouts",
+        &[
+            SYS_clock_gettime,
+            SYS_clock_getres,
+            SYS_gettimeofday,
+            SYS_clock_nanosleep,
+            SYS_nanosleep,
+        ],
+    );
+    r.allow(
+        "waiting on descriptors: poll loops, wakers, I/O timeouts",
+        &[
+            SYS_poll,
+            SYS_ppoll,
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_epoll_pwait,
+            SYS_eventfd2,
+            SYS_pipe2,
+        ],
+    );
+    r.allow(
+        "duplicating descriptors, O_NONBLOCK and FD_CLOEXEC",
+        &[SYS_dup, SYS_dup3, SYS_fcntl],
+    );
+    r.allow("HashMap seeds, ids and tokens", &[SYS_getrandom]);
+    r.allow(
+        "signal masks and handlers: std's stack-overflow guard, the SIGSYS reporter",
+        &[
+            SYS_rt_sigprocmask,
+            SYS_rt_sigaction,
+            SYS_rt_sigreturn,
+            SYS_sigaltstack,
+            SYS_restart_syscall,
+        ],
+    );
+    r.allow(
+        "ending a thread or the process",
+        &[SYS_exit, SYS_exit_group],
+    );
+    r.allow(
+        "own ids, for logs and ownership checks",
+        &[
+            SYS_getpid,
+            SYS_gettid,
+            SYS_getuid,
+            SYS_geteuid,
+            SYS_getgid,
+            SYS_getegid,
+        ],
+    );
+    r.allow("glibc's thread start-up", &[SYS_set_robust_list, SYS_rseq]);
+    r.allow(
+        "abort() on a panic in a no-unwind path: tgkill(self, SIGABRT)",
+        &[SYS_tgkill],
+    );
+    for (req, why) in [
+        (FIONBIO, "ioctl FIONBIO: set_nonblocking on sockets"),
+        (FIOCLEX, "ioctl FIOCLEX: close-on-exec"),
+        (FIONCLEX, "ioctl FIONCLEX: clear close-on-exec"),
+        (
+            FIONREAD,
+            "ioctl FIONREAD: bytes waiting on a socket or pipe",
+        ),
+        (TCGETS, "ioctl TCGETS: isatty, for the log's colours"),
     ] {
-        r.allow_when(SYS_prctl, vec![eq32(0, op as u64)]);
+        r.allow_when(why, SYS_ioctl, vec![eq32(1, req)]);
     }
-    r.allow_when(SYS_seccomp, vec![eq32(0, SECCOMP_SET_MODE_FILTER as u64)]);
-    // Reading rlimits only (new_limit == NULL).
-    r.allow_when(SYS_prlimit64, vec![eq64(2, 0)]);
+    for (op, why) in [
+        (PR_SET_NAME, "prctl PR_SET_NAME: thread names"),
+        (PR_GET_NAME, "prctl PR_GET_NAME: thread names"),
+        (
+            PR_SET_NO_NEW_PRIVS,
+            "prctl PR_SET_NO_NEW_PRIVS: before a thread's own filter",
+        ),
+        (
+            PR_GET_NO_NEW_PRIVS,
+            "prctl PR_GET_NO_NEW_PRIVS: checking it",
+        ),
+        (
+            PR_GET_DUMPABLE,
+            "prctl PR_GET_DUMPABLE: checking the daemon stays undumpable",
+        ),
+    ] {
+        r.allow_when(why, SYS_prctl, vec![eq32(0, op as u64)]);
+    }
+    r.allow_when(
+        "installing a thread's own, narrower filter",
+        SYS_seccomp,
+        vec![eq32(0, SECCOMP_SET_MODE_FILTER as u64)],
+    );
+    r.allow_when(
+        "reading rlimits (new_limit == NULL)",
+        SYS_prlimit64,
+        vec![eq64(2, 0)],
+    );
     Ok(())
 }
 
@@ -388,8 +498,15 @@ fn base(r: &mut Rules) -> Result<(), HardenError> {
 /// ENOSYS by the baseline's extra filter so glibc falls back to clone).
 fn threads(r: &mut Rules) -> Result<(), HardenError> {
     let t = libc::CLONE_THREAD as u64;
-    r.allow_when(libc::SYS_clone, vec![masked64(0, t, t)]);
-    r.allow(&[libc::SYS_clone3]);
+    r.allow_when(
+        "starting threads (CLONE_THREAD set)",
+        libc::SYS_clone,
+        vec![masked64(0, t, t)],
+    );
+    r.allow(
+        "glibc tries clone3 first; the baseline's extra filter answers ENOSYS",
+        &[libc::SYS_clone3],
+    );
     Ok(())
 }
 
@@ -397,84 +514,106 @@ fn fs_read(r: &mut Rules) -> Result<(), HardenError> {
     use libc::*;
     // Read-only opens: no O_WRONLY/O_RDWR, no O_CREAT/O_TRUNC.
     let wmask = (O_ACCMODE | O_CREAT | O_TRUNC) as u64;
-    r.allow_when(SYS_openat, vec![masked64(2, wmask, 0)]);
-    r.allow_when(SYS_open, vec![masked64(1, wmask, 0)]);
-    r.allow(&[
-        SYS_getdents64,
-        SYS_readlink,
-        SYS_readlinkat,
-        SYS_access,
-        SYS_faccessat,
-        SYS_faccessat2,
-        SYS_stat,
-        SYS_lstat,
-        SYS_statfs,
-        SYS_fstatfs,
-        SYS_getcwd,
-    ]);
+    let why = "opening files read-only (no O_WRONLY/O_RDWR, O_CREAT, O_TRUNC)";
+    r.allow_when(why, SYS_openat, vec![masked64(2, wmask, 0)]);
+    r.allow_when(why, SYS_open, vec![masked64(1, wmask, 0)]);
+    r.allow(
+        "reading directories, links and file metadata",
+        &[
+            SYS_getdents64,
+            SYS_readlink,
+            SYS_readlinkat,
+            SYS_access,
+            SYS_faccessat,
+            SYS_faccessat2,
+            SYS_stat,
+            SYS_lstat,
+            SYS_statfs,
+            SYS_fstatfs,
+            SYS_getcwd,
+        ],
+    );
     Ok(())
 }
 
 fn fs_write(r: &mut Rules) {
     use libc::*;
-    r.allow(&[
-        SYS_openat,
-        SYS_open,
-        SYS_mkdir,
-        SYS_mkdirat,
-        SYS_unlink,
-        SYS_unlinkat,
-        SYS_rmdir,
-        SYS_rename,
-        SYS_renameat,
-        SYS_renameat2,
-        SYS_link,
-        SYS_linkat,
-        SYS_symlink,
-        SYS_symlinkat,
-        SYS_chmod,
-        SYS_fchmod,
-        SYS_fchmodat,
-        SYS_ftruncate,
-        SYS_fsync,
-        SYS_fdatasync,
-        SYS_fallocate,
-        SYS_utimensat,
-        SYS_copy_file_range,
-        SYS_sendfile,
-        SYS_flock,
-    ]);
+    r.allow(
+        "creating, changing and removing files (state dir, key file, jails, run dirs)",
+        &[
+            SYS_openat,
+            SYS_open,
+            SYS_mkdir,
+            SYS_mkdirat,
+            SYS_unlink,
+            SYS_unlinkat,
+            SYS_rmdir,
+            SYS_rename,
+            SYS_renameat,
+            SYS_renameat2,
+            SYS_link,
+            SYS_linkat,
+            SYS_symlink,
+            SYS_symlinkat,
+            SYS_chmod,
+            SYS_fchmod,
+            SYS_fchmodat,
+            SYS_ftruncate,
+            SYS_fsync,
+            SYS_fdatasync,
+            SYS_fallocate,
+            SYS_utimensat,
+            SYS_copy_file_range,
+            SYS_sendfile,
+        ],
+    );
+    r.allow("the VM id lock file, image locks", &[SYS_flock]);
 }
 
 fn chown(r: &mut Rules) {
     use libc::*;
-    r.allow(&[SYS_chown, SYS_fchown, SYS_fchownat, SYS_lchown]);
+    r.allow(
+        "handing jail files, run dirs and snapshots to the VM's uid (caps.rs CAP_CHOWN)",
+        &[SYS_chown, SYS_fchown, SYS_fchownat, SYS_lchown],
+    );
 }
 
 /// I/O on sockets the thread already holds.
 fn socket_io(r: &mut Rules) {
     use libc::*;
-    r.allow(&[
-        SYS_sendmsg,
-        SYS_recvmsg,
-        SYS_sendto,
-        SYS_recvfrom,
-        SYS_shutdown,
-        SYS_getsockopt,
-        SYS_setsockopt,
-        SYS_getsockname,
-        SYS_getpeername,
-    ]);
+    r.allow(
+        "I/O and options on sockets the thread already holds",
+        &[
+            SYS_sendmsg,
+            SYS_recvmsg,
+            SYS_sendto,
+            SYS_recvfrom,
+            SYS_shutdown,
+            SYS_getsockopt,
+            SYS_setsockopt,
+            SYS_getsockname,
+            SYS_getpeername,
+        ],
+    );
 }
 
 /// Creating sockets of the given families, and using them.
 fn sockets(r: &mut Rules, families: &[libc::c_int]) -> Result<(), HardenError> {
     use libc::*;
     socket_io(r);
-    r.allow(&[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4]);
+    r.allow(
+        "connecting, listening and accepting",
+        &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4],
+    );
     for f in families {
-        r.allow_when(SYS_socket, vec![eq32(0, *f as u64)]);
-        r.allow_when(SYS_socketpair, vec![eq32(0, *f as u64)]);
+        let why = match *f {
+            AF_UNIX => "AF_UNIX sockets: agent, VMM and spawner sockets, the admin socket",
+            AF_INET | AF_INET6 => "AF_INET/AF_INET6 sockets: the API, DNS forwarding",
+            AF_NETLINK => "AF_NETLINK sockets: rtnetlink and nf_tables",
+            _ => "sockets of a family this thread kind names",
+        };
+        r.allow_when(why, SYS_socket, vec![eq32(0, *f as u64)]);
+        r.allow_when(why, SYS_socketpair, vec![eq32(0, *f as u64)]);
     }
     Ok(())
 }
@@ -483,22 +622,51 @@ fn sockets(r: &mut Rules, families: &[libc::c_int]) -> Result<(), HardenError> {
 /// namespaces, pin them with bind mounts under /run/netns, open TAPs.
 fn netns(r: &mut Rules) -> Result<(), HardenError> {
     use libc::*;
-    r.allow_when(SYS_unshare, vec![eq64(0, CLONE_NEWNET as u64)]);
-    r.allow_when(SYS_setns, vec![eq32(1, CLONE_NEWNET as u64)]);
+    r.allow_when(
+        "creating a session's network namespace",
+        SYS_unshare,
+        vec![eq64(0, CLONE_NEWNET as u64)],
+    );
+    r.allow_when(
+        "entering and leaving session network namespaces",
+        SYS_setns,
+        vec![eq32(1, CLONE_NEWNET as u64)],
+    );
     for flags in [MS_BIND, MS_BIND | MS_REC, MS_SHARED | MS_REC] {
-        r.allow_when(SYS_mount, vec![eq64(3, flags)]);
+        r.allow_when(
+            "pinning namespaces with bind mounts under /run/netns",
+            SYS_mount,
+            vec![eq64(3, flags)],
+        );
     }
-    r.allow_when(SYS_umount2, vec![eq32(1, MNT_DETACH as u64)]);
-    // TUNSETIFF, TUNSETPERSIST, TUNSETOWNER, TUNSETGROUP, and
-    // KVM_GET_API_VERSION (the QEMU backend's KVM probe).
-    for req in [
-        0x4004_54ca_u64,
-        0x4004_54cb,
-        0x4004_54cc,
-        0x4004_54ce,
-        0xae00,
+    r.allow_when(
+        "unpinning a session's namespace",
+        SYS_umount2,
+        vec![eq32(1, MNT_DETACH as u64)],
+    );
+    for (req, why) in [
+        (
+            TUNSETIFF,
+            "ioctl TUNSETIFF: creating or attaching a session's TAP",
+        ),
+        (
+            TUNSETPERSIST,
+            "ioctl TUNSETPERSIST: keeping the TAP for its VMM",
+        ),
+        (
+            TUNSETOWNER,
+            "ioctl TUNSETOWNER: the TAP's owner is the VM's uid",
+        ),
+        (
+            TUNSETGROUP,
+            "ioctl TUNSETGROUP: the TAP's group is the VM's gid",
+        ),
+        (
+            KVM_GET_API_VERSION,
+            "ioctl KVM_GET_API_VERSION: the QEMU backend's KVM probe",
+        ),
     ] {
-        r.allow_when(SYS_ioctl, vec![eq32(1, req)]);
+        r.allow_when(why, SYS_ioctl, vec![eq32(1, req)]);
     }
     Ok(())
 }
@@ -508,13 +676,14 @@ fn netns(r: &mut Rules) -> Result<(), HardenError> {
 /// pidfd_send_signal allowed it adds no power.
 fn pidfd(r: &mut Rules) {
     use libc::*;
-    r.allow(&[
-        SYS_pidfd_open,
-        SYS_pidfd_send_signal,
-        SYS_waitid,
-        SYS_wait4,
-        SYS_kill,
-    ]);
+    r.allow(
+        "watching, signalling and reaping VMMs by pidfd",
+        &[SYS_pidfd_open, SYS_pidfd_send_signal, SYS_waitid, SYS_wait4],
+    );
+    r.allow(
+        "QEMU teardown signals the VMM's process group (no more power than pidfd_send_signal)",
+        &[SYS_kill],
+    );
 }
 
 // ---- installing -----------------------------------------------------------
@@ -528,7 +697,7 @@ fn cache() -> &'static Cache {
 
 /// The compiled filter of `kind` (cached).
 pub fn program(kind: ThreadKind, mode: Mode) -> Result<Arc<BpfProgram>, HardenError> {
-    let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = lock(cache());
     if let Some(p) = c.get(&(kind, mode)) {
         return Ok(p.clone());
     }
@@ -807,6 +976,39 @@ mod tests {
                 assert!(!program(*k, mode).expect("compile").is_empty());
             }
         }
+    }
+
+    /// Every allowed syscall of every kind says why; the baseline keeps
+    /// the reasons of the kinds it is the union of.
+    #[test]
+    fn every_rule_carries_its_reason() {
+        let base = ThreadKind::Baseline.rules().expect("rules");
+        for k in ThreadKind::ALL {
+            let r = k.rules().expect("rules");
+            for nr in r.map.keys() {
+                let why = r.why(*nr);
+                assert!(
+                    !why.is_empty() && why.iter().all(|w| !w.trim().is_empty()),
+                    "{k:?}: {} has no reason",
+                    syscall_name(*nr)
+                );
+                for w in why {
+                    assert!(base.why(*nr).contains(w), "baseline lost {w:?}");
+                }
+            }
+        }
+        let s = ThreadKind::Session.rules().expect("rules");
+        assert!(s.why(libc::SYS_memfd_create)[0].contains("snapshot"));
+        // One syscall, one reason per allowed argument: ioctl's names its requests.
+        let ioctl = s.why(libc::SYS_ioctl);
+        assert!(
+            ioctl.iter().any(|w| w.starts_with("ioctl TUNSETIFF")),
+            "{ioctl:?}"
+        );
+        assert!(ioctl
+            .iter()
+            .any(|w| w.starts_with("ioctl KVM_GET_API_VERSION")));
+        assert!(s.why(libc::SYS_ptrace).is_empty());
     }
 
     #[test]

@@ -62,7 +62,7 @@ type Out = Arc<Mutex<Box<dyn Write + Send>>>;
 fn emit(out: &Out, v: &Value) {
     let mut line = serde_json::to_vec(v).unwrap_or_default();
     line.push(b'\n');
-    let mut w = crate::session::lock(out);
+    let mut w = crate::sync::lock(out);
     let _ = w.write_all(&line).and_then(|_| w.flush());
 }
 
@@ -102,10 +102,10 @@ impl State {
                 }
             }
             None => {
-                if let Some(s) = crate::session::lock(&self.session).as_deref() {
+                if let Some(s) = crate::sync::lock(&self.session).as_deref() {
                     r = r.header("Mcp-Session-Id", s);
                 }
-                if let Some(v) = crate::session::lock(&self.version).as_deref() {
+                if let Some(v) = crate::sync::lock(&self.version).as_deref() {
                     r = r.header("MCP-Protocol-Version", v);
                 }
             }
@@ -299,11 +299,11 @@ pub fn run<R: Read, W: Write + Send + 'static>(
                         .get("mcp-session-id")
                         .and_then(|v| v.to_str().ok())
                     {
-                        *crate::session::lock(&st.session) = Some(s.to_string());
+                        *crate::sync::lock(&st.session) = Some(s.to_string());
                     }
                     if let Some(v) = relay(resp, id.as_ref(), &out, &|_| {}) {
                         if let Some(pv) = v["result"]["protocolVersion"].as_str() {
-                            *crate::session::lock(&st.version) = Some(pv.to_string());
+                            *crate::sync::lock(&st.version) = Some(pv.to_string());
                         }
                     }
                 }
@@ -332,7 +332,7 @@ pub fn run<R: Read, W: Write + Send + 'static>(
                     let seen = |v: &Value| {
                         if let Some(sid) = v["result"]["structuredContent"]["sessionId"].as_str() {
                             if stateless {
-                                crate::session::lock(&st2.created).insert(sid.to_string());
+                                crate::sync::lock(&st2.created).insert(sid.to_string());
                             }
                         }
                     };
@@ -362,7 +362,7 @@ fn cleanup(st: &State) {
     if st.cleaned.swap(true, std::sync::atomic::Ordering::AcqRel) {
         return;
     }
-    let created: Vec<String> = std::mem::take(&mut *crate::session::lock(&st.created))
+    let created: Vec<String> = std::mem::take(&mut *crate::sync::lock(&st.created))
         .into_iter()
         .collect();
     for (i, sid) in created.iter().enumerate() {
@@ -377,7 +377,7 @@ fn cleanup(st: &State) {
             Err(e) => log::warn!("mcp: destroy {sid}: {e}"),
         }
     }
-    let sid = crate::session::lock(&st.session).clone();
+    let sid = crate::sync::lock(&st.session).clone();
     if let Some(sid) = sid {
         let mut r = st.agent.delete(&st.url).header("Mcp-Session-Id", &sid);
         if let Some(k) = &st.key {

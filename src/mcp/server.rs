@@ -9,7 +9,7 @@ use super::{
     is_modern, Caller, Host, ALL_VERSIONS, HANDSHAKE_VERSIONS, LATEST_HANDSHAKE, MAX_INFLIGHT,
     META_SERVER_INFO, META_VERSION, V2026_07_28,
 };
-use crate::session::lock;
+use crate::sync::lock;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

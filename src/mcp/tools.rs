@@ -9,11 +9,12 @@ use super::{Caller, Host};
 use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
 use crate::api::{rest, validate};
-use crate::proto::{channel, Event, ExecRequest, Request, Response};
+use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::session::{Session, SessionOptions};
 use base64::Engine as _;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -618,8 +619,10 @@ fn write_process_out() -> Value {
 fn kill_process_in() -> Value {
     obj(
         json!({"sessionId": sid(), "procId": proc_id(),
-               "signal": {"description": "Signal name (TERM, KILL, INT, HUP, ...) or number",
-                          "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1, "maximum": 64}]}}),
+               "signal": {"description": "Signal name (TERM, KILL, INT, HUP, ...; SIG before it or not, any case) \
+                                          or number; default TERM",
+                          "anyOf": [{"type": "string", "pattern": Signal::name_pattern()},
+                                    {"type": "integer", "minimum": signal::RANGE.start(), "maximum": signal::RANGE.end()}]}}),
         &["sessionId", "procId"],
     )
 }
@@ -900,7 +903,7 @@ fn exec_request(
 
 fn exit_fields(st: &crate::proto::ExitStatus) -> (i64, Value) {
     let code = st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1) as i64;
-    (code, json!(st.signal.map(crate::api::exec::signal_name)))
+    (code, json!(st.signal.map(Signal::name_of)))
 }
 
 fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -1320,30 +1323,13 @@ fn write_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     Ok(json!({"procId": proc, "bytes": input.len(), "eof": eof}).into())
 }
 
-fn signal_number(v: Option<&Value>) -> Result<i32, String> {
-    let n = match v {
-        None | Some(Value::Null) => 15,
-        Some(Value::Number(n)) => n.as_i64().unwrap_or(0) as i32,
-        Some(Value::String(name)) => {
-            match name.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
-                "HUP" => 1,
-                "INT" => 2,
-                "QUIT" => 3,
-                "KILL" => 9,
-                "USR1" => 10,
-                "USR2" => 12,
-                "TERM" => 15,
-                "CONT" => 18,
-                "STOP" => 19,
-                n => n.parse().map_err(|_| format!("unknown signal {name:?}"))?,
-            }
-        }
-        Some(_) => return Err("signal must be a name or a number".into()),
-    };
-    if !(1..=64).contains(&n) {
-        return Err(format!("signal {n} out of range"));
+/// `kill_process`'s `signal` as REST's `POST .../signal` reads it (the one
+/// [`Signal`] table); absent or null: SIGTERM.
+pub(crate) fn signal_arg(v: Option<&Value>) -> Result<Signal, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Signal::TERM),
+        Some(v) => Signal::deserialize(v).map_err(|e| e.to_string()),
     }
-    Ok(n)
 }
 
 fn kill_all_processes(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -1369,7 +1355,7 @@ fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &kill_process_in())?;
     let id = session_id(a)?;
     let proc = req_proc(a)?;
-    let sig = signal_number(a.get("signal"))?;
+    let sig = signal_arg(a.get("signal"))?.number();
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
     s.call(Request::Signal { proc, signal: sig }, wait(ctx))
@@ -1377,4 +1363,76 @@ fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         .finish()
         .map_err(|e| agent_err(e, &format!("signal process {proc}")))?;
     Ok(json!({"procId": proc, "signal": sig, "success": true}).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1::SignalBody;
+
+    /// REST's `POST .../signal` body and MCP's `kill_process` argument take
+    /// and refuse the same inputs, as the same numbers.
+    #[test]
+    fn rest_and_mcp_read_signals_alike() {
+        let cases: &[(Option<Value>, Option<i32>)] = &[
+            (None, Some(15)),
+            (Some(Value::Null), Some(15)),
+            (Some(json!(9)), Some(9)),
+            (Some(json!(9.0)), Some(9)),
+            (Some(json!(1)), Some(1)),
+            (Some(json!(64)), Some(64)),
+            (Some(json!("KILL")), Some(9)),
+            (Some(json!("SIGKILL")), Some(9)),
+            (Some(json!("sigterm")), Some(15)),
+            (Some(json!("Usr1")), Some(10)),
+            (Some(json!("SIGSEGV")), Some(11)),
+            (Some(json!("stop")), Some(19)),
+            (Some(json!("9")), None),
+            (Some(json!("SIG9")), None),
+            (Some(json!("SIGSIGTERM")), None),
+            (Some(json!("BOGUS")), None),
+            (Some(json!("")), None),
+            (Some(json!(0)), None),
+            (Some(json!(65)), None),
+            (Some(json!(-9)), None),
+            (Some(json!(9.5)), None),
+            (Some(json!(4_294_967_305_u64)), None),
+            (Some(json!(u64::MAX)), None),
+            (Some(json!(true)), None),
+            (Some(json!(["KILL"])), None),
+            (Some(json!({"name": "KILL"})), None),
+        ];
+        for (case, want) in cases {
+            let body = match case {
+                Some(v) => json!({ "signal": v }),
+                None => json!({}),
+            };
+            let rest = serde_json::from_slice::<SignalBody>(body.to_string().as_bytes())
+                .map(|b| b.signal.unwrap_or(Signal::TERM).number());
+            let mcp = signal_arg(case.as_ref()).map(Signal::number);
+            assert_eq!(rest.as_ref().ok(), want.as_ref(), "REST {case:?}: {rest:?}");
+            assert_eq!(mcp.as_ref().ok(), want.as_ref(), "MCP {case:?}: {mcp:?}");
+        }
+    }
+
+    /// docs/openapi.yaml's signal schema is the table's: its numbers and
+    /// the pattern of its names.
+    #[test]
+    fn openapi_spells_the_signal_table() {
+        let spec: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(include_str!("../../docs/openapi.yaml")).unwrap();
+        let one_of = &spec["paths"]["/v1/sessions/{session}/processes/{proc}/signal"]["post"]
+            ["requestBody"]["content"]["application/json"]["schema"]["properties"]["signal"]
+            ["oneOf"];
+        let start = i64::from(*signal::RANGE.start());
+        let end = i64::from(*signal::RANGE.end());
+        assert_eq!(
+            (one_of[0]["minimum"].as_i64(), one_of[0]["maximum"].as_i64()),
+            (Some(start), Some(end))
+        );
+        assert_eq!(
+            one_of[1]["pattern"].as_str(),
+            Some(Signal::name_pattern().as_str())
+        );
+    }
 }

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use super::lock;
 use super::rtnl::Rtnl;
+use crate::sync::lock;
 
 /// Veth address blocks. A block stays taken after its session's teardown
 /// until the kernel has removed the session's host link ("draining"), so an

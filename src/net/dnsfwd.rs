@@ -28,7 +28,8 @@ use super::dns::{self, Action, Query};
 use super::egress::Cidr;
 use super::nft::Nft;
 use super::policy::DnsNames;
-use super::{lock, netns, NetError, Result};
+use super::{netns, NetError, Result};
+use crate::sync::lock;
 
 /// Name of the session table's set of resolved addresses.
 pub const SET: &str = "dns_allowed";

@@ -26,12 +26,13 @@ pub mod rtnl;
 pub mod tap;
 pub mod tc;
 
+use crate::sync::{lock, wait_timeout};
 use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -110,11 +111,6 @@ struct Inner {
     host: Mutex<Host>,
     blocks: Arc<Blocks>,
     reap: Sender<Reap>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data we can still use.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Inner {
@@ -274,13 +270,7 @@ impl Net {
             if left.is_zero() {
                 return false;
             }
-            a = self
-                .inner
-                .blocks
-                .changed
-                .wait_timeout(a, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            a = wait_timeout(&self.inner.blocks.changed, a, left);
         }
         true
     }
@@ -323,11 +313,7 @@ impl Net {
                     slots: n,
                 });
             }
-            a = blocks
-                .changed
-                .wait_timeout(a, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            a = wait_timeout(&blocks.changed, a, left);
         }
     }
 

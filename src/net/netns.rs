@@ -6,6 +6,7 @@
 //! descriptors keep the namespace they were opened in, so such a thread only
 //! opens descriptors and the caller keeps using them from anywhere.
 
+use crate::sync::lock;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -36,7 +37,7 @@ fn last_err(what: String) -> NetError {
 /// bind mounts propagate to mount namespaces created later (jailer, VMMs).
 fn prepare_run_dir() -> Result<(), NetError> {
     static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut done = lock(&DONE);
     if *done {
         return Ok(());
     }

@@ -18,11 +18,12 @@
 
 use super::vm::{NetLease, ResolvedTemplate};
 use super::EgressPolicy;
+use crate::sync::lock;
 use crate::vm::ids::IdLease;
 use crate::vm::PreparedRestore;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -129,10 +130,6 @@ pub struct Standby {
     cap: usize,
     state: Mutex<State>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Standby {

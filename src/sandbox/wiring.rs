@@ -6,6 +6,7 @@ use super::{EgressPolicy, Result, SandboxError, SandboxFactory, TemplateInfo};
 use crate::config::Config;
 use crate::harden::spawner::SpawnerClient;
 use crate::net::{Isolated, Net, NetConfig, SessionNet};
+use crate::sync::lock;
 use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::ids::VmIds;
 use crate::vm::jailer::{DirectSpawner, JailerConfig};
@@ -411,10 +412,7 @@ impl TemplateSource for Templates {
     }
 
     fn close(&self) {
-        self.snap_net
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        lock(&self.snap_net).take();
     }
 
     fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate> {

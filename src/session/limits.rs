@@ -268,6 +268,30 @@ mod tests {
         assert!(e.message.contains("max_sessions_per_key is 2"));
     }
 
+    /// docs/openapi.yaml's `CreateSession` bounds are these constants (the
+    /// code uses them everywhere; the spec cannot).
+    #[test]
+    fn openapi_spells_the_shape_ranges() {
+        let spec: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(include_str!("../../docs/openapi.yaml")).unwrap();
+        let props = &spec["components"]["schemas"]["CreateSession"]["properties"];
+        for (field, range) in [
+            ("vcpus", VCPUS),
+            ("memoryMib", MEM_MIB),
+            ("diskMib", DISK_MIB),
+        ] {
+            let bound = |k: &str| props[field][k].as_u64();
+            assert_eq!(
+                (bound("minimum"), bound("maximum")),
+                (
+                    Some(u64::from(*range.start())),
+                    Some(u64::from(*range.end()))
+                ),
+                "docs/openapi.yaml CreateSession.{field}"
+            );
+        }
+    }
+
     #[test]
     fn meminfo() {
         let t = "MemFree: 5 kB\nMemTotal:       24683584 kB\n";

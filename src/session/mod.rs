@@ -19,22 +19,16 @@ use crate::agent::Call;
 use crate::api::errors::ApiError;
 use crate::proto::Request;
 use crate::sandbox::{EgressPolicy, SandboxSpec};
+use crate::sync::lock;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use registry::{Manager, SessionOptions};
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
 
 /// Valid session ids: `[A-Za-z0-9_-]{1,64}`.
 pub fn valid_session_id(id: &str) -> bool {

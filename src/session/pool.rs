@@ -2,10 +2,10 @@
 //! session with the template's default shape starts without waiting for a
 //! boot/restore.
 
-use super::lock;
 use crate::api::metrics::Metrics;
 use crate::config::Config;
 use crate::sandbox::{new_sandbox_id, Sandbox, SandboxFactory, SandboxSpec};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

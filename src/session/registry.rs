@@ -2,11 +2,12 @@
 
 use super::limits::{Charge, Host, Limits};
 use super::pool::Pool;
-use super::{lock, worker, Cmd, Session, State};
+use super::{worker, Cmd, Session, State};
 use crate::api::errors::ApiError;
 use crate::api::metrics::Metrics;
 use crate::config::Config;
 use crate::sandbox::{new_sandbox_id, EgressPolicy, SandboxFactory, SandboxSpec, TemplateInfo};
+use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

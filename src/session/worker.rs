@@ -2,9 +2,10 @@
 //! starts agent requests for the API, destroys the sandbox at the end.
 
 use super::registry::Manager;
-use super::{lock, Cmd, Session, State};
+use super::{Cmd, Session, State};
 use crate::api::errors::ApiError;
 use crate::sandbox::Sandbox;
+use crate::sync::lock;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;

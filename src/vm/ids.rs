@@ -14,6 +14,7 @@
 //! a daemon a set of ids in use does the same without a syscall. Ids are
 //! handed out round-robin, so a just-released id is the last to be reused.
 
+use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fs::File;
@@ -224,7 +225,7 @@ impl VmIds {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.state)
     }
 
     /// A free session id, or an error saying the range is used up.
@@ -299,12 +300,7 @@ impl Drop for IdLease {
                 log::warn!("unlock VM id {}: {e}", self.uid);
             }
         }
-        inner
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .used
-            .remove(&self.uid);
+        lock(&inner.state).used.remove(&self.uid);
     }
 }
 

@@ -19,6 +19,7 @@
 //!
 //! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
@@ -211,13 +212,6 @@ pub struct QemuBackend {
     jail_base: Mutex<Option<Arc<Vec<Bind>>>>,
     /// Whether running unjailed was logged.
     unjailed_said: std::sync::Once,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 fn io_err(what: String, source: io::Error) -> VmError {
@@ -1104,7 +1098,7 @@ fn kvm_device_answers() -> bool {
     else {
         return false;
     };
-    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
+    use crate::harden::seccomp::KVM_GET_API_VERSION;
     // SAFETY: ioctl without arguments on an fd we own.
     let v = unsafe { libc::ioctl(f.as_raw_fd(), KVM_GET_API_VERSION, 0) };
     v == 12
@@ -1166,9 +1160,10 @@ pub fn probe_kvm(qemu: &Path, kernel: &Path, timeout: Duration) -> std::result::
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: getpid has no preconditions; the closure only makes
-    // async-signal-safe syscalls.
+    // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe syscalls (prctl, getppid); it allocates nothing.
     unsafe { cmd.pre_exec(move || launch::die_with_parent(parent)) };
     let mut child = cmd
         .spawn()

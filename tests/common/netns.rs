@@ -72,8 +72,8 @@ pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
             let f0 = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-            // SAFETY: setns on a valid fd, this thread only.
             assert_eq!(
+                // SAFETY: setns on a valid fd, this thread only.
                 unsafe { libc::setns(f0.as_raw_fd(), libc::CLONE_NEWNET) },
                 0,
                 "setns {ns}"
@@ -332,12 +332,15 @@ impl Guest {
             assert!(fd >= 0, "packet socket");
             // SAFETY: fd is a fresh socket we own.
             let pkt = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: a NUL-terminated literal name.
             let idx = unsafe { libc::if_nametoindex(c"gwire".as_ptr()) };
             assert!(idx > 0, "gwire index");
+            // SAFETY: sockaddr_ll is plain data; all-zero is valid.
             let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             sll.sll_family = libc::AF_PACKET as u16;
             sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
             sll.sll_ifindex = idx as i32;
+            // SAFETY: sll is a live sockaddr_ll and its size is passed.
             let rc = unsafe {
                 libc::bind(
                     fd,
@@ -350,6 +353,7 @@ impl Guest {
             // guest veth hands over packets with checksums still to be
             // filled in (offload), which only the header describes.
             let one: libc::c_int = 1;
+            // SAFETY: `one` is a live c_int and its size is passed.
             let rc = unsafe {
                 libc::setsockopt(
                     fd,
@@ -397,10 +401,12 @@ fn relay(tap: File, pkt: OwnedFd, stop: Arc<AtomicBool>) {
             // SAFETY: reading into our buffer.
             let n = unsafe { libc::read(t, buf.as_mut_ptr().cast(), buf.len()) };
             if n > 0 {
+                // SAFETY: the first n bytes of buf were just read.
                 unsafe { libc::send(p, buf.as_ptr().cast(), n as usize, 0) };
             }
         }
         if fds[1].revents & libc::POLLIN != 0 {
+            // SAFETY: sockaddr_ll is plain data; all-zero is valid.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
             // SAFETY: reading into our buffer with a proper address struct.
@@ -416,6 +422,7 @@ fn relay(tap: File, pkt: OwnedFd, stop: Arc<AtomicBool>) {
             };
             // Our own sends show up as outgoing: do not loop them back.
             if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING {
+                // SAFETY: the first n bytes of buf were just received.
                 unsafe { libc::write(t, buf.as_ptr().cast(), n as usize) };
             }
         }

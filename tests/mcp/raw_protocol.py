@@ -266,6 +266,10 @@ def stdio_main(cmd):
               "output capped at 2 MiB")
         r = s.tool(version, 6, "read_file", {"sessionId": sid, "path": "nope"})
         check(r["isError"], "tool error")
+        # Signals are read as REST reads them: a string is a name ("9" is refused).
+        for sig, want in [("9", "unknown signal"), (65, "out of range"), ("SIGBOGUS", "unknown signal")]:
+            r = s.tool(version, 61, "kill_process", {"sessionId": sid, "procId": 1, "signal": sig})
+            check(r["isError"] and want in r["content"][0]["text"], f"kill_process signal {sig!r}: {r}")
         # Protocol errors.
         s.send_raw(b'{"jsonrpc": "2.0", "id": 7, "method": \n')
         m = s.recv(lambda m: "error" in m and "id" not in m)

@@ -11,6 +11,7 @@ use crate::proto::{
     self, encode_json, encode_window, ErrorBody, ErrorCode, Event, Frame, FrameReader, Hello, Kind,
     Request, Response,
 };
+use crate::sync::lock;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::fs::File;
@@ -47,10 +48,7 @@ impl Writer {
         if self.broken.load(Ordering::Acquire) {
             return false;
         }
-        let mut out = match self.out.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut out = lock(&self.out);
         // Checked again under the lock: after a reset, no frame of the old
         // connection may follow the new hello.
         if self.broken.load(Ordering::Acquire) {
@@ -162,10 +160,7 @@ pub struct ConnShared {
 
 impl ConnShared {
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Mailbox>> {
-        match self.routes.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        lock(&self.routes)
     }
 }
 

@@ -3,7 +3,7 @@
 //! connection reader and the reaper use to wake it.
 
 use super::conn::{Grant, Mailbox, Msg, Req};
-use super::procs::{exit_status, lock, Proc, ProcState, Ring};
+use super::procs::{exit_status, Proc, ProcState, Ring};
 use super::spawn::{resolve_program, spawn, SpawnSpec};
 use super::sys::{self, kill_group, read_nb, write_nb, Waker};
 use super::Agent;
@@ -11,6 +11,7 @@ use crate::proto::{
     channel, fill_data_header, limits, ErrorBody, ErrorCode, Event, ExecRequest, Response,
     HEADER_LEN, INITIAL_WINDOW, MAX_DATA_CHUNK,
 };
+use crate::sync::lock;
 use crossbeam_channel::Receiver;
 use std::collections::VecDeque;
 use std::ffi::CString;

@@ -255,9 +255,11 @@ pub fn run(cfg: Config) -> Result<(), String> {
                                 drop(s);
                                 refused.note(peer.cid(), peer.port());
                             }
-                            // SAFETY: into_raw_fd hands over ownership.
                             Ok((s, _)) => {
-                                spawn_conn(&a, unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) })
+                                // SAFETY: into_raw_fd hands over the stream's
+                                // descriptor: the OwnedFd is its one owner.
+                                let fd = unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) };
+                                spawn_conn(&a, fd)
                             }
                             Err(e) => {
                                 log::warn!("vsock accept: {e}");
@@ -405,7 +407,7 @@ pub fn handle(
             replay,
         } => exec::attach(agent, req, mailbox, proc, stdin, replay),
         Request::Signal { proc, signal } => {
-            if !(1..=64).contains(&signal) {
+            if !proto::signal::RANGE.contains(&signal) {
                 return req.fail(ErrorBody::new(
                     ErrorCode::Invalid,
                     format!("bad signal number {signal}"),
@@ -515,7 +517,7 @@ fn with_running(
             format!("no process {id}"),
         ));
     };
-    if procs::lock(&p.state).exit.is_some() {
+    if crate::sync::lock(&p.state).exit.is_some() {
         return req.fail(ErrorBody::new(
             ErrorCode::NotFound,
             format!("process {id} has exited"),

@@ -3,18 +3,12 @@
 
 use super::conn::{Mailbox, Msg};
 use crate::proto::{limits, ExitStatus, ProcInfo, ResourceUsage};
+use crate::sync::lock;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
 
 /// Bounded output history of a background process. Old chunks are dropped
 /// when it is full, so a chatty process never grows agent memory.

@@ -19,6 +19,7 @@
 //! so std::process::Command, which waits on exec failure, is not usable.
 
 use super::sys::{ctx, cvt};
+use crate::sync::lock;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -78,10 +79,7 @@ static NEXT_CG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 static SPARE: std::sync::Mutex<Option<(ExecCgroup, OwnedFd)>> = std::sync::Mutex::new(None);
 
 fn lock_spare() -> std::sync::MutexGuard<'static, Option<(ExecCgroup, OwnedFd)>> {
-    match SPARE.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    lock(&SPARE)
 }
 
 /// Makes the spare exec cgroup if there is none (and user limits give
@@ -217,10 +215,7 @@ impl ExecCgroup {
 impl Drop for ExecCgroup {
     fn drop(&mut self) {
         if std::fs::remove_dir(&self.path).is_err() {
-            let mut busy = match BUSY.lock() {
-                Ok(b) => b,
-                Err(p) => p.into_inner(),
-            };
+            let mut busy = lock(&BUSY);
             busy.push(std::mem::take(&mut self.path));
         }
     }
@@ -330,10 +325,7 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
 
 /// Removes exec cgroups whose last process has gone.
 fn retry_busy() {
-    let mut busy = match BUSY.lock() {
-        Ok(b) => b,
-        Err(p) => p.into_inner(),
-    };
+    let mut busy = lock(&BUSY);
     busy.retain(|p| std::fs::remove_dir(p).is_err_and(|e| e.kind() != io::ErrorKind::NotFound));
 }
 
@@ -456,8 +448,9 @@ fn non_default_signals() -> &'static [libc::c_int] {
     SIGS.get_or_init(|| {
         (1..libc::SIGRTMAX())
             .filter(|&sig| {
-                // SAFETY: a query only (null new action), valid out pointer.
+                // SAFETY: sigaction is plain data; all-zero is a valid value.
                 let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+                // SAFETY: a query only (null new action), valid out pointer.
                 let r = unsafe { libc::sigaction(sig, ptr::null(), &mut old) };
                 r == 0 && old.sa_sigaction != libc::SIG_DFL
             })
@@ -559,9 +552,11 @@ fn vfork_spawn(
     let mut pidfd: libc::c_int = -1;
     // Every signal blocked across the clone: no handler may run in the
     // child while it shares our memory; it sets its own mask before execve.
-    // SAFETY: valid sigset pointers.
+    // SAFETY: zeroed sigsets are valid storage, filled before use.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as `all`; pthread_sigmask fills it.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers.
     unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
@@ -940,6 +935,7 @@ fn vfork_exec(
     // child while it shares our memory; it sets its own mask before execve.
     // SAFETY: zeroed sigsets are valid storage, filled before use.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as `all`; pthread_sigmask fills it.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid sigset pointers.
     unsafe {
@@ -1088,7 +1084,17 @@ fn fork_exec(
     let rlimits = limits.map(rlimits_of);
     let pid = fork_into(limits, cgroup)?;
     if pid == 0 {
-        // Child.
+        // SAFETY: this is the child of fork_into (fork, or clone3 without
+        // CLONE_VM): a copy-on-write image of the agent with this one thread,
+        // whose other threads' locks (malloc's among them) may be held
+        // forever. So it makes only async-signal-safe calls (signal,
+        // sigprocmask, write, execve, _exit, and child_steps, whose contract
+        // is exactly this point) and allocates nothing: argv, envp, `empty`
+        // and `rlimits` were built before the fork and live in this image
+        // until execve replaces it. argv and envp are the NUL-terminated
+        // pointer arrays of CStrings the caller keeps alive; `wr_fd` is the
+        // open write end of the pipe; `fail` and execve's failure path end
+        // in _exit, so the child never returns into the agent's code.
         unsafe {
             let fail = |wr_fd: RawFd| -> ! {
                 let errno = *libc::__errno_location();

@@ -30,8 +30,9 @@ impl Waker {
         // SAFETY: eventfd has no memory-safety preconditions.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
             .map_err(|e| ctx(e, "eventfd"))?;
-        // SAFETY: fd is a fresh descriptor we own.
         Ok(Waker {
+            // SAFETY: fd is the fresh descriptor eventfd returned; nothing
+            // else owns it.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
@@ -232,7 +233,7 @@ pub fn reap_pidfd(pidfd: RawFd) -> io::Result<Option<(i32, ResourceUsage)>> {
     const P_PIDFD: libc::idtype_t = 3;
     // SAFETY: siginfo_t is plain data (all-zero is valid), filled by the kernel.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: rusage is plain data too (integers and timevals).
+    // SAFETY: as `info`: rusage is plain data.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid out pointers for the kernel's waitid(which, id,
     // infop, options, rusage).

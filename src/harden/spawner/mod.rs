@@ -26,6 +26,7 @@
 mod server;
 pub mod wire;
 
+use crate::sync::{lock, wait_timeout};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -522,7 +523,7 @@ struct ExitSlot {
 
 impl ExitSlot {
     fn set(&self, s: ExitState) {
-        let mut g = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.st);
         if g.is_none() {
             *g = Some(s);
         }
@@ -548,10 +549,6 @@ struct Inner {
     state: Mutex<State>,
     exits: Mutex<HashMap<i32, Arc<ExitSlot>>>,
     on_death: Mutex<Option<DeathHook>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Inner {
@@ -826,12 +823,7 @@ impl Child {
             if left.is_zero() {
                 return Ok(None);
             }
-            g = self
-                .exit
-                .cv
-                .wait_timeout(g, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = wait_timeout(&self.exit.cv, g, left);
         }
     }
 }
