@@ -41,7 +41,7 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 
 use super::seccomp::{Mode, ThreadKind};
 use super::{caps, HardenError};
-use crate::vm::jailer::{self, Output};
+use crate::vm::launch::{self, Output};
 use crate::vm::VmError;
 
 /// A process to start.
@@ -178,7 +178,7 @@ pub struct Policy {
     /// uids/gids a non-root program may run as.
     pub uids: std::ops::RangeInclusive<u32>,
     pub gids: std::ops::RangeInclusive<u32>,
-    /// uid/gid for [`jailer::Spawner::run`] of a program that may not run
+    /// uid/gid for [`launch::Spawner::run`] of a program that may not run
     /// as root (e.g. `firecracker --version`).
     pub tool_uid: u32,
     pub tool_gid: u32,
@@ -901,14 +901,14 @@ fn read_both(out: OwnedFd, err: OwnedFd, deadline: Instant) -> (Vec<u8>, Vec<u8>
 
 const BACKEND: &str = "spawner";
 
-impl jailer::Spawner for SpawnerClient {
+impl launch::Spawner for SpawnerClient {
     fn run(&self, argv: &[OsString], deadline: Instant) -> crate::vm::Result<Output> {
         self.run_env(argv, &[], deadline)
     }
 }
 
 impl SpawnerClient {
-    /// [`jailer::Spawner::run`] with `env` as the whole environment.
+    /// [`launch::Spawner::run`] with `env` as the whole environment.
     pub fn run_env(
         &self,
         argv: &[OsString],

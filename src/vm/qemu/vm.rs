@@ -20,7 +20,7 @@ use super::{
 };
 use crate::harden::spawner::{Jail, ProcLimits};
 use crate::vm::cgroup;
-use crate::vm::jailer::Pidfd;
+use crate::vm::launch::Pidfd;
 use crate::vm::launch::{Launch, Launcher, VmmProcess};
 use crate::vm::qmp::Qmp;
 use crate::vm::snapshot::{self, Manifest};
