@@ -16,7 +16,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,10 +25,12 @@ use std::time::Instant;
 
 use super::{Result, VmError};
 use crate::harden::spawner::{
-    Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
+    cloexec_pipe, read_both, Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
 };
 
 const NAME: &str = "launch";
+/// Errors of runs through the spawner process.
+const SPAWNER: &str = "spawner";
 
 // ---- the seam -------------------------------------------------------------
 
@@ -399,7 +401,7 @@ impl Launcher for SpawnerClient {
     }
 
     fn kind(&self) -> &'static str {
-        "spawner"
+        SPAWNER
     }
 
     fn can_jail(&self) -> bool {
@@ -413,7 +415,74 @@ impl Launcher for SpawnerClient {
         env: &[(String, String)],
         deadline: Instant,
     ) -> Result<Output> {
-        SpawnerClient::run_env(self, argv, env, deadline)
+        spawner_run_env(self, argv, env, deadline)
+    }
+}
+
+impl Spawner for SpawnerClient {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        spawner_run_env(self, argv, &[], deadline)
+    }
+}
+
+/// [`Spawner::run`] through the spawner, with `env` as the whole
+/// environment: stdout and stderr captured, killed at `deadline`.
+fn spawner_run_env(
+    client: &SpawnerClient,
+    argv: &[OsString],
+    env: &[(String, String)],
+    deadline: Instant,
+) -> Result<Output> {
+    let budget_ms = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis() as u64;
+    let argv: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            a.to_str()
+                .map(str::to_string)
+                .ok_or_else(|| VmError::Other(format!("spawner: argument {a:?} is not UTF-8")))
+        })
+        .collect::<Result<_>>()?;
+    let prog = argv.first().cloned().unwrap_or_default();
+    let (uid, gid) = client.tool_identity(&prog);
+    let io_err = |what: String, source: io::Error| VmError::Io {
+        backend: SPAWNER,
+        what,
+        source,
+    };
+    let (out_r, out_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
+    let (err_r, err_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
+    let req = SpawnRequest {
+        argv,
+        env: env.to_vec(),
+        cwd: Some("/".into()),
+        uid,
+        gid,
+        fds: vec![1, 2],
+        new_process_group: true,
+        ..SpawnRequest::default()
+    };
+    let child = client
+        .spawn(&req, &[out_w.as_fd(), err_w.as_fd()])
+        .map_err(|e| VmError::Other(format!("start {prog}: {e}")))?;
+    drop((out_w, err_w));
+    let (stdout, stderr) = read_both(out_r, err_r, deadline);
+    match child.wait_until(deadline) {
+        Ok(Some(st)) => Ok(Output {
+            code: st.code,
+            stdout,
+            stderr,
+        }),
+        Ok(None) => {
+            let _ = child.kill(libc::SIGKILL);
+            Err(VmError::Timeout {
+                backend: SPAWNER,
+                what: format!("{prog} (pid {}) to exit", child.pid()),
+                ms: budget_ms,
+            })
+        }
+        Err(e) => Err(VmError::Other(format!("{prog}: {e}"))),
     }
 }
 
