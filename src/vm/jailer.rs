@@ -4,7 +4,8 @@
 //! Building the argv and running it are separate on purpose: seccomp filters
 //! are inherited across `exec`, so in the daemon the jailer is started by a
 //! small unfiltered spawner process, not by a filtered worker thread. The
-//! [`Spawner`] trait is that seam; [`DirectSpawner`] runs it in-process
+//! [`Spawner`](super::launch::Spawner) trait is that seam;
+//! [`DirectSpawner`](super::launch::DirectSpawner) runs it in-process
 //! (both in [`super::launch`], shared with QEMU).
 //!
 //! Layout made by the jailer (`exec_name` is the file name of the Firecracker
@@ -114,7 +115,7 @@ impl Default for JailerConfig {
             cpu_overhead_pct: 25,
             mem_overhead_mib: 64,
             pids_max: 64,
-            no_file: super::qemu::DEFAULT_NOFILE,
+            no_file: super::launch::DEFAULT_NOFILE,
             cpu_max: None,
             io_max: Vec::new(),
             fsize_slack_bytes: 64 << 20,

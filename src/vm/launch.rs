@@ -259,6 +259,10 @@ impl Pidfd {
 
 // ---- VMMs -----------------------------------------------------------------
 
+/// A VMM's open files (QEMU's and Firecracker's RLIMIT_NOFILE unless the
+/// operator sets one): its disks, TAP, sockets, eventfds per queue.
+pub const DEFAULT_NOFILE: u64 = 1024;
+
 /// A long-running VMM process to start.
 #[derive(Debug, Clone)]
 pub struct Launch {

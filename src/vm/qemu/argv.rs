@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::{Accel, AGENT_SOCK, QMP_SOCK};
 use crate::harden::spawner::ProcLimits;
+use crate::vm::launch::DEFAULT_NOFILE;
 use crate::vm::{cgroup, snapshot, Result, VmConfig, VmError};
 
 /// Kernel command line before `cmdline_extra`.
@@ -72,9 +73,6 @@ pub fn qemu_limits(mem_mib: u32, nofile: Option<u64>) -> ProcLimits {
         nofile: Some(nofile.unwrap_or(DEFAULT_NOFILE)),
     }
 }
-
-/// A VMM's open files: its disks, TAP, sockets, eventfds per queue.
-pub const DEFAULT_NOFILE: u64 = 1024;
 
 /// QEMU option values are comma-separated: a literal comma is doubled.
 pub(super) fn opt_path(p: &Path) -> String {

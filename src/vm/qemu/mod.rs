@@ -27,7 +27,7 @@ mod memory;
 mod vm;
 
 pub use accel::{kvm_device_usable, probe_kvm, Accel};
-pub use argv::{cmdline, qemu_limits, DEFAULT_CMDLINE, DEFAULT_NOFILE, TCG_CMDLINE};
+pub use argv::{cmdline, qemu_limits, DEFAULT_CMDLINE, TCG_CMDLINE};
 pub use console::CONSOLE_LOG_MAX;
 pub use memory::{GuestRam, SnapshotMemory};
 pub use vm::QemuVm;
@@ -118,7 +118,7 @@ pub struct QemuConfig {
     pub io_max: Vec<String>,
     /// A fixed `cpu.max` for every VM in place of one CPU per vCPU.
     pub cpu_max: Option<cgroup::CpuMax>,
-    /// QEMU's RLIMIT_NOFILE (`None`: [`DEFAULT_NOFILE`]).
+    /// QEMU's RLIMIT_NOFILE (`None`: [`launch::DEFAULT_NOFILE`]).
     pub nofile: Option<u64>,
 }
 
