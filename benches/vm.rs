@@ -27,7 +27,7 @@ use common::{exec_true, report, report_count};
 use agent_sandbox::agent::{AgentClient, Started};
 use agent_sandbox::harden::spawner::{fork_spawner, Policy, Program, SpawnerClient};
 use agent_sandbox::harden::Mode;
-use agent_sandbox::vm::jailer;
+use agent_sandbox::vm::launch;
 use agent_sandbox::vm::launch::{Launch, Launcher, VmmProcess};
 use agent_sandbox::vm::{connect_agent, Backend, PreparedRestore, Vm};
 use std::sync::Arc;
@@ -69,13 +69,13 @@ fn cpu_time(pid: Option<i32>) -> Duration {
 /// A spawner that does not jail: the A/B baseline of `spawner`.
 struct NoJail(SpawnerClient);
 
-impl jailer::Spawner for NoJail {
+impl launch::Spawner for NoJail {
     fn run(
         &self,
         argv: &[std::ffi::OsString],
         deadline: Instant,
-    ) -> agent_sandbox::vm::Result<jailer::Output> {
-        jailer::Spawner::run(&self.0, argv, deadline)
+    ) -> agent_sandbox::vm::Result<launch::Output> {
+        launch::Spawner::run(&self.0, argv, deadline)
     }
 }
 
@@ -98,7 +98,7 @@ impl Launcher for NoJail {
         argv: &[std::ffi::OsString],
         env: &[(String, String)],
         deadline: Instant,
-    ) -> agent_sandbox::vm::Result<jailer::Output> {
+    ) -> agent_sandbox::vm::Result<launch::Output> {
         Launcher::run_env(&self.0, argv, env, deadline)
     }
 }

@@ -110,7 +110,7 @@ pub struct Config {
     pub allow_unlimited_vmms: bool,
     /// A fixed `cpu.max` for every VM (`None`: one CPU per vCPU).
     pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
-    /// Each VMM's RLIMIT_NOFILE (`None`: `vm::qemu::DEFAULT_NOFILE`).
+    /// Each VMM's RLIMIT_NOFILE (`None`: `vm::launch::DEFAULT_NOFILE`).
     pub vm_nofile_limit: Option<u64>,
     /// The Firecracker jailer's chroot base (`None`: `<state dir>/jail`);
     /// on the state dir's filesystem, since snapshot files are hard-linked

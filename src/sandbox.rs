@@ -36,6 +36,10 @@ pub enum SandboxError {
         what: &'static str,
         msg: String,
     },
+    /// No VM uid could be leased for sandbox `id` (the range is used up,
+    /// by sessions and standby VMMs of this daemon or by other daemons).
+    #[error("sandbox {id}: vm uid: {msg}")]
+    UidsExhausted { id: String, msg: String },
     #[error("{0}")]
     Other(String),
 }

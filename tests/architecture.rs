@@ -128,8 +128,7 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("config", "api", "auth::AUTH_FAIL_BURST, auth::validate_prefix (config.rs, config/seed_env.rs)"),
     ("config", "sandbox", "EgressPolicy/EgressMode, a second type next to net's (config.rs, config/seed_env.rs)"),
     ("config", "session", "session::limits to check defaults (config.rs)"),
-    ("harden::spawner", "vm", "implements vm::jailer::Spawner, returns VmError (harden/spawner/mod.rs)"),
-    ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu.rs)"),
+    ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 
 /// `unsafe` blocks/impls in src/ and guest/src/ without a `// SAFETY:`

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_sandbox::vm::firecracker::{FirecrackerBackend, Timeouts, DEFAULT_CMDLINE};
-use agent_sandbox::vm::jailer::{JailerConfig, Output, Spawner, DOCUMENTED_JAILER_FLAGS};
+use agent_sandbox::vm::jailer::{JailerConfig, DOCUMENTED_JAILER_FLAGS};
+use agent_sandbox::vm::launch::{Output, Spawner};
 use agent_sandbox::vm::snapshot::Manifest;
 use agent_sandbox::vm::{Backend, NetAttachment, VmConfig, VmError};
 use serde_json::{json, Value as Json};

@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_sandbox::vm::jailer::{
-    self, build_argv, in_jail, prepare_chroot, teardown, validate_id, DirectSpawner, JailFile,
-    JailPaths, JailerConfig, LaunchSpec, Spawner, DOCUMENTED_JAILER_FLAGS,
+    self, build_argv, in_jail, prepare_chroot, teardown, JailFile, JailPaths, JailerConfig,
+    LaunchSpec, DOCUMENTED_JAILER_FLAGS,
 };
+use agent_sandbox::vm::launch::{validate_id, DirectSpawner, Spawner};
 use agent_sandbox::vm::VmError;
 
 /// The jailer's flags as documented for v1.16 in Firecracker's

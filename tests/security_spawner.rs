@@ -17,7 +17,7 @@ use agent_sandbox::harden::spawner::{
     fork_spawner, Bind, Jail, Policy, ProcLimits, Program, SpawnError, SpawnRequest, SpawnerClient,
 };
 use agent_sandbox::harden::Mode;
-use agent_sandbox::vm::jailer::Spawner as _;
+use agent_sandbox::vm::launch::Spawner as _;
 use common::{is_root, Netns, Runner};
 use std::io::Read;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};

@@ -1,12 +1,14 @@
 //! The QEMU backend opens a session's TAP inside the session's network
-//! namespace itself (so QEMU needs neither /dev/net/tun nor the namespace).
+//! namespace itself (so QEMU needs neither /dev/net/tun nor the namespace):
+//! `net::tap::open` on a thread of `net::netns::run_in`, as here.
 //! No VM boots and no packet is sent: the namespace and TAP are made here
 //! and removed on drop, even on failure.
 
 #[path = "common/skip.rs"]
 mod skip;
 
-use agent_sandbox::vm::qemu::open_tap;
+use agent_sandbox::net::{netns, tap};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,12 @@ impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
+}
+
+/// What the QEMU backend does with a session's TAP.
+fn open_tap(ns: &Path, name: &str) -> Result<File, agent_sandbox::net::NetError> {
+    let ns = netns::open(ns)?;
+    netns::run_in(Some(&ns), "the test namespace", || tap::open(name, true))
 }
 
 fn ip(args: &[&str]) -> bool {

@@ -165,7 +165,7 @@ impl ThreadKind {
                 netns(&mut r)?;
                 pidfd(&mut r);
                 // The sealed in-memory copy of a snapshot's RAM that
-                // restored QEMUs map (vm/qemu.rs, SnapshotMemory).
+                // restored QEMUs map (vm/qemu/memory.rs, SnapshotMemory).
                 r.allow(
                     "the sealed in-memory copy of a snapshot's RAM (SnapshotMemory)",
                     &[libc::SYS_memfd_create],

@@ -32,12 +32,19 @@ fn ioctl(f: &File, req: libc::c_ulong, arg: libc::c_ulong, what: &str) -> Result
     Ok(())
 }
 
+/// An interface name the kernel takes as given: not empty, shorter than
+/// `IFNAMSIZ`, no NUL (the kernel would cut the name there) and no `/`.
+pub fn check_name(name: &str) -> Result<(), NetError> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', '\0']) {
+        return Err(NetError::invalid(format!("bad TAP name {name:?}")));
+    }
+    Ok(())
+}
+
 /// Open `/dev/net/tun` and attach to (or create) TAP `name`; the fd keeps
 /// the device alive until closed unless it was made persistent.
 pub fn open(name: &str, vnet_hdr: bool) -> Result<File, NetError> {
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-        return Err(NetError::invalid(format!("bad TAP name {name:?}")));
-    }
+    check_name(name)?;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -51,9 +58,7 @@ pub fn open(name: &str, vnet_hdr: bool) -> Result<File, NetError> {
 /// Attach an open `/dev/net/tun` descriptor to TAP `name`. The permission
 /// check (owner/group of a persistent TAP) happens here, not at open.
 pub fn attach(f: &File, name: &str, vnet_hdr: bool) -> Result<(), NetError> {
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-        return Err(NetError::invalid(format!("bad TAP name {name:?}")));
-    }
+    check_name(name)?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
         flags: IFF_TAP | IFF_NO_PI | if vnet_hdr { IFF_VNET_HDR } else { 0 },
@@ -93,4 +98,18 @@ pub fn create_persistent(name: &str, uid: Option<u32>, gid: Option<u32>) -> Resu
     }
     ioctl(&f, TUNSETPERSIST, 1, &format!("TUNSETPERSIST {name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tap_names_are_checked() {
+        assert!(check_name("asbxtap0").is_ok());
+        assert!(check_name("0123456789abcde").is_ok());
+        for bad in ["", "a/b", "a\0b", "0123456789abcdef"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -90,11 +90,13 @@ struct Maker {
 impl Maker {
     /// A uid/gid and a network for VM `id`.
     fn provision(&self, id: &str, egress: &EgressPolicy) -> Result<Provision> {
-        let lease = self.ids.acquire().map_err(|e| SandboxError::Failed {
-            id: id.to_string(),
-            what: "vm uid",
-            msg: e,
-        })?;
+        let lease = self
+            .ids
+            .acquire()
+            .map_err(|msg| SandboxError::UidsExhausted {
+                id: id.to_string(),
+                msg,
+            })?;
         let owner = (lease.uid, lease.gid);
         let t_net = Instant::now();
         let net = match &self.net {
@@ -205,7 +207,7 @@ impl VmSandboxFactory {
         let ready = match maker.prepare(&spec.id, key.clone(), tpl, dir) {
             Ok(r) => r,
             // Standbys hold uids too: a session comes first.
-            Err(SandboxError::Failed { what: "vm uid", .. }) if self.standby.ready() > 0 => {
+            Err(SandboxError::UidsExhausted { .. }) if self.standby.ready() > 0 => {
                 log::warn!(
                     "sandbox {}: VM uids used up; removing standby VMMs",
                     spec.id
@@ -466,5 +468,65 @@ impl Sandbox for VmSandbox {
 impl Drop for VmSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm::ids::IdRange;
+
+    /// Never asked for a VM: provisioning fails before.
+    struct NoVms;
+
+    impl Backend for NoVms {
+        fn name(&self) -> &'static str {
+            "none"
+        }
+        fn vmm_version(&self) -> crate::vm::Result<String> {
+            Ok("none".into())
+        }
+        fn boot(&self, _: &VmConfig) -> crate::vm::Result<Box<dyn Vm>> {
+            Err(crate::vm::VmError::Other("no VMs here".into()))
+        }
+        fn prepare_restore(
+            &self,
+            _: &VmConfig,
+            _: &Path,
+        ) -> crate::vm::Result<Box<dyn crate::vm::PreparedRestore>> {
+            Err(crate::vm::VmError::Other("no VMs here".into()))
+        }
+    }
+
+    #[test]
+    fn a_used_up_uid_range_is_uids_exhausted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let range = IdRange {
+            first: 320_000,
+            count: 3,
+        };
+        let ids = VmIds::new(range, &dir.path().join("vm-ids.lock")).expect("ids");
+        let held: Vec<IdLease> = std::iter::from_fn(|| ids.acquire().ok()).collect();
+        assert_eq!(held.len(), range.sessions() as usize);
+        let maker = Maker {
+            backend: Arc::new(NoVms),
+            net: None,
+            ids,
+            run_root: dir.path().to_path_buf(),
+        };
+        match maker.provision("s1", &EgressPolicy::default()) {
+            Err(e @ SandboxError::UidsExhausted { .. }) => {
+                // The message the API has always shown.
+                let text = e.to_string();
+                assert!(
+                    text.starts_with("sandbox s1: vm uid: no free VM uid"),
+                    "{text}"
+                );
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a VM uid was leased from a used-up range"),
+        }
+        drop(held);
+        assert!(maker.provision("s2", &EgressPolicy::default()).is_ok());
     }
 }

@@ -9,7 +9,8 @@ use crate::net::{Isolated, Net, NetConfig, SessionNet};
 use crate::sync::lock;
 use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::ids::VmIds;
-use crate::vm::jailer::{DirectSpawner, JailerConfig};
+use crate::vm::jailer::JailerConfig;
+use crate::vm::launch::DirectSpawner;
 use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
 use crate::vm::templates::{Registry, RegistryConfig, DEFAULT_TEMPLATE};
@@ -365,7 +366,7 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
             Ok(Arc::new(QemuBackend::new(qc)))
         }
         "firecracker" => {
-            let spawner: Arc<dyn crate::vm::jailer::Spawner> = match &host.spawner {
+            let spawner: Arc<dyn crate::vm::launch::Spawner> = match &host.spawner {
                 Some(s) => Arc::new(s.clone()),
                 None => Arc::new(DirectSpawner),
             };

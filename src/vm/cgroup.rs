@@ -412,7 +412,7 @@ fn prepare_v2_parent(parent: &Path) -> Result<Vec<&'static str>> {
 /// (the controller lives in another hierarchy); any other failure removes
 /// every dir made. Returns the dirs, in the order of `parents`.
 pub fn create(parents: &[PathBuf], id: &str, limits: &Limits) -> Result<Vec<PathBuf>> {
-    super::jailer::validate_id(id)?;
+    super::launch::validate_id(id)?;
     let mut made = Vec::new();
     let undo = |made: &[PathBuf]| {
         for d in made.iter().rev() {

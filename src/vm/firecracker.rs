@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::jailer::{self, in_jail, JailFile, JailPaths, JailerConfig, LaunchSpec, Pidfd, Spawner};
+use super::jailer::{self, in_jail, JailFile, JailPaths, JailerConfig, LaunchSpec};
+use super::launch::{Pidfd, Spawner};
 use super::snapshot::{self, Manifest};
 use super::{Backend, PreparedRestore, Result, Vm, VmConfig, VmError};
 

@@ -4,7 +4,9 @@
 //! Building the argv and running it are separate on purpose: seccomp filters
 //! are inherited across `exec`, so in the daemon the jailer is started by a
 //! small unfiltered spawner process, not by a filtered worker thread. The
-//! [`Spawner`] trait is that seam; [`DirectSpawner`] runs it in-process.
+//! [`Spawner`](super::launch::Spawner) trait is that seam;
+//! [`DirectSpawner`](super::launch::DirectSpawner) runs it in-process
+//! (both in [`super::launch`], shared with QEMU).
 //!
 //! Layout made by the jailer (`exec_name` is the file name of the Firecracker
 //! binary, normally `firecracker`):
@@ -20,14 +22,13 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use super::launch::{validate_id, Pidfd};
 use super::{Result, VmError};
 
 const BACKEND: &str = "firecracker";
@@ -114,7 +115,7 @@ impl Default for JailerConfig {
             cpu_overhead_pct: 25,
             mem_overhead_mib: 64,
             pids_max: 64,
-            no_file: super::qemu::DEFAULT_NOFILE,
+            no_file: super::launch::DEFAULT_NOFILE,
             cpu_max: None,
             io_max: Vec::new(),
             fsize_slack_bytes: 64 << 20,
@@ -143,20 +144,6 @@ pub struct LaunchSpec {
     pub netns: Option<PathBuf>,
     pub vcpus: u32,
     pub mem_mib: u32,
-}
-
-/// Jailer rule: alphanumeric and '-', 1..=64 chars.
-pub fn validate_id(id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(VmError::Other(format!(
-            "invalid VM id {id:?}: the jailer allows 1-64 characters from [A-Za-z0-9-]"
-        )))
-    }
 }
 
 /// Where everything of one VM lives, as seen from the host.
@@ -354,214 +341,6 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
     push(&"--api-sock");
     push(&in_jail::API_SOCK);
     Ok(a)
-}
-
-/// Output of a finished helper process.
-#[derive(Debug, Clone, Default)]
-pub struct Output {
-    /// Exit code; `None` when killed by a signal.
-    pub code: Option<i32>,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
-
-/// Runs a short-lived process (the jailer, `firecracker --version`) to
-/// completion. The daemon plugs in its unfiltered spawner process here.
-pub trait Spawner: Send + Sync {
-    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output>;
-}
-
-/// Spawns from the calling process. Fine for tools and tests; the daemon
-/// should route this through its seccomp-free spawner.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct DirectSpawner;
-
-impl Spawner for DirectSpawner {
-    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
-        self.run_env(argv, None, deadline)
-    }
-}
-
-impl DirectSpawner {
-    /// [`Spawner::run`]; with `Some(env)` that is the whole environment
-    /// (else ours is inherited).
-    pub fn run_env(
-        &self,
-        argv: &[OsString],
-        env: Option<&[(String, String)]>,
-        deadline: Instant,
-    ) -> Result<Output> {
-        let Some((prog, args)) = argv.split_first() else {
-            return Err(VmError::Other("empty argv".into()));
-        };
-        let prog_s = prog.to_string_lossy().into_owned();
-        let mut cmd = Command::new(prog);
-        if let Some(env) = env {
-            cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
-        }
-        let mut child = cmd
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| VmError::Io {
-                backend: BACKEND,
-                what: format!("spawn {prog_s}"),
-                source: e,
-            })?;
-        let budget_ms = deadline
-            .saturating_duration_since(Instant::now())
-            .as_millis() as u64;
-        let pid = child.id() as i32;
-        let exited = match Pidfd::open(pid) {
-            Ok(pfd) => pfd.wait_exit(deadline),
-            Err(_) => true, // already gone; wait() below collects it
-        };
-        if !exited {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(VmError::Timeout {
-                backend: BACKEND,
-                what: format!("{prog_s} to exit"),
-                ms: budget_ms,
-            });
-        }
-        let status = child.wait().map_err(|e| VmError::Io {
-            backend: BACKEND,
-            what: format!("wait for {prog_s}"),
-            source: e,
-        })?;
-        // The process has exited; with --daemonize its child holds
-        // /dev/null, not our pipes, so these reads end at EOF. Non-blocking
-        // anyway, so a misbehaving grandchild cannot hang us.
-        let mut out = Output {
-            code: status.code(),
-            ..Output::default()
-        };
-        if let Some(mut s) = child.stdout.take() {
-            read_available(&mut s, &mut out.stdout);
-        }
-        if let Some(mut s) = child.stderr.take() {
-            read_available(&mut s, &mut out.stderr);
-        }
-        Ok(out)
-    }
-}
-
-fn read_available<R: Read + AsRawFd>(r: &mut R, out: &mut Vec<u8>) {
-    // SAFETY: fcntl on an fd we own; only toggles O_NONBLOCK.
-    unsafe {
-        let fd = r.as_raw_fd();
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
-    }
-    let mut buf = [0u8; 4096];
-    while out.len() < 64 * 1024 {
-        match r.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
-/// A process handle that cannot be confused with a later process reusing
-/// the pid.
-#[derive(Debug)]
-pub struct Pidfd {
-    fd: OwnedFd,
-    pid: i32,
-}
-
-impl std::os::fd::AsFd for Pidfd {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
-impl Pidfd {
-    pub fn open(pid: i32) -> io::Result<Self> {
-        if pid <= 0 {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        // SAFETY: plain syscall; returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just handed us this fd and nobody else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(Pidfd { fd, pid })
-    }
-
-    /// A pidfd obtained elsewhere (e.g. passed by the spawner).
-    pub fn from_owned(pid: i32, fd: OwnedFd) -> Self {
-        Pidfd { fd, pid }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.pid
-    }
-
-    /// Wait until the process exits or `deadline` passes; true if it exited.
-    pub fn wait_exit(&self, deadline: Instant) -> bool {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = left.as_millis().min(i32::MAX as u128) as i32;
-            let mut p = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, ms) };
-            if r > 0 {
-                return true;
-            }
-            if r == 0 {
-                return false;
-            }
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return false;
-            }
-        }
-    }
-
-    pub fn is_alive(&self) -> bool {
-        !self.wait_exit(Instant::now())
-    }
-
-    pub fn kill(&self) -> io::Result<()> {
-        // SAFETY: plain syscall on our fd.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Collect the exit status if the process is our child (it is not when
-    /// the jailer forked it, unless we are a child subreaper).
-    pub fn reap(&self) {
-        let mut status = 0;
-        // SAFETY: waitpid with WNOHANG on a specific pid.
-        unsafe {
-            libc::waitpid(self.pid, &mut status, libc::WNOHANG);
-        }
-    }
 }
 
 /// Read the VMM pid the jailer wrote; `None` while the file is missing or

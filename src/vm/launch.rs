@@ -1,7 +1,11 @@
-//! How VMM processes (QEMU) are started: through the daemon's spawner
-//! process (the hardened daemon cannot fork or exec at all), or directly
-//! for tools and tests that run unhardened. Both behind one small
-//! interface, so the backend code is the same either way.
+//! How VMM processes (QEMU) and short tools (the jailer, `--version`, the
+//! KVM probe) are started: through the daemon's spawner process (the
+//! hardened daemon cannot fork or exec at all), or directly for tools and
+//! tests that run unhardened. Both behind one small interface, so backend
+//! code is the same either way: [`Spawner`] runs a tool to completion,
+//! [`Launcher`] also starts a VMM and hands back its [`Pidfd`]; every VM id
+//! passes [`validate_id`]. The seam is shared by all backends (the
+//! Firecracker jailer, QEMU), so it lives here, not with either.
 //!
 //! Either way the VMM gets: its own session and process group, exactly the
 //! fds listed (at the given numbers; 0-2 default to /dev/null), an empty
@@ -11,21 +15,253 @@
 //! thread on the direct path).
 
 use std::ffi::OsString;
-use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::jailer::{self, DirectSpawner, Output, Pidfd};
 use super::{Result, VmError};
 use crate::harden::spawner::{
-    Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
+    cloexec_pipe, read_both, Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
 };
 
 const NAME: &str = "launch";
+/// Errors of runs through the spawner process.
+const SPAWNER: &str = "spawner";
+
+// ---- the seam -------------------------------------------------------------
+
+/// A VM id: alphanumeric and '-', 1..=64 chars. The jailer's rule, which
+/// every backend keeps: ids name jails, run dirs, sockets and cgroups.
+pub fn validate_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(VmError::Other(format!(
+            "invalid VM id {id:?}: the jailer allows 1-64 characters from [A-Za-z0-9-]"
+        )))
+    }
+}
+
+/// Output of a finished helper process.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// Exit code; `None` when killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs a short-lived process (the jailer, `firecracker --version`) to
+/// completion. The daemon plugs in its unfiltered spawner process here.
+pub trait Spawner: Send + Sync {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output>;
+}
+
+/// Spawns from the calling process. Fine for tools and tests; the daemon
+/// should route this through its seccomp-free spawner.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DirectSpawner;
+
+impl Spawner for DirectSpawner {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        self.run_env(argv, None, deadline)
+    }
+}
+
+impl DirectSpawner {
+    /// [`Spawner::run`]; with `Some(env)` that is the whole environment
+    /// (else ours is inherited).
+    pub fn run_env(
+        &self,
+        argv: &[OsString],
+        env: Option<&[(String, String)]>,
+        deadline: Instant,
+    ) -> Result<Output> {
+        let Some((prog, args)) = argv.split_first() else {
+            return Err(VmError::Other("empty argv".into()));
+        };
+        let prog_s = prog.to_string_lossy().into_owned();
+        let mut cmd = Command::new(prog);
+        if let Some(env) = env {
+            cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| VmError::Io {
+                backend: NAME,
+                what: format!("spawn {prog_s}"),
+                source: e,
+            })?;
+        let budget_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let pid = child.id() as i32;
+        let exited = match Pidfd::open(pid) {
+            Ok(pfd) => pfd.wait_exit(deadline),
+            Err(_) => true, // already gone; wait() below collects it
+        };
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(VmError::Timeout {
+                backend: NAME,
+                what: format!("{prog_s} to exit"),
+                ms: budget_ms,
+            });
+        }
+        let status = child.wait().map_err(|e| VmError::Io {
+            backend: NAME,
+            what: format!("wait for {prog_s}"),
+            source: e,
+        })?;
+        // The process has exited; with --daemonize its child holds
+        // /dev/null, not our pipes, so these reads end at EOF. Non-blocking
+        // anyway, so a misbehaving grandchild cannot hang us.
+        let mut out = Output {
+            code: status.code(),
+            ..Output::default()
+        };
+        if let Some(mut s) = child.stdout.take() {
+            read_available(&mut s, &mut out.stdout);
+        }
+        if let Some(mut s) = child.stderr.take() {
+            read_available(&mut s, &mut out.stderr);
+        }
+        Ok(out)
+    }
+}
+
+fn read_available<R: Read + AsRawFd>(r: &mut R, out: &mut Vec<u8>) {
+    // SAFETY: fcntl on an fd we own; only toggles O_NONBLOCK.
+    unsafe {
+        let fd = r.as_raw_fd();
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+    let mut buf = [0u8; 4096];
+    while out.len() < 64 * 1024 {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A process handle that cannot be confused with a later process reusing
+/// the pid.
+#[derive(Debug)]
+pub struct Pidfd {
+    fd: OwnedFd,
+    pid: i32,
+}
+
+impl std::os::fd::AsFd for Pidfd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Pidfd {
+    pub fn open(pid: i32) -> io::Result<Self> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        // SAFETY: plain syscall; returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just handed us this fd and nobody else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Pidfd { fd, pid })
+    }
+
+    /// A pidfd obtained elsewhere (e.g. passed by the spawner).
+    pub fn from_owned(pid: i32, fd: OwnedFd) -> Self {
+        Pidfd { fd, pid }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Wait until the process exits or `deadline` passes; true if it exited.
+    pub fn wait_exit(&self, deadline: Instant) -> bool {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            let mut p = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, ms) };
+            if r > 0 {
+                return true;
+            }
+            if r == 0 {
+                return false;
+            }
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return false;
+            }
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.wait_exit(Instant::now())
+    }
+
+    pub fn kill(&self) -> io::Result<()> {
+        // SAFETY: plain syscall on our fd.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Collect the exit status if the process is our child (it is not when
+    /// the jailer forked it, unless we are a child subreaper).
+    pub fn reap(&self) {
+        let mut status = 0;
+        // SAFETY: waitpid with WNOHANG on a specific pid.
+        unsafe {
+            libc::waitpid(self.pid, &mut status, libc::WNOHANG);
+        }
+    }
+}
+
+// ---- VMMs -----------------------------------------------------------------
+
+/// A VMM's open files (QEMU's and Firecracker's RLIMIT_NOFILE unless the
+/// operator sets one): its disks, TAP, sockets, eventfds per queue.
+pub const DEFAULT_NOFILE: u64 = 1024;
 
 /// A long-running VMM process to start.
 #[derive(Debug, Clone)]
@@ -53,8 +289,8 @@ pub trait VmmProcess: Send {
 }
 
 /// Starts VMMs, and runs short tools (`--version`, the KVM probe) to
-/// completion through [`jailer::Spawner::run`].
-pub trait Launcher: jailer::Spawner {
+/// completion through [`Spawner::run`].
+pub trait Launcher: Spawner {
     /// `fds[i].0` becomes fd `fds[i].1` in the new process.
     fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>>;
     /// `direct` or `spawner`, for logs.
@@ -62,7 +298,7 @@ pub trait Launcher: jailer::Spawner {
     /// Whether [`Launch::jail`] can be honoured: new namespaces and mounts
     /// need the privileged spawner of a daemon running as root.
     fn can_jail(&self) -> bool;
-    /// [`jailer::Spawner::run`] with `env` as the whole environment.
+    /// [`Spawner::run`] with `env` as the whole environment.
     fn run_env(
         &self,
         argv: &[OsString],
@@ -169,7 +405,7 @@ impl Launcher for SpawnerClient {
     }
 
     fn kind(&self) -> &'static str {
-        "spawner"
+        SPAWNER
     }
 
     fn can_jail(&self) -> bool {
@@ -183,7 +419,74 @@ impl Launcher for SpawnerClient {
         env: &[(String, String)],
         deadline: Instant,
     ) -> Result<Output> {
-        SpawnerClient::run_env(self, argv, env, deadline)
+        spawner_run_env(self, argv, env, deadline)
+    }
+}
+
+impl Spawner for SpawnerClient {
+    fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
+        spawner_run_env(self, argv, &[], deadline)
+    }
+}
+
+/// [`Spawner::run`] through the spawner, with `env` as the whole
+/// environment: stdout and stderr captured, killed at `deadline`.
+fn spawner_run_env(
+    client: &SpawnerClient,
+    argv: &[OsString],
+    env: &[(String, String)],
+    deadline: Instant,
+) -> Result<Output> {
+    let budget_ms = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis() as u64;
+    let argv: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            a.to_str()
+                .map(str::to_string)
+                .ok_or_else(|| VmError::Other(format!("spawner: argument {a:?} is not UTF-8")))
+        })
+        .collect::<Result<_>>()?;
+    let prog = argv.first().cloned().unwrap_or_default();
+    let (uid, gid) = client.tool_identity(&prog);
+    let io_err = |what: String, source: io::Error| VmError::Io {
+        backend: SPAWNER,
+        what,
+        source,
+    };
+    let (out_r, out_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
+    let (err_r, err_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
+    let req = SpawnRequest {
+        argv,
+        env: env.to_vec(),
+        cwd: Some("/".into()),
+        uid,
+        gid,
+        fds: vec![1, 2],
+        new_process_group: true,
+        ..SpawnRequest::default()
+    };
+    let child = client
+        .spawn(&req, &[out_w.as_fd(), err_w.as_fd()])
+        .map_err(|e| VmError::Other(format!("start {prog}: {e}")))?;
+    drop((out_w, err_w));
+    let (stdout, stderr) = read_both(out_r, err_r, deadline);
+    match child.wait_until(deadline) {
+        Ok(Some(st)) => Ok(Output {
+            code: st.code,
+            stdout,
+            stderr,
+        }),
+        Ok(None) => {
+            let _ = child.kill(libc::SIGKILL);
+            Err(VmError::Timeout {
+                backend: SPAWNER,
+                what: format!("{prog} (pid {}) to exit", child.pid()),
+                ms: budget_ms,
+            })
+        }
+        Err(e) => Err(VmError::Other(format!("{prog}: {e}"))),
     }
 }
 
@@ -193,7 +496,7 @@ impl Launcher for SpawnerClient {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Direct;
 
-impl jailer::Spawner for Direct {
+impl Spawner for Direct {
     fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
         DirectSpawner.run(argv, deadline)
     }

@@ -29,7 +29,6 @@ pub mod wire;
 use crate::sync::{lock, wait_timeout};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -42,8 +41,6 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 
 use super::seccomp::{Mode, ThreadKind};
 use super::{caps, HardenError};
-use crate::vm::jailer::{self, Output};
-use crate::vm::VmError;
 
 /// A process to start.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,8 +176,8 @@ pub struct Policy {
     /// uids/gids a non-root program may run as.
     pub uids: std::ops::RangeInclusive<u32>,
     pub gids: std::ops::RangeInclusive<u32>,
-    /// uid/gid for [`jailer::Spawner::run`] of a program that may not run
-    /// as root (e.g. `firecracker --version`).
+    /// uid/gid of a short-lived tool that may not run as root (e.g.
+    /// `firecracker --version`; [`SpawnerClient::tool_identity`]).
     pub tool_uid: u32,
     pub tool_gid: u32,
     /// Directories `netns` must be in.
@@ -700,6 +697,18 @@ impl SpawnerClient {
         self.inner.pid
     }
 
+    /// The uid/gid a short-lived tool `prog` runs as: root where the
+    /// policy lets that program run as root (the jailer), else the
+    /// policy's tool uid/gid.
+    pub fn tool_identity(&self, prog: &str) -> (u32, u32) {
+        let policy = &self.inner.policy;
+        if policy.program(prog).is_some_and(|p| p.may_run_as_root) {
+            (0, 0)
+        } else {
+            (policy.tool_uid, policy.tool_gid)
+        }
+    }
+
     /// `Some(reason)` once the spawner has died.
     pub fn dead(&self) -> Option<String> {
         lock(&self.inner.state).dead.clone()
@@ -828,7 +837,8 @@ impl Child {
     }
 }
 
-fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A pipe (read end, write end), both close-on-exec.
+pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut p = [0; 2];
     // SAFETY: pipe2 writes two fds into our array.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -839,7 +849,7 @@ fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Read two pipes to EOF (each capped at 64 KiB) or until `deadline`.
-fn read_both(out: OwnedFd, err: OwnedFd, deadline: Instant) -> (Vec<u8>, Vec<u8>) {
+pub fn read_both(out: OwnedFd, err: OwnedFd, deadline: Instant) -> (Vec<u8>, Vec<u8>) {
     const CAP: usize = 64 * 1024;
     let mut files = [
         Some(std::fs::File::from(out)),
@@ -889,83 +899,4 @@ fn read_both(out: OwnedFd, err: OwnedFd, deadline: Instant) -> (Vec<u8>, Vec<u8>
     }
     let [a, b] = bufs;
     (a, b)
-}
-
-const BACKEND: &str = "spawner";
-
-impl jailer::Spawner for SpawnerClient {
-    fn run(&self, argv: &[OsString], deadline: Instant) -> crate::vm::Result<Output> {
-        self.run_env(argv, &[], deadline)
-    }
-}
-
-impl SpawnerClient {
-    /// [`jailer::Spawner::run`] with `env` as the whole environment.
-    pub fn run_env(
-        &self,
-        argv: &[OsString],
-        env: &[(String, String)],
-        deadline: Instant,
-    ) -> crate::vm::Result<Output> {
-        let budget_ms = deadline
-            .saturating_duration_since(Instant::now())
-            .as_millis() as u64;
-        let argv: Vec<String> = argv
-            .iter()
-            .map(|a| {
-                a.to_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| VmError::Other(format!("spawner: argument {a:?} is not UTF-8")))
-            })
-            .collect::<Result<_, _>>()?;
-        let prog = argv.first().cloned().unwrap_or_default();
-        let root = self
-            .inner
-            .policy
-            .program(&prog)
-            .is_some_and(|p| p.may_run_as_root);
-        let (uid, gid) = if root {
-            (0, 0)
-        } else {
-            (self.inner.policy.tool_uid, self.inner.policy.tool_gid)
-        };
-        let io_err = |what: String, source: io::Error| VmError::Io {
-            backend: BACKEND,
-            what,
-            source,
-        };
-        let (out_r, out_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
-        let (err_r, err_w) = cloexec_pipe().map_err(|e| io_err("pipe".into(), e))?;
-        let req = SpawnRequest {
-            argv,
-            env: env.to_vec(),
-            cwd: Some("/".into()),
-            uid,
-            gid,
-            fds: vec![1, 2],
-            new_process_group: true,
-            ..SpawnRequest::default()
-        };
-        let child = self
-            .spawn(&req, &[out_w.as_fd(), err_w.as_fd()])
-            .map_err(|e| VmError::Other(format!("start {prog}: {e}")))?;
-        drop((out_w, err_w));
-        let (stdout, stderr) = read_both(out_r, err_r, deadline);
-        match child.wait_until(deadline) {
-            Ok(Some(st)) => Ok(Output {
-                code: st.code,
-                stdout,
-                stderr,
-            }),
-            Ok(None) => {
-                let _ = child.kill(libc::SIGKILL);
-                Err(VmError::Timeout {
-                    backend: BACKEND,
-                    what: format!("{prog} (pid {}) to exit", child.pid()),
-                    ms: budget_ms,
-                })
-            }
-            Err(e) => Err(VmError::Other(format!("{prog}: {e}"))),
-        }
-    }
 }

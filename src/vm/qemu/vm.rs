@@ -1,0 +1,464 @@
+//! A running QEMU: its process, console, QMP connection and RAM, and the
+//! [`Vm`] operations on it (agent socket, snapshot, teardown).
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::console::{Console, ConsoleLog};
+use super::memory::GuestRam;
+use super::{
+    io_err, Accel, Timeouts, AGENT_SOCK, CONSOLE_LOG, NAME, SNAP_MEM_FILE, SNAP_STATE_FILE,
+};
+use crate::harden::spawner::{Jail, ProcLimits};
+use crate::vm::cgroup;
+use crate::vm::launch::Pidfd;
+use crate::vm::launch::{Launch, Launcher, VmmProcess};
+use crate::vm::qmp::Qmp;
+use crate::vm::snapshot::{self, Manifest};
+use crate::vm::{Result, Vm, VmConfig, VmError};
+
+pub struct QemuVm {
+    pub(super) id: String,
+    pub(super) cfg: VmConfig,
+    pub(super) child: Option<Box<dyn VmmProcess>>,
+    pub(super) pidfd: Option<Pidfd>,
+    /// Its cgroups (`<cgroup parent>/<id>` in each hierarchy), removed at
+    /// teardown.
+    pub(super) cgroups: Vec<PathBuf>,
+    pub(super) console: Arc<Console>,
+    pub(super) qmp: Option<Qmp>,
+    pub(super) timeouts: Timeouts,
+    pub(super) vmm_version: String,
+    pub(super) destroyed: bool,
+    /// A booted VM's RAM (a restored one maps its snapshot's), kept to
+    /// copy into a snapshot; dropped at teardown, which frees it.
+    pub(super) ram: Option<GuestRam>,
+    /// Saved into a snapshot: it must never run again.
+    pub(super) saved: bool,
+    /// Restored from a snapshot: its RAM is a private mapping, not a file.
+    pub(super) restored: bool,
+    /// KVM or TCG (resolved, never `Auto`).
+    pub(super) accel: Accel,
+}
+
+impl QemuVm {
+    pub(super) fn spawn(
+        &mut self,
+        launcher: &dyn Launcher,
+        bin: &Path,
+        argv: &[OsString],
+        pass: &[(BorrowedFd<'_>, RawFd)],
+        jail: Option<Jail>,
+        limits: ProcLimits,
+    ) -> Result<()> {
+        let (rd, wr) = pipe().map_err(|e| io_err("create console pipe".into(), e))?;
+        let log_path = self.cfg.run_dir.join(CONSOLE_LOG);
+        let log = ConsoleLog::open(log_path.clone())
+            .map_err(|e| io_err(format!("create {}", log_path.display()), e))?;
+        let mut full = vec![bin.as_os_str().to_owned()];
+        full.extend(argv.iter().cloned());
+        let l = Launch {
+            argv: full,
+            cwd: self.cfg.run_dir.clone(),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            cgroups: self.cgroups.clone(),
+            limits,
+            jail,
+        };
+        let mut fds: Vec<(BorrowedFd<'_>, RawFd)> = vec![(wr.as_fd(), 1), (wr.as_fd(), 2)];
+        fds.extend_from_slice(pass);
+        let child = launcher.start(&l, &fds)?;
+        let pidfd = child.pidfd();
+        self.pidfd = Some(Pidfd::from_owned(
+            pidfd.pid(),
+            pidfd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| io_err(format!("dup pidfd of QEMU pid {}", pidfd.pid()), e))?,
+        ));
+        self.child = Some(child);
+        drop(fds);
+        drop(wr); // only QEMU holds the console's write end now
+        let console = self.console.clone();
+        std::thread::Builder::new()
+            .name(format!("console-{}", self.id))
+            .spawn(move || console.run(rd, Some(log)))
+            .map_err(|e| io_err("spawn console reader".into(), e))?;
+        Ok(())
+    }
+
+    pub(super) fn alive(&self) -> bool {
+        self.pidfd.as_ref().is_some_and(Pidfd::is_alive)
+    }
+
+    /// Turn a failure into one that says whether the VMM died, with the
+    /// console tail, and tear everything down.
+    pub(super) fn explain(&mut self, e: VmError, when: &str) -> VmError {
+        // Let the console reader catch the last words of a dying VMM.
+        if let Some(p) = &self.pidfd {
+            p.wait_exit(Instant::now() + Duration::from_millis(100));
+        }
+        let died = !self.alive();
+        if died {
+            self.console
+                .wait_eof(Instant::now() + Duration::from_millis(500));
+        }
+        let status = if died {
+            self.child.as_mut().and_then(|c| c.exit_status())
+        } else {
+            None
+        };
+        let tail = self.console.tail();
+        let _ = self.destroy();
+        let what = if died {
+            // QEMU's own complaints ("invalid kernel header") omit the file.
+            format!(
+                "VM {}: QEMU exited while {when} ({}; kernel {}, rootfs {})",
+                self.id,
+                status.unwrap_or_else(|| "status unknown".into()),
+                self.cfg.kernel.display(),
+                self.cfg.rootfs.display()
+            )
+        } else {
+            format!("VM {}: {e} while {when}", self.id)
+        };
+        VmError::Api {
+            backend: NAME,
+            msg: if tail.is_empty() {
+                format!("{what}; no console output")
+            } else {
+                format!("{what}; console: {tail}")
+            },
+        }
+    }
+
+    pub(super) fn wait_ready(&mut self, deadline: Instant) -> Result<()> {
+        let start = Instant::now();
+        match self.console.wait_ready(deadline) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(VmError::Api {
+                backend: NAME,
+                msg: "QEMU exited before the agent was ready".into(),
+            }),
+            Err(()) => Err(VmError::Timeout {
+                backend: NAME,
+                what: "the agent's READY line on the console".into(),
+                ms: start.elapsed().as_millis() as u64,
+            }),
+        }
+    }
+
+    pub(super) fn qmp(&mut self) -> Result<&mut Qmp> {
+        self.qmp.as_mut().ok_or_else(|| VmError::Api {
+            backend: NAME,
+            msg: "no QMP connection".into(),
+        })
+    }
+
+    /// Migrate the state in from `fd` and run (x-ignore-shared was set at
+    /// launch).
+    pub(super) fn load_state(&mut self, fd: RawFd) -> Result<()> {
+        let t = self.timeouts.qmp;
+        let deadline = Instant::now() + self.timeouts.migrate;
+        let q = self.qmp()?;
+        q.execute(
+            "migrate-incoming",
+            Some(json!({ "uri": format!("fd:{fd}") })),
+            t,
+        )?;
+        q.wait_migration(deadline)?;
+        // The source was paused when saved, so the VM stays paused until told.
+        q.execute("cont", None, t)?;
+        Ok(())
+    }
+
+    /// Path of the agent socket (for tools and tests).
+    pub fn agent_socket(&self) -> PathBuf {
+        self.cfg.run_dir.join(AGENT_SOCK)
+    }
+
+    /// The last lines of the console.
+    pub fn console_tail(&self) -> String {
+        self.console.tail()
+    }
+
+    /// How many blocks TCG has translated in this QEMU (HMP `info jit`),
+    /// or `None` under KVM. The work of a restored guest under TCG is
+    /// mostly translation, so this counts it independently of host speed.
+    pub fn translated_blocks(&mut self) -> Option<u64> {
+        let out = self
+            .qmp_execute(
+                "human-monitor-command",
+                Some(json!({ "command-line": "info jit" })),
+            )
+            .ok()?;
+        parse_tb_count(out.as_str()?)
+    }
+
+    /// Run a QMP command (diagnostics, tests).
+    pub fn qmp_execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value> {
+        if self.saved && cmd == "cont" {
+            return Err(VmError::Other(format!(
+                "VM {}: its RAM now belongs to a snapshot; it cannot run again",
+                self.id
+            )));
+        }
+        let t = self.timeouts.qmp;
+        self.qmp()?.execute(cmd, args, t)
+    }
+}
+
+/// `TB count            24018` in `info jit`.
+pub(super) fn parse_tb_count(info_jit: &str) -> Option<u64> {
+    info_jit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("TB count"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+pub(super) fn pipe() -> io::Result<(fs::File, fs::File)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fds on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and ours.
+    Ok(unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) })
+}
+
+impl Vm for QemuVm {
+    fn close_note(&self) -> Option<crate::agent::CloseNote> {
+        let (cgs, limit) = (
+            self.cgroups.clone(),
+            cgroup::memory_limit_of(&self.cgroups)?,
+        );
+        Some(Box::new(move || {
+            (cgroup::oom_kills(&cgs) > 0).then(|| {
+                format!(
+                    "the VMM was killed by the host's OOM killer at its cgroup memory limit \
+                     of {} MiB (guest RAM + vm_memory_overhead_mib)",
+                    limit >> 20
+                )
+            })
+        }))
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn translates_guest_code(&self) -> bool {
+        self.accel == Accel::Tcg
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.pidfd.as_ref().filter(|p| p.is_alive()).map(Pidfd::pid)
+    }
+
+    fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream> {
+        let started = Instant::now();
+        let path = self.agent_socket();
+        loop {
+            match UnixStream::connect(&path) {
+                // No reset round trip: virtio-serial cannot signal a new
+                // connection to a guest that still holds an old one (a
+                // restored guest does), so the protocol's hello itself
+                // restarts the agent's connection, and the client skips
+                // stale output by the hello's nonce.
+                Ok(s) => return Ok(s),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
+                    if !self.alive() {
+                        return Err(VmError::Api {
+                            backend: NAME,
+                            msg: format!(
+                                "VM {}: QEMU is gone; console: {}",
+                                self.id,
+                                self.console.tail()
+                            ),
+                        });
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(VmError::Timeout {
+                            backend: NAME,
+                            what: format!("agent socket {}", path.display()),
+                            ms: started.elapsed().as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(io_err(format!("connect {}", path.display()), e)),
+            }
+        }
+    }
+
+    fn snapshot(&mut self, dir: &Path) -> Result<()> {
+        if self.saved {
+            return Err(VmError::Other(format!(
+                "VM {}: already saved into a snapshot; boot or restore a new VM",
+                self.id
+            )));
+        }
+        if self.restored {
+            // Its RAM is copy-on-write over another snapshot's, in no file.
+            return Err(VmError::Other(format!(
+                "VM {}: was restored from a snapshot; snapshots are made from booted VMs",
+                self.id
+            )));
+        }
+        fs::create_dir_all(dir)
+            .map_err(|e| io_err(format!("create snapshot dir {}", dir.display()), e))?;
+        // A stale manifest must not describe the files about to be replaced.
+        let _ = fs::remove_file(dir.join(snapshot::MANIFEST_FILE));
+        let state_tmp = dir.join(format!(".{SNAP_STATE_FILE}.tmp"));
+        let mem_tmp = dir.join(format!(".{SNAP_MEM_FILE}.tmp"));
+        let _ = fs::remove_file(&mem_tmp);
+        let state = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&state_tmp)
+            .map_err(|e| io_err(format!("create {}", state_tmp.display()), e))?;
+        let t = self.timeouts.qmp;
+        let deadline = Instant::now() + self.timeouts.migrate;
+        let r = (|| {
+            let q = self.qmp()?;
+            q.execute("stop", None, t)?;
+            q.execute(
+                "migrate-set-capabilities",
+                Some(
+                    json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] }),
+                ),
+                t,
+            )?;
+            q.getfd("snapshot", &state, t)?;
+            q.execute("migrate", Some(json!({ "uri": "fd:snapshot" })), t)?;
+            q.wait_migration(deadline)
+        })();
+        drop(state);
+        if let Err(e) = r {
+            let _ = fs::remove_file(&state_tmp);
+            return Err(if self.alive() {
+                e
+            } else {
+                self.explain(e, "saving a snapshot")
+            });
+        }
+        // The paused VM's RAM is complete in its memfd: copy its data into
+        // the snapshot (a file of the daemon's, 0600: no VMM can alter what
+        // later sessions start from). The VM is never resumed after a
+        // snapshot (`saved` forbids it): the daemon lets go of its RAM now.
+        self.saved = true;
+        let res = match self.ram.take() {
+            Some(ram) => ram.save(&mem_tmp, self.cfg.mem_mib),
+            None => Err(VmError::Other(format!(
+                "VM {}: has no RAM of its own to save",
+                self.id
+            ))),
+        }
+        .and_then(|_| {
+            fs::rename(&state_tmp, dir.join(SNAP_STATE_FILE))
+                .map_err(|e| io_err(format!("rename {}", state_tmp.display()), e))
+        })
+        .and_then(|_| {
+            fs::rename(&mem_tmp, dir.join(SNAP_MEM_FILE))
+                .map_err(|e| io_err(format!("rename {}", mem_tmp.display()), e))
+        });
+        if let Err(e) = res {
+            let _ = fs::remove_file(&state_tmp);
+            let _ = fs::remove_file(&mem_tmp);
+            return Err(e);
+        }
+        let manifest = Manifest::create(
+            &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
+            vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
+        )?;
+        manifest.write(dir)
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.destroyed {
+            return Ok(());
+        }
+        self.qmp = None;
+        let mut first_err = None;
+        if let (Some(p), Some(child)) = (&self.pidfd, self.child.as_mut()) {
+            // Its own process group (setsid): take anything it started.
+            if let Err(e) = child.kill_group() {
+                first_err.get_or_insert(io_err(format!("kill QEMU pid {}", p.pid()), e));
+            }
+            if !p.wait_exit(Instant::now() + self.timeouts.teardown) {
+                first_err.get_or_insert(VmError::Timeout {
+                    backend: NAME,
+                    what: format!("QEMU pid {} to exit after SIGKILL", p.pid()),
+                    ms: self.timeouts.teardown.as_millis() as u64,
+                });
+            } else {
+                let _ = child.exit_status(); // reaps a direct child
+            }
+        }
+        // The last reference to its RAM once QEMU is gone: frees it.
+        self.ram = None;
+        if !self.cgroups.is_empty() {
+            match cgroup::remove_all(&self.cgroups, Instant::now() + self.timeouts.teardown) {
+                Ok(()) => self.cgroups.clear(),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match fs::remove_dir_all(&self.cfg.run_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                first_err.get_or_insert(io_err(
+                    format!("remove run dir {}", self.cfg.run_dir.display()),
+                    e,
+                ));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.child = None;
+        self.pidfd = None;
+        self.destroyed = true;
+        Ok(())
+    }
+}
+
+impl Drop for QemuVm {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            log::warn!("qemu VM {}: teardown on drop: {e}", self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tb_count_is_read_from_info_jit() {
+        let out = "Translation buffer state:\r\ngen code size       8459827/1073736704\r\n\
+                   TB count            24018\r\nTB avg target size  352 max=2336 bytes\r\n";
+        assert_eq!(parse_tb_count(out), Some(24018));
+        assert_eq!(parse_tb_count("TCG is not enabled"), None);
+    }
+}
