@@ -161,7 +161,12 @@ impl RunRequest {
             let name = format!("limits.{k}");
             match l.get(k) {
                 None | Some(Value::Null) => Ok(default),
-                Some(x) => match x.as_u64() {
+                // An integral float counts, as JSON Schema's integer does.
+                Some(x) => match x.as_u64().or_else(|| {
+                    x.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1.8e19)
+                        .map(|f| f as u64)
+                }) {
                     Some(n) if (min..=max).contains(&n) => Ok(n),
                     _ => Err(field_error(
                         &name,
