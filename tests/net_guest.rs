@@ -506,6 +506,32 @@ impl Drop for Child {
     }
 }
 
+/// `python3 -m http.server` on `addr`:8080 in the test internet namespace,
+/// serving `dir`, once it accepts connections (killed on drop).
+fn file_server(topo: &Topology, addr: Ipv4Addr, dir: &std::path::Path) -> Child {
+    let c = Child(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &topo.internet])
+            .args(["python3", "-m", "http.server", "8080", "--bind"])
+            .arg(addr.to_string())
+            .arg("--directory")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the test file server"),
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            in_ns(&topo.internet, || {
+                std::net::TcpStream::connect((addr, 8080)).is_ok()
+            })
+        }),
+        "test file server on {addr}:8080 did not start"
+    );
+    c
+}
+
 #[test]
 fn pip_installs_through_a_domain_allowlist() {
     if !is_root() || !vm_backend() {
@@ -529,32 +555,8 @@ fn pip_installs_through_a_domain_allowlist() {
     make_index(web.path());
     let _http: Vec<Child> = [INTERNET, OTHER]
         .iter()
-        .map(|a| {
-            Child(
-                std::process::Command::new("ip")
-                    .args([
-                        "netns",
-                        "exec",
-                        &topo.internet,
-                        "python3",
-                        "-m",
-                        "http.server",
-                    ])
-                    .args(["8080", "--bind", &a.to_string(), "--directory"])
-                    .arg(web.path())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .expect("start the index server"),
-            )
-        })
+        .map(|a| file_server(&topo, *a, web.path()))
         .collect();
-    assert!(common::wait_until(Duration::from_secs(10), || {
-        netns::in_ns(&topo.internet, || {
-            std::net::TcpStream::connect((OTHER, 8080)).is_ok()
-                && std::net::TcpStream::connect((INTERNET, 8080)).is_ok()
-        })
-    }));
     let d = daemon(&topo, &prefix, None);
     let r = d.http().post(
         "/v1/sessions",
@@ -631,28 +633,7 @@ fn bandwidth_limit_holds_a_guest_download() {
     let mut blob = vec![0u8; BYTES];
     agent_sandbox::agent::secure_random(&mut blob).expect("random bytes");
     std::fs::write(web.path().join("blob"), &blob).unwrap();
-    let _http = Child(
-        std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &topo.internet,
-                "python3",
-                "-m",
-                "http.server",
-            ])
-            .args(["8080", "--bind", &INTERNET.to_string(), "--directory"])
-            .arg(web.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the file server"),
-    );
-    assert!(common::wait_until(Duration::from_secs(10), || {
-        in_ns(&topo.internet, || {
-            std::net::TcpStream::connect((INTERNET, 8080)).is_ok()
-        })
-    }));
+    let _http = file_server(&topo, INTERNET, web.path());
     let mut d = daemon(&topo, &prefix, None);
     let url = format!("http://{INTERNET}:8080/blob");
     create(
