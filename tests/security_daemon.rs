@@ -577,10 +577,10 @@ fn a_standby_vmm_serves_the_next_session_and_goes_with_the_daemon() {
     // taken and loading the guest, the session restores afresh. Either
     // way the session works.
     let vm_two = sandbox_of(&d, &two).expect("second session's sandbox id");
-    let (dead_id, dead_pid) = qemus_by_id(spawner)
-        .into_iter()
-        .find(|(id, _)| *id != vm_one && *id != vm_two)
-        .expect("the new standby");
+    // Killed once it is ready: killed while it still starts, the daemon
+    // logs a failed start instead (also handled, but not this case).
+    let (dead_id, dead_pid) = standby_of(&[vm_one.as_str(), vm_two.as_str()])
+        .unwrap_or_else(|| panic!("the new standby never got ready\n{}", d.log()));
     // SAFETY: a QEMU this test's daemon started.
     unsafe { libc::kill(dead_pid, libc::SIGKILL) };
     assert!(wait_until(Duration::from_secs(5), || !alive(dead_pid)));
