@@ -9,12 +9,39 @@
 //! [`ReplyBudget`] (`max_reply_memory`), and when that is used up the
 //! request gets 503 `reply_memory_exhausted` with `Retry-After`.
 
-use crate::api::errors::ApiError;
-use crate::api::http::Reply;
 use serde::Serialize;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Why a reply cannot be built (the front end gives it a status: 413 and
+/// 503 with `Retry-After` over HTTP).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BudgetError {
+    /// Over the per-request limit; `hint` says how to get the data
+    /// another way.
+    #[error("the JSON reply would be {len} bytes, over the {max}-byte limit; {hint}")]
+    TooLarge {
+        len: usize,
+        max: usize,
+        hint: String,
+    },
+    /// The daemon-wide budget is used up: retry shortly.
+    #[error(
+        "the daemon is holding {used} of its {limit} bytes for replies in flight; \
+         this one needs {need} more: retry shortly"
+    )]
+    Exhausted { used: u64, limit: u64, need: u64 },
+}
+
+impl BudgetError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            BudgetError::TooLarge { .. } => "reply_too_large",
+            BudgetError::Exhausted { .. } => "reply_memory_exhausted",
+        }
+    }
+}
 
 /// Bytes leased when a request is admitted, before any guest data arrived:
 /// enough for small files and listings, so a full budget is answered at
@@ -57,7 +84,7 @@ impl ReplyBudget {
     }
 
     /// Admits a request: leases [`ADMIT_BYTES`] or answers 503.
-    pub fn admit(self: &Arc<Self>) -> Result<Lease, ApiError> {
+    pub fn admit(self: &Arc<Self>) -> Result<Lease, BudgetError> {
         let mut l = Lease {
             budget: self.clone(),
             held: 0,
@@ -76,27 +103,20 @@ pub struct Lease {
 impl Lease {
     /// Holds `n` more bytes, or fails with 503 + `Retry-After` (the lease
     /// keeps what it had; dropping it gives everything back).
-    pub fn grow(&mut self, n: u64) -> Result<(), ApiError> {
+    pub fn grow(&mut self, n: u64) -> Result<(), BudgetError> {
         if self.budget.take(n) {
             self.held += n;
             return Ok(());
         }
-        let mut e = ApiError::new(
-            503,
-            "reply_memory_exhausted",
-            format!(
-                "the daemon is holding {} of its {} bytes for replies in flight; \
-                 this one needs {n} more: retry shortly",
-                self.budget.used(),
-                self.budget.limit
-            ),
-        );
-        e.retry_after = Some(1);
-        Err(e)
+        Err(BudgetError::Exhausted {
+            used: self.budget.used(),
+            limit: self.budget.limit,
+            need: n,
+        })
     }
 
     /// Makes sure at least `n` bytes are held in all.
-    pub fn hold(&mut self, n: u64) -> Result<(), ApiError> {
+    pub fn hold(&mut self, n: u64) -> Result<(), BudgetError> {
         match n.checked_sub(self.held) {
             Some(more) if more > 0 => self.grow(more),
             _ => Ok(()),
@@ -142,34 +162,30 @@ pub fn json_len<T: Serialize + ?Sized>(v: &T) -> usize {
     c.0
 }
 
-/// The 413 for a reply of `len` bytes over `max`; `hint` says how to get
-/// the data another way.
-pub fn too_large(len: usize, max: usize, hint: &str) -> ApiError {
-    ApiError::new(
-        413,
-        "reply_too_large",
-        format!("the JSON reply would be {len} bytes, over the {max}-byte limit; {hint}"),
-    )
+/// The refusal of a reply of `len` bytes over `max`; `hint` says how to
+/// get the data another way.
+pub fn too_large(len: usize, max: usize, hint: &str) -> BudgetError {
+    BudgetError::TooLarge {
+        len,
+        max,
+        hint: hint.to_string(),
+    }
 }
 
-/// Serializes `v` as the JSON body of a reply: refused (413) beyond `max`
-/// bytes, its bytes leased from `lease` before they are allocated.
-pub fn json_reply<T: Serialize + ?Sized>(
+/// Sizes `v` as JSON and leases its bytes from `lease`: refused beyond
+/// `max` bytes. The caller serializes it (into exactly that many bytes).
+pub fn lease_json<T: Serialize + ?Sized>(
     lease: &mut Lease,
-    status: u16,
     v: &T,
     max: usize,
     hint: &str,
-) -> Result<Reply, ApiError> {
+) -> Result<usize, BudgetError> {
     let len = json_len(v);
     if len > max {
         return Err(too_large(len, max, hint));
     }
     lease.grow(len as u64)?;
-    let mut body = Vec::with_capacity(len);
-    serde_json::to_writer(&mut body, v)
-        .map_err(|e| ApiError::internal(format!("serialize reply: {e}")))?;
-    Ok(Reply::Bytes(status, "application/json".into(), body))
+    Ok(len)
 }
 
 #[cfg(test)]
@@ -183,10 +199,7 @@ mod tests {
         let c = b.admit().unwrap();
         assert!(a.grow(10).is_ok());
         let e = a.grow(1).err().unwrap();
-        assert_eq!(
-            (e.status, e.code, e.retry_after),
-            (503, "reply_memory_exhausted", Some(1))
-        );
+        assert_eq!(e.code(), "reply_memory_exhausted");
         assert!(b.admit().is_err());
         drop(c);
         assert_eq!(b.used(), ADMIT_BYTES + 10);
@@ -197,22 +210,17 @@ mod tests {
     }
 
     #[test]
-    fn json_reply_is_sized_first() {
+    fn json_is_sized_first() {
         let b = ReplyBudget::new(1 << 20);
         let mut l = b.admit().unwrap();
         let text = "\u{1}".repeat(1000);
         let v = serde_json::json!({ "content": text });
         assert_eq!(json_len(&v), serde_json::to_vec(&v).unwrap().len());
-        let e = json_reply(&mut l, 200, &v, 5000, "use base64")
-            .err()
-            .unwrap();
-        assert_eq!((e.status, e.code), (413, "reply_too_large"));
-        assert!(e.message.contains("6014 bytes"), "{}", e.message);
+        let e = lease_json(&mut l, &v, 5000, "use base64").err().unwrap();
+        assert_eq!(e.code(), "reply_too_large");
+        assert!(e.to_string().contains("6014 bytes"), "{e}");
         let before = l.held();
-        match json_reply(&mut l, 200, &v, 10_000, "").unwrap() {
-            Reply::Bytes(200, _, body) => assert_eq!(body.len(), 6014),
-            _ => panic!("not a JSON body"),
-        }
+        assert_eq!(lease_json(&mut l, &v, 10_000, "").unwrap(), 6014);
         assert_eq!(l.held(), before + 6014);
     }
 }

@@ -15,6 +15,26 @@ use std::time::Duration;
 /// The VM backends `serve` knows (see `crate::sandbox::build_factory`).
 pub const BACKENDS: &[&str] = &["qemu", "firecracker", "local-process"];
 
+/// Failed authentications one client address may make in a burst (the
+/// default of `auth_fail_burst`), and how many per second it earns back.
+pub const AUTH_FAIL_BURST: f64 = 20.0;
+pub const AUTH_FAIL_RATE: f64 = 2.0;
+
+/// A token prefix an operator may choose: 1-32 of `A-Za-z0-9_-`.
+pub fn validate_key_prefix(p: &str) -> Result<(), String> {
+    if p.is_empty()
+        || p.len() > 32
+        || !p
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "key prefix {p:?}: 1 to 32 of A-Z, a-z, 0-9, '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -193,7 +213,7 @@ impl Default for Config {
             create_timeout: Duration::from_secs(60),
             rate_per_sec: 50.0,
             rate_burst: 100.0,
-            auth_fail_burst: crate::api::auth::AUTH_FAIL_BURST,
+            auth_fail_burst: AUTH_FAIL_BURST,
             reap_interval: Duration::from_secs(5),
             default_vcpus: 1,
             default_mem_mib: 256,
@@ -309,7 +329,7 @@ impl Config {
                 self.max_exec_timeout.as_secs()
             ));
         }
-        use crate::session::limits::{DISK_MIB, MEM_MIB, VCPUS};
+        use crate::vm::shape::{DISK_MIB, MEM_MIB, VCPUS};
         // The same bounds the REST API puts on a session's request.
         for (key, v, range) in [
             ("default_vcpus", self.default_vcpus, &VCPUS),
@@ -382,8 +402,7 @@ impl Config {
         if let Some(r) = &self.vm_io_max {
             crate::vm::cgroup::validate_io_rule(r).map_err(|e| format!("vm_io_max: {e}"))?;
         }
-        crate::api::auth::validate_prefix(&self.key_prefix)
-            .map_err(|e| format!("key_prefix: {e}"))?;
+        validate_key_prefix(&self.key_prefix).map_err(|e| format!("key_prefix: {e}"))?;
         if let Some(c) = &self.vm_cpu_max {
             c.validate().map_err(|e| format!("vm_cpu_max: {e}"))?;
         }

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod config;
 pub mod harden;
 pub mod mcp;
+pub mod metrics;
 pub mod net;
 pub mod sandbox;
 pub mod session;

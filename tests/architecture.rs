@@ -65,10 +65,19 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     // Registry, worker threads, pool, reaper: no HTTP statuses, no JSON shapes.
+    // `vm::shape`: the one set of session-shape ranges.
     (
         "session",
         &[
-            "sandbox", "net", "config", "budget", "metrics", "agent", "harden", PROTO,
+            "sandbox",
+            "net",
+            "config",
+            "budget",
+            "metrics",
+            "agent",
+            "harden",
+            "vm::shape",
+            PROTO,
         ],
     ),
     // One sandbox = VM + network + agent connection; wiring builds factories.
@@ -118,16 +127,12 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("api", "session", "handlers call Session/Manager directly (api/{mod,exec,rest,v1}.rs)"),
     ("api", "agent", "ClientError/Inbound/Call (api/{errors,exec,rest,v1}.rs); secure_random (api/auth.rs)"),
     ("api", "sandbox", "SandboxFactory in Server::new (api/mod.rs); EgressPolicy (api/v1.rs)"),
-    ("mcp", "api", "Ctx, auth, httpd::Request (mcp/http.rs); rest::*, validate, ApiError, exec::signal_name (mcp/tools.rs); api::metrics (mcp/stdio.rs)"),
+    ("mcp", "api", "Ctx, auth, httpd::Request (mcp/http.rs); rest::*, validate, ApiError, exec::signal_name (mcp/tools.rs)"),
     ("mcp", "session", "tools call Session/Manager directly (mcp/{tools,server,http,forward,stdio}.rs)"),
     ("mcp", "agent", "ClientError/Inbound, random_u64 (mcp/tools.rs); secure_random (mcp/http.rs)"),
     ("mcp", "sandbox", "in-process host builds a factory (mcp/stdio.rs); EgressPolicy (mcp/tools.rs)"),
     ("mcp", "net", "NetConfig in policy validation (mcp/tools.rs)"),
-    ("session", "api", "ApiError (session/{mod,limits,registry,worker}.rs); api::metrics (session/{pool,registry}.rs)"),
-    ("budget", "api", "ApiError, http::Reply (budget.rs)"),
-    ("config", "api", "auth::AUTH_FAIL_BURST, auth::validate_prefix (config.rs, config/seed_env.rs)"),
     ("config", "sandbox", "EgressPolicy/EgressMode, a second type next to net's (config.rs, config/seed_env.rs)"),
-    ("config", "session", "session::limits to check defaults (config.rs)"),
     ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 

@@ -119,20 +119,7 @@ pub const TOKEN_PREFIX: &str = "asbx_";
 /// has (an operator may change the prefix; older keys keep working).
 const ID_LEN: usize = 13;
 
-/// A token prefix an operator may choose: 1-32 of `A-Za-z0-9_-`.
-pub fn validate_prefix(p: &str) -> Result<(), String> {
-    if p.is_empty()
-        || p.len() > 32
-        || !p
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        return Err(format!(
-            "key prefix {p:?}: 1 to 32 of A-Z, a-z, 0-9, '_' and '-'"
-        ));
-    }
-    Ok(())
-}
+pub use crate::config::validate_key_prefix as validate_prefix;
 
 /// Why a token was refused (the 401 message).
 pub fn refusal_message(r: &KeyRefusal) -> String {
@@ -601,10 +588,10 @@ impl RateLimiter {
     }
 }
 
-/// Failed authentications one client address may make in a burst, and
-/// how many per second it earns back.
-pub const AUTH_FAIL_BURST: f64 = 20.0;
-pub const AUTH_FAIL_RATE: f64 = 2.0;
+/// Failed authentications one client address may make in a burst (the
+/// default of config `auth_fail_burst`), and how many per second it earns
+/// back.
+pub use crate::config::{AUTH_FAIL_BURST, AUTH_FAIL_RATE};
 /// Client addresses tracked at once (oldest forgotten beyond).
 const AUTH_FAIL_TRACKED: usize = 4096;
 

@@ -100,6 +100,47 @@ impl ApiError {
     }
 }
 
+impl From<crate::session::SessionError> for ApiError {
+    fn from(e: crate::session::SessionError) -> ApiError {
+        use crate::session::SessionError as E;
+        let (status, retry_after) = match &e {
+            E::ShuttingDown => (503, Some(1)),
+            E::Exists { .. } | E::EgressNotApplied(_) => (409, None),
+            E::InvalidShape(_) | E::UnknownTemplate { .. } => (400, None),
+            // No Retry-After: the quota frees only when the key ends a
+            // session.
+            E::QuotaExceeded(_) => (429, None),
+            E::AtCapacity { .. } => (503, Some(5)),
+            E::Thread { .. } => (500, None),
+            E::Failed { .. } => (503, None),
+            E::Closed { .. } => (410, None),
+            E::StartTimeout { .. } | E::EgressTimeout { .. } => (504, None),
+            E::Agent(_) => (502, None),
+        };
+        if let E::Agent(a) = e {
+            return ApiError::from_agent(a, "start request");
+        }
+        let mut a = ApiError::new(status, e.code(), e.to_string());
+        a.retry_after = retry_after;
+        a
+    }
+}
+
+impl From<crate::budget::BudgetError> for ApiError {
+    fn from(e: crate::budget::BudgetError) -> ApiError {
+        use crate::budget::BudgetError;
+        let status = match e {
+            BudgetError::TooLarge { .. } => 413,
+            BudgetError::Exhausted { .. } => 503,
+        };
+        let mut a = ApiError::new(status, e.code(), e.to_string());
+        if status == 503 {
+            a.retry_after = Some(1);
+        }
+        a
+    }
+}
+
 /// The error shape of an API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

@@ -3,6 +3,7 @@
 
 use super::errors::{ApiError, ApiResult, Shape};
 use super::httpd::Request;
+use crate::budget::{self, Lease};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 
@@ -267,4 +268,20 @@ impl StreamWriter {
         }
         let _ = self.out.flush();
     }
+}
+
+/// Serializes `v` as the JSON body of a reply: refused (413) beyond `max`
+/// bytes, its bytes leased from `lease` before they are allocated.
+pub fn json_reply<T: serde::Serialize + ?Sized>(
+    lease: &mut Lease,
+    status: u16,
+    v: &T,
+    max: usize,
+    hint: &str,
+) -> ApiResult<Reply> {
+    let len = budget::lease_json(lease, v, max, hint)?;
+    let mut body = Vec::with_capacity(len);
+    serde_json::to_writer(&mut body, v)
+        .map_err(|e| ApiError::internal(format!("serialize reply: {e}")))?;
+    Ok(Reply::Bytes(status, "application/json".into(), body))
 }

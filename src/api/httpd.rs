@@ -572,14 +572,8 @@ impl Drop for Slot {
     }
 }
 
-/// Counters the API exports as metrics (registered in `api::metrics`).
-#[derive(Default, Clone)]
-pub struct Stats {
-    pub refused_connections: prometheus_client::metrics::counter::Counter,
-    pub bad_requests: prometheus_client::metrics::counter::Counter,
-    pub handler_panics: prometheus_client::metrics::counter::Counter,
-    pub open_connections: prometheus_client::metrics::gauge::Gauge,
-}
+/// Counters the server exports (defined with the other metrics).
+pub use crate::metrics::HttpConnStats as Stats;
 
 /// A running server: accepts until `stop` is set.
 pub struct Server {

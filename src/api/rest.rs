@@ -7,7 +7,7 @@ use super::http::{header, json_body, ok_json, Reply};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::ClientError;
-use crate::budget::{self, Lease};
+use crate::budget::Lease;
 use crate::proto::{DirEntry, FileType};
 use crate::session::{Session, SessionOptions};
 use base64::Engine;
@@ -168,6 +168,7 @@ pub fn session(
             ctx.mgr
                 .get_or_create(&p.id, id, opts, false)
                 .map(|(s, _)| s)
+                .map_err(ApiError::from)
         }
         None => ctx
             .mgr
@@ -449,7 +450,7 @@ pub fn file_content<'a>(
 }
 
 /// [`file_content`] as a JSON reply, sized before it is built
-/// ([`budget::json_reply`]): text that escapes past `max_reply` is refused
+/// ([`super::http::json_reply`]): text that escapes past `max_reply` is refused
 /// with 413 and `hint`.
 fn file_reply(
     lease: &mut Lease,
@@ -460,7 +461,7 @@ fn file_reply(
     hint: &str,
 ) -> ApiResult<Reply> {
     let out = file_content(lease, path, data, want_b64)?;
-    budget::json_reply(lease, 200, &out, max_reply, hint)
+    super::http::json_reply(lease, 200, &out, max_reply, hint)
 }
 
 /// Length of the padded base64 of `n` bytes.
@@ -616,7 +617,7 @@ pub fn list_reply(
                     f.file_type = dir;
                 }
             }
-            budget::json_reply(
+            super::http::json_reply(
                 &mut lease,
                 200,
                 &l,

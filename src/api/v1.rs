@@ -120,6 +120,7 @@ pub fn create_session(
     Ok(Reply::Later(Box::new(move || {
         let r = session
             .call(Request::Ping, wait)
+            .map_err(ApiError::from)
             .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")));
         match r {
             Ok(_) => Reply::Json(201, session.info()),
@@ -202,8 +203,9 @@ pub fn set_network(
         // A session still starting gets its policy once it is up.
         let r = s
             .call(Request::Ping, wait)
+            .map_err(ApiError::from)
             .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")))
-            .and_then(|_| s.set_egress(policy, wait));
+            .and_then(|_| s.set_egress(policy, wait).map_err(ApiError::from));
         match r {
             Ok(()) => Reply::Json(200, network_state(&s)),
             Err(e) => e.into(),
@@ -272,6 +274,7 @@ fn simple(
         let _a = session.activity();
         let r = session
             .call(req, wait)
+            .map_err(ApiError::from)
             .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, what)));
         match r {
             Ok(resp) => Reply::Json(200, f(resp)),
@@ -344,6 +347,7 @@ pub fn kill_all(
 fn ensure_proc(ctx: &Ctx, s: &Session, proc: u64) -> ApiResult<()> {
     let known = s
         .call(Request::ListProcs, ctx.cfg.create_timeout)
+        .map_err(ApiError::from)
         .and_then(|mut c| {
             c.finish()
                 .map_err(|e| ApiError::from_agent(e, "list processes"))
@@ -415,6 +419,7 @@ pub fn stdin(
                 },
                 wait,
             )
+            .map_err(ApiError::from)
             .and_then(|call| {
                 call.send_all(&data)
                     .and_then(|_| if eof { call.send_eof() } else { Ok(()) })

@@ -94,7 +94,7 @@ impl EnvLayer {
             o.push(("keys_file", "AUTH_KEYS_PATH"));
         }
         if let Some(v) = var("AUTH_KEY_PREFIX") {
-            crate::api::auth::validate_prefix(&v).map_err(|e| format!("AUTH_KEY_PREFIX: {e}"))?;
+            crate::config::validate_key_prefix(&v).map_err(|e| format!("AUTH_KEY_PREFIX: {e}"))?;
             f.key_prefix = Some(v);
             o.push(("key_prefix", "AUTH_KEY_PREFIX"));
         }

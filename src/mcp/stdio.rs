@@ -7,8 +7,8 @@
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
 use super::{Caller, Host, MAX_MESSAGE};
-use crate::api::metrics::Metrics;
 use crate::config::{default_state_dir, parse_duration, Config};
+use crate::metrics::Metrics;
 use crate::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
 use crate::session::{reaper, Manager};
 use crossbeam_channel::{Receiver, Sender};

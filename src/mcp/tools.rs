@@ -714,8 +714,8 @@ fn known_only(a: &Map<String, Value>, schema: &Value) -> Result<(), String> {
     Ok(())
 }
 
-fn msg(e: ApiError) -> String {
-    e.message
+fn msg(e: impl Into<ApiError>) -> String {
+    e.into().message
 }
 
 fn session_id(a: &Map<String, Value>) -> Result<String, String> {
@@ -744,6 +744,7 @@ fn agent_err(e: ClientError, what: &str) -> String {
 fn ready(ctx: &ToolCtx, s: &Arc<Session>) -> Result<(), String> {
     let r = s
         .call(Request::Ping, wait(ctx))
+        .map_err(ApiError::from)
         .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")));
     if let Err(e) = r {
         ctx.host
@@ -1045,7 +1046,7 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     validate::path(&path, "path").map_err(msg)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx.host.mgr.replies.admit().map_err(msg)?;
+    let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
     // Base64 grows 4/3 and must fit in one message.
     let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
     let data = rest::read_file(&s, &mut lease, &path, max, wait(ctx)).map_err(msg)?;
@@ -1055,7 +1056,9 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         .is_ok_and(|t| crate::budget::json_len(t) <= rest::base64_len(t.len()) + 2);
     let c = rest::file_content(&mut lease, &path, data, !as_text).map_err(msg)?;
     // The structured copy and the one in the text block.
-    lease.grow(2 * c.content.len() as u64).map_err(msg)?;
+    lease
+        .grow(2 * c.content.len() as u64)
+        .map_err(|e| e.to_string())?;
     if c.encoding == "utf8" {
         return Ok(
             json!({"path": path, "size": c.size, "encoding": "utf8", "content": c.content}).into(),
@@ -1078,7 +1081,7 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx.host.mgr.replies.admit().map_err(msg)?;
+    let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
     let l = rest::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(msg)?;
     // Sized before it becomes a `Value` (ten times the bytes).
     let len = crate::budget::json_len(&l);
@@ -1088,9 +1091,9 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             super::MAX_MESSAGE / 2,
             "list a subdirectory, or without recursive",
         )
-        .message);
+        .to_string());
     }
-    lease.grow(10 * len as u64).map_err(msg)?;
+    lease.grow(10 * len as u64).map_err(|e| e.to_string())?;
     Ok(serde_json::to_value(&l)
         .map_err(|e| format!("listing: {e}"))?
         .into())

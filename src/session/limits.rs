@@ -11,14 +11,11 @@
 //!   and inserts under one lock, so two creates never both take the last
 //!   slot.
 
-use crate::api::errors::ApiError;
+use super::SessionError;
 use crate::config::Config;
 use std::ops::RangeInclusive;
 
-/// What a session may ask for at all, whatever the configuration.
-pub const VCPUS: RangeInclusive<u32> = 1..=64;
-pub const MEM_MIB: RangeInclusive<u32> = 64..=65536;
-pub const DISK_MIB: RangeInclusive<u32> = 16..=1_048_576;
+pub use crate::vm::shape::{DISK_MIB, MEM_MIB, VCPUS};
 
 /// Share of the host's `MemTotal` one session's guest RAM may take: the
 /// rest stays for the host, the daemon, VMM overhead and other sessions.
@@ -128,7 +125,7 @@ impl Limits {
 
     /// A session shape within every bound, or 400 `invalid_shape` naming
     /// the (API) field and its limit.
-    pub fn check_shape(&self, vcpus: u32, mem_mib: u32, disk_mib: u32) -> Result<(), ApiError> {
+    pub fn check_shape(&self, vcpus: u32, mem_mib: u32, disk_mib: u32) -> Result<(), SessionError> {
         for (field, v, range, bound) in [
             ("vcpus", vcpus, &VCPUS, &self.vcpus),
             ("memoryMib", mem_mib, &MEM_MIB, &self.mem_mib),
@@ -152,7 +149,7 @@ impl Limits {
 
     /// Whether a key holding `held` (its live sessions' charges) may add a
     /// session charged `new`; 429 `quota_exceeded` naming the quota if not.
-    pub fn check_quota(&self, key: &str, held: &[Charge], new: Charge) -> Result<(), ApiError> {
+    pub fn check_quota(&self, key: &str, held: &[Charge], new: Charge) -> Result<(), SessionError> {
         let q = &self.quota;
         if held.len() >= q.sessions {
             return Err(quota_exceeded(format!(
@@ -184,7 +181,7 @@ impl Limits {
 
 /// A shape field outside [`VCPUS`] / [`MEM_MIB`] / [`DISK_MIB`] (before
 /// it reaches the registry, e.g. too large for a `u32`).
-pub fn check_range(field: &str, v: u64, range: &RangeInclusive<u32>) -> Result<u32, ApiError> {
+pub fn check_range(field: &str, v: u64, range: &RangeInclusive<u32>) -> Result<u32, SessionError> {
     match u32::try_from(v) {
         Ok(v) if range.contains(&v) => Ok(v),
         _ => Err(invalid_shape(format!(
@@ -195,13 +192,12 @@ pub fn check_range(field: &str, v: u64, range: &RangeInclusive<u32>) -> Result<u
     }
 }
 
-fn invalid_shape(msg: String) -> ApiError {
-    ApiError::new(400, "invalid_shape", msg)
+fn invalid_shape(msg: String) -> SessionError {
+    SessionError::InvalidShape(msg)
 }
 
-fn quota_exceeded(msg: String) -> ApiError {
-    // No Retry-After: the quota frees only when the key ends a session.
-    ApiError::new(429, "quota_exceeded", msg)
+fn quota_exceeded(msg: String) -> SessionError {
+    SessionError::QuotaExceeded(msg)
 }
 
 #[cfg(test)]
@@ -229,22 +225,26 @@ mod tests {
         });
         assert!(l.check_shape(2, 2048, 4096).is_ok());
         let e = l.check_shape(3, 256, 1024).unwrap_err();
-        assert_eq!((e.status, e.code), (400, "invalid_shape"));
-        assert!(e.message.contains("vcpus 3") && e.message.contains("maximum of 2"));
-        assert!(e.message.contains("online CPUs"), "{}", e.message);
+        assert_eq!(e.code(), "invalid_shape");
+        assert!(e.to_string().contains("vcpus 3") && e.to_string().contains("maximum of 2"));
+        assert!(e.to_string().contains("online CPUs"), "{}", e.to_string());
         let e = l.check_shape(1, 2049, 1024).unwrap_err();
-        assert!(e.message.contains("memoryMib") && e.message.contains("2048"));
+        assert!(e.to_string().contains("memoryMib") && e.to_string().contains("2048"));
         let e = l.check_shape(1, 256, 4097).unwrap_err();
-        assert!(e.message.contains("diskMib") && e.message.contains("config max_disk_mib"));
+        assert!(e.to_string().contains("diskMib") && e.to_string().contains("config max_disk_mib"));
         let e = l.check_shape(0, 256, 1024).unwrap_err();
-        assert!(e.message.contains("minimum of 1"), "{}", e.message);
+        assert!(e.to_string().contains("minimum of 1"), "{}", e.to_string());
         // A bigger host: the configured maxima rule.
         let l = limits(Host {
             online_cpus: Some(128),
             mem_total_mib: Some(1 << 20),
         });
         let e = l.check_shape(9, 256, 1024).unwrap_err();
-        assert!(e.message.contains("config max_vcpus"), "{}", e.message);
+        assert!(
+            e.to_string().contains("config max_vcpus"),
+            "{}",
+            e.to_string()
+        );
         assert!(l.check_shape(8, 8192, 4096).is_ok());
     }
 
@@ -254,18 +254,22 @@ mod tests {
         let c = |vcpus, mem_mib| Charge { vcpus, mem_mib };
         assert!(l.check_quota("k1", &[c(1, 256)], c(2, 256)).is_ok());
         let e = l.check_quota("k1", &[c(1, 256)], c(3, 256)).unwrap_err();
-        assert_eq!((e.status, e.code), (429, "quota_exceeded"));
+        assert_eq!(e.code(), "quota_exceeded");
         assert!(
-            e.message.contains("max_vcpus_per_key is 3"),
+            e.to_string().contains("max_vcpus_per_key is 3"),
             "{}",
-            e.message
+            e.to_string()
         );
         let e = l.check_quota("k1", &[c(1, 512)], c(1, 513)).unwrap_err();
-        assert!(e.message.contains("max_mem_mib_per_key"), "{}", e.message);
+        assert!(
+            e.to_string().contains("max_mem_mib_per_key"),
+            "{}",
+            e.to_string()
+        );
         let e = l
             .check_quota("k1", &[c(1, 64), c(1, 64)], c(1, 64))
             .unwrap_err();
-        assert!(e.message.contains("max_sessions_per_key is 2"));
+        assert!(e.to_string().contains("max_sessions_per_key is 2"));
     }
 
     /// docs/openapi.yaml's `CreateSession` bounds are these constants (the

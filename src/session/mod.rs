@@ -9,6 +9,7 @@
 //! session thread nor any other session, and one session can run several
 //! commands at once.
 
+pub mod error;
 pub mod limits;
 pub mod pool;
 pub mod reaper;
@@ -16,7 +17,6 @@ pub mod registry;
 pub mod worker;
 
 use crate::agent::Call;
-use crate::api::errors::ApiError;
 use crate::proto::Request;
 use crate::sandbox::{EgressPolicy, SandboxSpec};
 use crate::sync::lock;
@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+pub use error::SessionError;
 pub use registry::{Manager, SessionOptions};
 
 /// Valid session ids: `[A-Za-z0-9_-]{1,64}`.
@@ -60,9 +61,9 @@ impl State {
 
 pub(crate) enum Cmd {
     /// Start `Request` on the agent; reply with the call handle.
-    Call(Box<Request>, Sender<Result<Call, ApiError>>),
+    Call(Box<Request>, Sender<Result<Call, SessionError>>),
     /// Change the running sandbox's egress policy.
-    SetEgress(EgressPolicy, Sender<Result<(), ApiError>>),
+    SetEgress(EgressPolicy, Sender<Result<(), SessionError>>),
     /// Destroy the sandbox and end the thread.
     Stop,
 }
@@ -127,25 +128,24 @@ impl Session {
 
     /// Starts `req` on this session's agent, waiting up to `wait` for the
     /// sandbox to come up.
-    pub fn call(&self, req: Request, wait: Duration) -> Result<Call, ApiError> {
+    pub fn call(&self, req: Request, wait: Duration) -> Result<Call, SessionError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         if self.tx.send(Cmd::Call(Box::new(req), tx)).is_err() {
             return Err(self.gone_error());
         }
         match rx.recv_timeout(wait) {
             Ok(r) => r,
-            Err(RecvTimeoutError::Timeout) => Err(ApiError::new(
-                504,
-                "session_start_timeout",
-                format!("session {:?} did not become ready within {wait:?}", self.id),
-            )),
+            Err(RecvTimeoutError::Timeout) => Err(SessionError::StartTimeout {
+                id: self.id.clone(),
+                wait,
+            }),
             Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
         }
     }
 
     /// Applies a new egress policy to the running sandbox (for the
     /// networking layer's `PUT /v1/sessions/:id/network`).
-    pub fn set_egress(&self, policy: EgressPolicy, wait: Duration) -> Result<(), ApiError> {
+    pub fn set_egress(&self, policy: EgressPolicy, wait: Duration) -> Result<(), SessionError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         if self.tx.send(Cmd::SetEgress(policy.clone(), tx)).is_err() {
             return Err(self.gone_error());
@@ -156,27 +156,22 @@ impl Session {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(RecvTimeoutError::Timeout) => Err(ApiError::new(
-                504,
-                "timeout",
-                format!("session {:?}: egress change timed out", self.id),
-            )),
+            Err(RecvTimeoutError::Timeout) => Err(SessionError::EgressTimeout {
+                id: self.id.clone(),
+            }),
             Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
         }
     }
 
-    fn gone_error(&self) -> ApiError {
+    fn gone_error(&self) -> SessionError {
         match self.state() {
-            State::Failed(m) => ApiError::new(
-                503,
-                "session_failed",
-                format!("session {:?} failed to start: {m}", self.id),
-            ),
-            _ => ApiError::new(
-                410,
-                "session_closed",
-                format!("session {:?} was closed", self.id),
-            ),
+            State::Failed(why) => SessionError::Failed {
+                id: self.id.clone(),
+                why,
+            },
+            _ => SessionError::Closed {
+                id: self.id.clone(),
+            },
         }
     }
 

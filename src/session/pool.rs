@@ -2,8 +2,8 @@
 //! session with the template's default shape starts without waiting for a
 //! boot/restore.
 
-use crate::api::metrics::Metrics;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::sandbox::{new_sandbox_id, Sandbox, SandboxFactory, SandboxSpec};
 use crate::sync::lock;
 use std::collections::HashMap;

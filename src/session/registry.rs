@@ -2,10 +2,10 @@
 
 use super::limits::{Charge, Host, Limits};
 use super::pool::Pool;
+use super::SessionError;
 use super::{worker, Cmd, Session, State};
-use crate::api::errors::ApiError;
-use crate::api::metrics::Metrics;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::sandbox::{new_sandbox_id, EgressPolicy, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
@@ -66,10 +66,7 @@ impl Manager {
         if let Err(e) =
             limits.check_shape(cfg.default_vcpus, cfg.default_mem_mib, cfg.default_disk_mib)
         {
-            log::warn!(
-                "the default session shape does not fit this host: {}",
-                e.message
-            );
+            log::warn!("the default session shape does not fit this host: {e}");
         }
         let replies = crate::budget::ReplyBudget::new(cfg.max_reply_memory as u64);
         Arc::new(Manager {
@@ -128,9 +125,9 @@ impl Manager {
         id: &str,
         opts: SessionOptions,
         explicit: bool,
-    ) -> Result<(Arc<Session>, bool), ApiError> {
+    ) -> Result<(Arc<Session>, bool), SessionError> {
         if self.is_closing() {
-            return Err(ApiError::unavailable("the server is shutting down"));
+            return Err(SessionError::ShuttingDown);
         }
         let template = opts
             .template
@@ -141,11 +138,7 @@ impl Manager {
         let mut map = lock(&self.sessions);
         if let Some(s) = map.get(&key) {
             if explicit {
-                return Err(ApiError::new(
-                    409,
-                    "session_exists",
-                    format!("session {id:?} already exists"),
-                ));
+                return Err(SessionError::Exists { id: id.to_string() });
             }
             return Ok((s.clone(), false));
         }
@@ -159,11 +152,7 @@ impl Manager {
             .into_iter()
             .find(|t| t.name == template)
         else {
-            return Err(ApiError::new(
-                400,
-                "unknown_template",
-                format!("unknown template {template:?} (see GET /exec/templates)"),
-            ));
+            return Err(SessionError::UnknownTemplate { name: template });
         };
         // A session that fits its template's snapshot runs at the
         // snapshot's shape: count the larger of the two (an upper bound on
@@ -184,17 +173,10 @@ impl Manager {
             return Err(e);
         }
         if map.len() >= self.cfg.max_sessions {
-            let mut e = ApiError::new(
-                503,
-                "at_capacity",
-                format!(
-                    "the server runs its maximum of {} sessions; delete one or retry later",
-                    self.cfg.max_sessions
-                ),
-            );
-            e.retry_after = Some(5);
             self.metrics.error("at_capacity");
-            return Err(e);
+            return Err(SessionError::AtCapacity {
+                max: self.cfg.max_sessions,
+            });
         }
         let now = Instant::now();
         let lifetime = opts
@@ -231,8 +213,11 @@ impl Manager {
             pids: Mutex::new(Vec::new()),
             egress,
         });
-        let handle = worker::spawn(self.clone(), session.clone(), rx)
-            .map_err(|e| ApiError::internal(format!("session {id:?}: spawn worker thread: {e}")))?;
+        let handle =
+            worker::spawn(self.clone(), session.clone(), rx).map_err(|e| SessionError::Thread {
+                id: id.to_string(),
+                why: e.to_string(),
+            })?;
         *lock(&session.thread) = Some(handle);
         map.insert(key, session.clone());
         self.metrics.sessions_created.inc();

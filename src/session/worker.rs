@@ -2,8 +2,8 @@
 //! starts agent requests for the API, destroys the sandbox at the end.
 
 use super::registry::Manager;
+use super::SessionError;
 use super::{Cmd, Session, State};
-use crate::api::errors::ApiError;
 use crate::sandbox::Sandbox;
 use crate::sync::lock;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -71,18 +71,14 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
             // Answer everything queued so far; later senders find the
             // channel closed and report the failure from the state.
             for cmd in rx.try_iter() {
+                let failed = || SessionError::Failed {
+                    id: session.id.clone(),
+                    why: msg.clone(),
+                };
                 if let Cmd::SetEgress(_, reply) = cmd {
-                    let _ = reply.send(Err(ApiError::new(
-                        503,
-                        "session_failed",
-                        format!("session {:?} failed to start: {msg}", session.id),
-                    )));
+                    let _ = reply.send(Err(failed()));
                 } else if let Cmd::Call(_, reply) = cmd {
-                    let _ = reply.send(Err(ApiError::new(
-                        503,
-                        "session_failed",
-                        format!("session {:?} failed to start: {msg}", session.id),
-                    )));
+                    let _ = reply.send(Err(failed()));
                 }
             }
             return;
@@ -130,10 +126,7 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
         };
         match cmd {
             Cmd::Call(req, reply) => {
-                let r = sandbox
-                    .agent()
-                    .call(&req)
-                    .map_err(|e| ApiError::from_agent(e, "start request"));
+                let r = sandbox.agent().call(&req).map_err(SessionError::Agent);
                 let _ = reply.send(r);
                 if sandbox.agent().is_closed() {
                     died(&mgr, &session);
@@ -143,7 +136,7 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
             Cmd::SetEgress(policy, reply) => {
                 let r = sandbox
                     .set_egress(&policy)
-                    .map_err(|e| ApiError::new(409, "egress_not_applied", e.to_string()));
+                    .map_err(|e| SessionError::EgressNotApplied(e.to_string()));
                 let _ = reply.send(r);
             }
             Cmd::Stop => break,
@@ -158,11 +151,9 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
     // Anything that raced with the stop gets a clear answer.
     for cmd in rx.try_iter() {
         if let Cmd::Call(_, reply) = cmd {
-            let _ = reply.send(Err(ApiError::new(
-                410,
-                "session_closed",
-                format!("session {:?} was closed", session.id),
-            )));
+            let _ = reply.send(Err(SessionError::Closed {
+                id: session.id.clone(),
+            }));
         }
     }
     log::info!("session {}/{}: destroyed", session.owner, session.id);

@@ -12,6 +12,7 @@ pub mod jailer;
 pub mod launch;
 pub mod qemu;
 pub mod qmp;
+pub mod shape;
 pub mod snapshot;
 pub mod templates;
 

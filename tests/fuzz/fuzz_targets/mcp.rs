@@ -9,7 +9,7 @@
 #[path = "fake.rs"]
 mod fake;
 
-use agent_sandbox::api::metrics::Metrics;
+use agent_sandbox::metrics::Metrics;
 use agent_sandbox::mcp::jsonrpc;
 use agent_sandbox::mcp::server::{Conn, Engine, Sink};
 use agent_sandbox::mcp::{Caller, Host};

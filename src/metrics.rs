@@ -30,7 +30,7 @@ pub struct Metrics {
     pub standby_used: Family<Labels, Counter>,
     pub http_requests: Family<Labels, Counter>,
     /// The HTTP server's connection counters.
-    pub http_conn: super::httpd::Stats,
+    pub http_conn: HttpConnStats,
 }
 
 impl Default for Metrics {
@@ -60,7 +60,7 @@ impl Metrics {
         );
         let standby_used = Family::<Labels, Counter>::default();
         let http_requests = Family::<Labels, Counter>::default();
-        let http_conn = super::httpd::Stats::default();
+        let http_conn = HttpConnStats::default();
         registry.register(
             "http_connections_refused",
             "Connections refused over max_connections / max_connections_per_ip",
@@ -199,4 +199,14 @@ impl Metrics {
             .get_or_create(&vec![("template", template.to_string())])
             .set(n as i64);
     }
+}
+
+/// The HTTP server's connection counters (`api::httpd` counts, this
+/// module exports).
+#[derive(Default, Clone)]
+pub struct HttpConnStats {
+    pub refused_connections: Counter,
+    pub bad_requests: Counter,
+    pub handler_panics: Counter,
+    pub open_connections: Gauge,
 }
