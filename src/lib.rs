@@ -14,6 +14,7 @@ pub mod harden;
 pub mod mcp;
 pub mod metrics;
 pub mod net;
+pub mod ops;
 pub mod sandbox;
 pub mod session;
 pub mod vm;

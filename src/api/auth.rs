@@ -177,20 +177,9 @@ struct KeyFile {
 }
 
 /// Who is calling.
-#[derive(Debug, Clone)]
-pub struct Principal {
-    /// Key id, or `anonymous` when auth is off.
-    pub id: String,
-    pub scopes: Vec<String>,
-}
+pub use crate::ops::Principal;
 
 impl Principal {
-    pub fn has(&self, scope: &str) -> bool {
-        self.scopes.iter().any(|s| s == scope)
-    }
-    pub fn is_admin(&self) -> bool {
-        self.has("admin")
-    }
     pub fn anonymous() -> Principal {
         Principal {
             id: "anonymous".into(),

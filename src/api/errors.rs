@@ -100,6 +100,26 @@ impl ApiError {
     }
 }
 
+/// The one mapping of an operation's error to HTTP.
+impl From<crate::ops::OpsError> for ApiError {
+    fn from(e: crate::ops::OpsError) -> ApiError {
+        use crate::ops::OpsError as E;
+        let status = match &e {
+            E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
+            E::SessionNotFound { .. } => 404,
+            E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
+            E::Forbidden(_) => 403,
+            E::Internal(_) => 500,
+        };
+        match e {
+            E::Session(s) => s.into(),
+            E::Budget(b) => b.into(),
+            E::Agent { what, source } => ApiError::from_agent(source, &what),
+            other => ApiError::new(status, other.code(), other.to_string()),
+        }
+    }
+}
+
 impl From<crate::session::SessionError> for ApiError {
     fn from(e: crate::session::SessionError) -> ApiError {
         use crate::session::SessionError as E;

@@ -667,7 +667,7 @@ pub fn delete_session(
 pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
     match params.query("owner") {
         Some(o) if p.is_admin() => Ok(o.to_string()),
-        Some(_) => Err(ApiError::new(403, "forbidden", "owner= needs an admin key")),
+        Some(_) => Err(crate::ops::OpsError::Forbidden("owner= needs an admin key".into()).into()),
         None => Ok(p.id.clone()),
     }
 }
