@@ -1038,6 +1038,46 @@ fn host_finds_its_hello_after_stale_bytes() {
     t.join().unwrap();
 }
 
+#[test]
+fn frames_right_behind_the_hello_belong_to_the_connection() {
+    // An agent may write its next frames before the host reads its hello:
+    // they arrive in the same read and are neither refused nor dropped.
+    // Proof they are read: a bad frame right behind the hello closes the
+    // connection; a good one (a connection-level error report) does not.
+    use std::io::Read;
+    for bad in [false, true] {
+        let (host, mut guest) = std::os::unix::net::UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut r = FrameReader::new(guest.try_clone().unwrap());
+            let f = r.read_frame().unwrap().unwrap();
+            let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+            let mut out = encode_json(Kind::Hello, 0, &h);
+            if bad {
+                out.extend_from_slice(b"\x00\x00not a frame header at all");
+            } else {
+                out.extend_from_slice(&encode_json(
+                    Kind::Error,
+                    0,
+                    &proto::ErrorBody {
+                        code: ErrorCode::Io,
+                        message: "early".into(),
+                        id: None,
+                    },
+                ));
+            }
+            guest.write_all(&out).unwrap();
+            let mut b = [0u8; 1];
+            let _ = guest.read(&mut b);
+        });
+        let c = agent_sandbox::agent::AgentClient::connect(host, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("bad={bad}: connect refused: {e}"));
+        let closed = wait_until(Duration::from_secs(3), || c.is_closed());
+        assert_eq!(closed, bad, "bad={bad}: closed={closed}");
+        c.close();
+        t.join().unwrap();
+    }
+}
+
 fn hello(nonce: u64) -> Vec<u8> {
     encode_json(
         Kind::Hello,

@@ -251,7 +251,7 @@ impl AgentClient {
         w.write_all(&encode_json(Kind::Hello, proto::CONNECTION_ID, &hello))?;
         let mut r = stream.try_clone()?;
         r.set_read_timeout(Some(timeout))?;
-        let reply = find_hello(&mut r, nonce, timeout)?;
+        let (reply, early) = find_hello(&mut r, nonce, timeout)?;
         r.set_read_timeout(None)?;
         // SAFETY: plain syscall; the result is checked.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -286,7 +286,11 @@ impl AgentClient {
             yield_fd,
             log_bucket: guestlog::LogBucket::default(),
         });
-        shared.put_token(Input::new(r));
+        let mut input = Input::new(r);
+        // Frames that came in the same read as the hello: the reader routes
+        // them first.
+        input.buf = early;
+        shared.put_token(input);
         let s2 = shared.clone();
         std::thread::Builder::new()
             .name("agent-reader".into())
@@ -1154,8 +1158,10 @@ fn end_over_budget(routes: &mut HashMap<u64, Route>, id: u64, why: String) {
 }
 
 /// Reads until a hello frame carrying `nonce` arrives, skipping anything
-/// else, byte by byte if the stream is out of frame sync.
-fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<Hello> {
+/// else, byte by byte if the stream is out of frame sync. Returns the hello
+/// and the bytes read past it (frames the agent sent right after it, read
+/// in the same chunk), which belong to the connection.
+fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<(Hello, Vec<u8>)> {
     let deadline = Instant::now() + timeout;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
@@ -1175,12 +1181,9 @@ fn find_hello<R: Read>(r: &mut R, nonce: u64, timeout: Duration) -> Result<Hello
                         serde_json::from_slice::<Hello>(&buf[start + HEADER_LEN..end])
                     {
                         if hello.nonce == nonce {
-                            if end != buf.len() {
-                                return Err(ClientError::Protocol(
-                                    "agent sent frames before answering hello".into(),
-                                ));
-                            }
-                            return Ok(hello);
+                            // Bounded: `buf` holds at most 1 MiB + a chunk.
+                            let rest = buf.split_off(end);
+                            return Ok((hello, rest));
                         }
                     }
                     start += 1;
