@@ -64,39 +64,32 @@ impl ApiError {
     /// (missing file, bad path) are the client's problem (4xx); a dead
     /// agent connection is ours (502/503).
     pub fn from_agent(e: ClientError, what: &str) -> ApiError {
-        match e {
-            ClientError::Agent(b) => {
-                let (status, code) = match b.code {
-                    ErrorCode::NotFound => (404, "file_not_found"),
-                    ErrorCode::AlreadyExists => (409, "already_exists"),
-                    ErrorCode::PermissionDenied => (403, "permission_denied"),
-                    ErrorCode::NotADirectory => (400, "not_a_directory"),
-                    ErrorCode::IsADirectory => (400, "is_a_directory"),
-                    ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
-                    ErrorCode::Invalid => (400, "invalid"),
-                    ErrorCode::SpawnFailed => (400, "spawn_failed"),
-                    ErrorCode::NoSpace => (507, "no_space"),
-                    ErrorCode::Cancelled => (409, "cancelled"),
-                    ErrorCode::Unavailable => (503, "sandbox_unavailable"),
-                    // An I/O error inside the guest comes from what the
-                    // user did there (a device path, a full pipe, ...).
-                    ErrorCode::Io => (422, "guest_io_error"),
-                    _ => (502, "agent_error"),
-                };
-                ApiError::new(status, code, format!("{what}: {}", b.message))
-            }
-            ClientError::Timeout(d) => {
-                ApiError::new(504, "timeout", format!("{what}: no answer after {d:.1?}"))
-            }
-            ClientError::Closed(m) => {
-                ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
-            }
+        let message = format!("{what}: {}", crate::ops::error::agent_detail(&e));
+        let (status, code) = match e {
+            ClientError::Agent(b) => match b.code {
+                ErrorCode::NotFound => (404, "file_not_found"),
+                ErrorCode::AlreadyExists => (409, "already_exists"),
+                ErrorCode::PermissionDenied => (403, "permission_denied"),
+                ErrorCode::NotADirectory => (400, "not_a_directory"),
+                ErrorCode::IsADirectory => (400, "is_a_directory"),
+                ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
+                ErrorCode::Invalid => (400, "invalid"),
+                ErrorCode::SpawnFailed => (400, "spawn_failed"),
+                ErrorCode::NoSpace => (507, "no_space"),
+                ErrorCode::Cancelled => (409, "cancelled"),
+                ErrorCode::Unavailable => (503, "sandbox_unavailable"),
+                // An I/O error inside the guest comes from what the
+                // user did there (a device path, a full pipe, ...).
+                ErrorCode::Io => (422, "guest_io_error"),
+                _ => (502, "agent_error"),
+            },
+            ClientError::Timeout(_) => (504, "timeout"),
+            ClientError::Closed(_) => (503, "sandbox_unavailable"),
             // The guest answered with more than the host accepts.
-            ClientError::OverBudget(m) => {
-                ApiError::new(502, "guest_reply_too_large", format!("{what}: {m}"))
-            }
-            other => ApiError::new(502, "agent_error", format!("{what}: {other}")),
-        }
+            ClientError::OverBudget(_) => (502, "guest_reply_too_large"),
+            _ => (502, "agent_error"),
+        };
+        ApiError::new(status, code, message)
     }
 }
 
@@ -109,6 +102,8 @@ impl From<crate::ops::OpsError> for ApiError {
             E::SessionNotFound { .. } => 404,
             E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
             E::Forbidden(_) => 403,
+            E::FileTooLarge { .. } => 413,
+            E::UnexpectedAnswer { .. } => 502,
             E::Internal(_) => 500,
         };
         match e {
