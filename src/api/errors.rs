@@ -223,4 +223,51 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["message"], "no such thing");
     }
+
+    /// MCP shows an operation's error as its `Display`: the message REST
+    /// answers with for the same error.
+    #[test]
+    fn ops_errors_read_as_rest_messages() {
+        use crate::ops::OpsError;
+        use crate::proto::ErrorBody;
+        use crate::session::SessionError;
+        use std::time::Duration;
+        let agent = |code| {
+            ClientError::Agent(ErrorBody {
+                code,
+                message: "no such file".into(),
+                id: None,
+            })
+        };
+        let cases: Vec<fn(&dyn Fn(ErrorCode) -> ClientError) -> OpsError> = vec![
+            |a| OpsError::agent("read /x")(a(ErrorCode::NotFound)),
+            |_| OpsError::agent("ping")(ClientError::Timeout(Duration::from_millis(1500))),
+            |_| OpsError::agent("list .")(ClientError::Closed("gone".into())),
+            |_| OpsError::agent("list .")(ClientError::OverBudget("too many".into())),
+            |_| OpsError::agent("stat")(ClientError::Protocol("bad frame".into())),
+            |a| SessionError::Agent(a(ErrorCode::Invalid)).into(),
+            |_| SessionError::Agent(ClientError::Closed("gone".into())).into(),
+            |_| SessionError::AtCapacity { max: 3 }.into(),
+            |_| OpsError::FileTooLarge {
+                path: "/x".into(),
+                max: 10,
+            },
+            |_| OpsError::unexpected("Pong"),
+            |_| OpsError::SessionNotFound { id: "s1".into() },
+            |_| crate::budget::too_large(10, 5, "list less").into(),
+        ];
+        for make in cases {
+            let shown = make(&agent).to_string();
+            let rest = ApiError::from(make(&agent));
+            assert_eq!(shown, rest.message, "{rest}");
+        }
+        let e = ApiError::from(OpsError::FileTooLarge {
+            path: "/x".into(),
+            max: 10,
+        });
+        assert_eq!((e.status, e.code), (413, "file_too_large"));
+        let e = ApiError::from(OpsError::unexpected("Pong"));
+        assert_eq!((e.status, e.code), (502, "agent_error"));
+        assert_eq!(e.message, "unexpected answer \"Pong\"");
+    }
 }
