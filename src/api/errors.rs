@@ -232,33 +232,33 @@ mod tests {
         use crate::proto::ErrorBody;
         use crate::session::SessionError;
         use std::time::Duration;
-        let agent = |code| {
+        fn agent(code: ErrorCode) -> ClientError {
             ClientError::Agent(ErrorBody {
                 code,
                 message: "no such file".into(),
                 id: None,
             })
-        };
-        let cases: Vec<fn(&dyn Fn(ErrorCode) -> ClientError) -> OpsError> = vec![
-            |a| OpsError::agent("read /x")(a(ErrorCode::NotFound)),
-            |_| OpsError::agent("ping")(ClientError::Timeout(Duration::from_millis(1500))),
-            |_| OpsError::agent("list .")(ClientError::Closed("gone".into())),
-            |_| OpsError::agent("list .")(ClientError::OverBudget("too many".into())),
-            |_| OpsError::agent("stat")(ClientError::Protocol("bad frame".into())),
-            |a| SessionError::Agent(a(ErrorCode::Invalid)).into(),
-            |_| SessionError::Agent(ClientError::Closed("gone".into())).into(),
-            |_| SessionError::AtCapacity { max: 3 }.into(),
-            |_| OpsError::FileTooLarge {
+        }
+        let cases: Vec<fn() -> OpsError> = vec![
+            || OpsError::agent("read /x")(agent(ErrorCode::NotFound)),
+            || OpsError::agent("ping")(ClientError::Timeout(Duration::from_millis(1500))),
+            || OpsError::agent("list .")(ClientError::Closed("gone".into())),
+            || OpsError::agent("list .")(ClientError::OverBudget("too many".into())),
+            || OpsError::agent("stat")(ClientError::Protocol("bad frame".into())),
+            || SessionError::Agent(agent(ErrorCode::Invalid)).into(),
+            || SessionError::Agent(ClientError::Closed("gone".into())).into(),
+            || SessionError::AtCapacity { max: 3 }.into(),
+            || OpsError::FileTooLarge {
                 path: "/x".into(),
                 max: 10,
             },
-            |_| OpsError::unexpected("Pong"),
-            |_| OpsError::SessionNotFound { id: "s1".into() },
-            |_| crate::budget::too_large(10, 5, "list less").into(),
+            || OpsError::unexpected("Pong"),
+            || OpsError::SessionNotFound { id: "s1".into() },
+            || crate::budget::too_large(10, 5, "list less").into(),
         ];
         for make in cases {
-            let shown = make(&agent).to_string();
-            let rest = ApiError::from(make(&agent));
+            let shown = make().to_string();
+            let rest = ApiError::from(make());
             assert_eq!(shown, rest.message, "{rest}");
         }
         let e = ApiError::from(OpsError::FileTooLarge {

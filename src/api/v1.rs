@@ -9,8 +9,8 @@ use super::rest::{self, stream_format};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::{ClientError, Inbound};
-use crate::config::parse_duration;
 use crate::ops::network::NetworkView;
+use crate::ops::sessions::Span;
 use crate::ops::{files, OpsResult, SessionSpec, SessionView};
 use crate::proto::{Request, Response, Signal};
 use crate::sandbox::EgressPolicy;
@@ -28,28 +28,6 @@ fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<
         .find(p, params.query("owner"), params.get("session"))?)
 }
 
-/// A duration given as seconds (number) or a string like `30m`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Dur {
-    Secs(f64),
-    Text(String),
-}
-
-impl Dur {
-    fn get(&self, what: &str) -> ApiResult<Duration> {
-        let d = match self {
-            Dur::Secs(s) if s.is_finite() && *s > 0.0 && *s < 1e9 => Duration::from_secs_f64(*s),
-            Dur::Secs(s) => return Err(ApiError::bad_request(format!("{what} {s} out of range"))),
-            Dur::Text(t) => parse_duration(t).map_err(ApiError::bad_request)?,
-        };
-        if d.is_zero() {
-            return Err(ApiError::bad_request(format!("{what} must be positive")));
-        }
-        Ok(d)
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CreateBody {
@@ -62,8 +40,8 @@ struct CreateBody {
     #[serde(default, deserialize_with = "validate::opt_int")]
     disk_mib: Option<u32>,
     /// Maximum lifetime (seconds or `2h`).
-    ttl: Option<Dur>,
-    idle_timeout: Option<Dur>,
+    ttl: Option<Span>,
+    idle_timeout: Option<Span>,
     env: Option<BTreeMap<String, String>>,
     egress: Option<EgressPolicy>,
 }
@@ -81,12 +59,8 @@ pub fn create_session(
         vcpus: b.vcpus,
         memory_mib: b.memory_mib,
         disk_mib: b.disk_mib,
-        ttl: b.ttl.as_ref().map(|d| d.get("ttl")).transpose()?,
-        idle_timeout: b
-            .idle_timeout
-            .as_ref()
-            .map(|d| d.get("idleTimeout"))
-            .transpose()?,
+        ttl: b.ttl,
+        idle_timeout: b.idle_timeout,
         env: b.env.unwrap_or_default(),
         egress: b.egress,
     };

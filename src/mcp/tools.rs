@@ -8,8 +8,9 @@
 use super::{Caller, Host};
 use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
+use crate::ops::sessions::{self, Span};
 use crate::ops::validate;
-use crate::ops::{files, sessions, OpsError, Principal, SessionSpec, SessionView};
+use crate::ops::{files, OpsError, Principal, SessionSpec, SessionView};
 use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
@@ -827,8 +828,8 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         vcpus: range("vcpus", &VCPUS)?,
         memory_mib: range("memoryMib", &MEM_MIB)?,
         disk_mib: range("diskMib", &DISK_MIB)?,
-        ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
-        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
+        ttl: opt_f64(limits, "ttl")?.map(Span::Secs),
+        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
         env: opt_env(a)?,
         egress: egress(a.get("egress"))?,
     };

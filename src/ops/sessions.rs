@@ -5,11 +5,12 @@
 //! session.
 
 use super::{validate, Ops, OpsError, OpsResult, Principal};
+use crate::config::parse_duration;
 use crate::proto::Request;
 use crate::sandbox::EgressPolicy;
 use crate::session::{now_unix_ms, Session, SessionOptions, State};
 use crate::sync::lock;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,10 +27,33 @@ pub struct SessionSpec {
     pub memory_mib: Option<u32>,
     pub disk_mib: Option<u32>,
     /// Maximum lifetime.
-    pub ttl: Option<Duration>,
-    pub idle_timeout: Option<Duration>,
+    pub ttl: Option<Span>,
+    pub idle_timeout: Option<Span>,
     pub env: BTreeMap<String, String>,
     pub egress: Option<EgressPolicy>,
+}
+
+/// A duration as a client gives it: seconds, or text like `30m`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Span {
+    Secs(f64),
+    Text(String),
+}
+
+impl Span {
+    /// The duration, positive; `what` names the field in the error.
+    pub fn get(&self, what: &str) -> OpsResult<Duration> {
+        let d = match self {
+            Span::Secs(s) if s.is_finite() && *s > 0.0 && *s < 1e9 => Duration::from_secs_f64(*s),
+            Span::Secs(s) => return Err(OpsError::BadRequest(format!("{what} {s} out of range"))),
+            Span::Text(t) => parse_duration(t).map_err(OpsError::BadRequest)?,
+        };
+        if d.is_zero() {
+            return Err(OpsError::BadRequest(format!("{what} must be positive")));
+        }
+        Ok(d)
+    }
 }
 
 /// A session as the API shows it (`/v1` and, with fields added, the seed
@@ -117,7 +141,9 @@ impl Ops {
     }
 
     /// Creates the session `spec` names for the caller; an id that exists
-    /// is a conflict. The sandbox starts in the background: [`Ops::ready`]
+    /// is a conflict. Checked in the order REST always did: id, egress,
+    /// template, ttl, idle timeout, env; the shape (against the configured
+    /// and host maxima, defaults filled in) by the session manager. The sandbox starts in the background: [`Ops::ready`]
     /// waits for it.
     pub fn create(&self, p: &Principal, spec: SessionSpec) -> OpsResult<Arc<Session>> {
         let id = match spec.id {
@@ -141,8 +167,11 @@ impl Ops {
             vcpus: spec.vcpus,
             mem_mib: spec.memory_mib,
             disk_mib: spec.disk_mib,
-            ttl: spec.ttl,
-            idle_timeout: spec.idle_timeout,
+            ttl: spec.ttl.map(|d| d.get("ttl")).transpose()?,
+            idle_timeout: spec
+                .idle_timeout
+                .map(|d| d.get("idleTimeout"))
+                .transpose()?,
             env: validate::env(spec.env)?,
             egress: spec.egress,
         };
