@@ -486,15 +486,7 @@ pub fn upload(
     }
     let s = own_session(ctx, p, params)?;
     let _a = s.activity();
-    let mut call = s.call(
-        Request::WriteFile {
-            path: path.clone(),
-            mode,
-            create_parents: true,
-            append: false,
-        },
-        ctx.cfg.create_timeout,
-    )?;
+    let file = files::create(&s, &path, mode, ctx.cfg.create_timeout)?;
     // Stream the body straight into the guest; the guest renames into place
     // only after EOF, so a failed upload leaves no half file.
     let mut body = req.as_reader().take(max as u64 + 1);
@@ -507,29 +499,17 @@ pub fn upload(
         }
         total += n;
         if total > max {
-            let _ = call.cancel();
+            file.cancel();
             return Err(ApiError::new(
                 413,
                 "body_too_large",
                 format!("file exceeds {max} bytes"),
             ));
         }
-        call.send_all(&buf[..n])
-            .map_err(|e| ApiError::from_agent(e, &format!("write {path}")))?;
+        file.send(&buf[..n])?;
     }
-    call.send_eof()
-        .map_err(|e| ApiError::from_agent(e, &format!("write {path}")))?;
-    match call.finish() {
-        Ok(Response::Written { bytes }) => {
-            Ok(Reply::Json(201, json!({"path": path, "bytes": bytes})))
-        }
-        Ok(other) => Err(ApiError::new(
-            502,
-            "agent_error",
-            format!("unexpected answer {other:?}"),
-        )),
-        Err(e) => Err(ApiError::from_agent(e, &format!("write {path}"))),
-    }
+    let bytes = file.finish()?;
+    Ok(Reply::Json(201, json!({"path": path, "bytes": bytes})))
 }
 
 /// A file operation on a long-request thread, the session in use

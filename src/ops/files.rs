@@ -5,7 +5,7 @@
 //! data lease their memory from the caller's [`Lease`] as they grow.
 
 use super::{validate, OpsError, OpsResult};
-use crate::agent::{ClientError, Inbound};
+use crate::agent::{Call, ClientError, Inbound};
 use crate::budget::Lease;
 use crate::proto::{DirEntry, Event, FileStat, FileType, Request, Response};
 use crate::session::Session;
@@ -22,8 +22,28 @@ pub fn write(
     mode: Option<u32>,
     wait: Duration,
 ) -> OpsResult<u64> {
+    let w = create(session, path, mode, wait)?;
+    w.send(data)?;
+    w.finish()
+}
+
+/// A file being written piece by piece (an upload streamed from a request
+/// body). The guest renames it into place only at [`FileWriter::finish`],
+/// so one abandoned (dropped or cancelled) leaves no half file.
+pub struct FileWriter {
+    call: Call,
+    path: String,
+}
+
+/// Starts writing `path` (parents created; `mode` or the default).
+pub fn create(
+    session: &Session,
+    path: &str,
+    mode: Option<u32>,
+    wait: Duration,
+) -> OpsResult<FileWriter> {
     validate::path(path, "path")?;
-    let mut call = session.call(
+    let call = session.call(
         Request::WriteFile {
             path: path.to_string(),
             mode,
@@ -32,14 +52,35 @@ pub fn write(
         },
         wait,
     )?;
-    let r = call
-        .send_all(data)
-        .and_then(|_| call.send_eof())
-        .and_then(|_| call.finish());
-    match r {
-        Ok(Response::Written { bytes }) => Ok(bytes),
-        Ok(other) => Err(OpsError::unexpected(other)),
-        Err(e) => Err(OpsError::agent(format!("write {path}"))(e)),
+    Ok(FileWriter {
+        call,
+        path: path.to_string(),
+    })
+}
+
+impl FileWriter {
+    fn failed(&self) -> impl FnOnce(ClientError) -> OpsError {
+        OpsError::agent(format!("write {}", self.path))
+    }
+
+    /// The next piece of the file.
+    pub fn send(&self, data: &[u8]) -> OpsResult<()> {
+        self.call.send_all(data).map_err(self.failed())
+    }
+
+    /// Gives up: the guest discards what it got.
+    pub fn cancel(self) {
+        let _ = self.call.cancel();
+    }
+
+    /// The file is complete: answers the bytes written.
+    pub fn finish(mut self) -> OpsResult<u64> {
+        let r = self.call.send_eof().and_then(|_| self.call.finish());
+        match r {
+            Ok(Response::Written { bytes }) => Ok(bytes),
+            Ok(other) => Err(OpsError::unexpected(other)),
+            Err(e) => Err(self.failed()(e)),
+        }
     }
 }
 
