@@ -1107,10 +1107,7 @@ fn ping(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             validate::session_id(&id).map_err(op_err)?;
             let s = own_session(ctx, &id)?;
             let t = Instant::now();
-            s.call(Request::Ping, wait(ctx))
-                .map_err(msg)?
-                .finish()
-                .map_err(|e| agent_err(e, "ping"))?;
+            ctx.host.ops.ping(&s).map_err(op_err)?;
             Ok(json!({"ok": true, "sessionId": id, "version": version,
                       "latencyMs": t.elapsed().as_secs_f64() * 1000.0})
             .into())

@@ -262,3 +262,31 @@ impl Ops {
         SessionView::of(s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_positive_seconds_or_text() {
+        let get = |v: serde_json::Value| {
+            serde_json::from_value::<Span>(v)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.get("ttl").map_err(|e| e.to_string()))
+        };
+        assert_eq!(get(serde_json::json!(90)), Ok(Duration::from_secs(90)));
+        assert_eq!(get(serde_json::json!(0.5)), Ok(Duration::from_millis(500)));
+        assert_eq!(get(serde_json::json!("2h")), Ok(Duration::from_secs(7200)));
+        assert_eq!(get(serde_json::json!(0)), Err("ttl 0 out of range".into()));
+        assert_eq!(
+            get(serde_json::json!(-1)),
+            Err("ttl -1 out of range".into())
+        );
+        assert_eq!(
+            get(serde_json::json!(1e-12)),
+            Err("ttl must be positive".into())
+        );
+        assert!(get(serde_json::json!("soon")).is_err());
+        assert!(get(serde_json::json!(true)).is_err());
+    }
+}
