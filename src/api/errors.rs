@@ -64,39 +64,32 @@ impl ApiError {
     /// (missing file, bad path) are the client's problem (4xx); a dead
     /// agent connection is ours (502/503).
     pub fn from_agent(e: ClientError, what: &str) -> ApiError {
-        match e {
-            ClientError::Agent(b) => {
-                let (status, code) = match b.code {
-                    ErrorCode::NotFound => (404, "file_not_found"),
-                    ErrorCode::AlreadyExists => (409, "already_exists"),
-                    ErrorCode::PermissionDenied => (403, "permission_denied"),
-                    ErrorCode::NotADirectory => (400, "not_a_directory"),
-                    ErrorCode::IsADirectory => (400, "is_a_directory"),
-                    ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
-                    ErrorCode::Invalid => (400, "invalid"),
-                    ErrorCode::SpawnFailed => (400, "spawn_failed"),
-                    ErrorCode::NoSpace => (507, "no_space"),
-                    ErrorCode::Cancelled => (409, "cancelled"),
-                    ErrorCode::Unavailable => (503, "sandbox_unavailable"),
-                    // An I/O error inside the guest comes from what the
-                    // user did there (a device path, a full pipe, ...).
-                    ErrorCode::Io => (422, "guest_io_error"),
-                    _ => (502, "agent_error"),
-                };
-                ApiError::new(status, code, format!("{what}: {}", b.message))
-            }
-            ClientError::Timeout(d) => {
-                ApiError::new(504, "timeout", format!("{what}: no answer after {d:.1?}"))
-            }
-            ClientError::Closed(m) => {
-                ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
-            }
+        let message = format!("{what}: {}", crate::ops::error::agent_detail(&e));
+        let (status, code) = match e {
+            ClientError::Agent(b) => match b.code {
+                ErrorCode::NotFound => (404, "file_not_found"),
+                ErrorCode::AlreadyExists => (409, "already_exists"),
+                ErrorCode::PermissionDenied => (403, "permission_denied"),
+                ErrorCode::NotADirectory => (400, "not_a_directory"),
+                ErrorCode::IsADirectory => (400, "is_a_directory"),
+                ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
+                ErrorCode::Invalid => (400, "invalid"),
+                ErrorCode::SpawnFailed => (400, "spawn_failed"),
+                ErrorCode::NoSpace => (507, "no_space"),
+                ErrorCode::Cancelled => (409, "cancelled"),
+                ErrorCode::Unavailable => (503, "sandbox_unavailable"),
+                // An I/O error inside the guest comes from what the
+                // user did there (a device path, a full pipe, ...).
+                ErrorCode::Io => (422, "guest_io_error"),
+                _ => (502, "agent_error"),
+            },
+            ClientError::Timeout(_) => (504, "timeout"),
+            ClientError::Closed(_) => (503, "sandbox_unavailable"),
             // The guest answered with more than the host accepts.
-            ClientError::OverBudget(m) => {
-                ApiError::new(502, "guest_reply_too_large", format!("{what}: {m}"))
-            }
-            other => ApiError::new(502, "agent_error", format!("{what}: {other}")),
-        }
+            ClientError::OverBudget(_) => (502, "guest_reply_too_large"),
+            _ => (502, "agent_error"),
+        };
+        ApiError::new(status, code, message)
     }
 }
 
@@ -109,6 +102,8 @@ impl From<crate::ops::OpsError> for ApiError {
             E::SessionNotFound { .. } => 404,
             E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
             E::Forbidden(_) => 403,
+            E::FileTooLarge { .. } => 413,
+            E::UnexpectedAnswer { .. } => 502,
             E::Internal(_) => 500,
         };
         match e {
@@ -227,5 +222,52 @@ mod tests {
             json!({"error": "no such thing", "code": "not_found"})
         );
         assert_eq!(e.body()["error"]["message"], "no such thing");
+    }
+
+    /// MCP shows an operation's error as its `Display`: the message REST
+    /// answers with for the same error.
+    #[test]
+    fn ops_errors_read_as_rest_messages() {
+        use crate::ops::OpsError;
+        use crate::proto::ErrorBody;
+        use crate::session::SessionError;
+        use std::time::Duration;
+        fn agent(code: ErrorCode) -> ClientError {
+            ClientError::Agent(ErrorBody {
+                code,
+                message: "no such file".into(),
+                id: None,
+            })
+        }
+        let cases: Vec<fn() -> OpsError> = vec![
+            || OpsError::agent("read /x")(agent(ErrorCode::NotFound)),
+            || OpsError::agent("ping")(ClientError::Timeout(Duration::from_millis(1500))),
+            || OpsError::agent("list .")(ClientError::Closed("gone".into())),
+            || OpsError::agent("list .")(ClientError::OverBudget("too many".into())),
+            || OpsError::agent("stat")(ClientError::Protocol("bad frame".into())),
+            || SessionError::Agent(agent(ErrorCode::Invalid)).into(),
+            || SessionError::Agent(ClientError::Closed("gone".into())).into(),
+            || SessionError::AtCapacity { max: 3 }.into(),
+            || OpsError::FileTooLarge {
+                path: "/x".into(),
+                max: 10,
+            },
+            || OpsError::unexpected("Pong"),
+            || OpsError::SessionNotFound { id: "s1".into() },
+            || crate::budget::too_large(10, 5, "list less").into(),
+        ];
+        for make in cases {
+            let shown = make().to_string();
+            let rest = ApiError::from(make());
+            assert_eq!(shown, rest.message, "{rest}");
+        }
+        let e = ApiError::from(OpsError::FileTooLarge {
+            path: "/x".into(),
+            max: 10,
+        });
+        assert_eq!((e.status, e.code), (413, "file_too_large"));
+        let e = ApiError::from(OpsError::unexpected("Pong"));
+        assert_eq!((e.status, e.code), (502, "agent_error"));
+        assert_eq!(e.message, "unexpected answer \"Pong\"");
     }
 }

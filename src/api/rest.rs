@@ -6,12 +6,11 @@ use super::exec::{self, ExecBody, StreamFormat};
 use super::http::{header, json_body, ok_json, Reply};
 use super::routes::Params;
 use super::{validate, Ctx};
-use crate::agent::ClientError;
 use crate::budget::Lease;
-use crate::proto::{DirEntry, FileType};
-use crate::session::{Session, SessionOptions};
+use crate::ops::{files, SessionView};
+use crate::session::{Session, State};
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -118,27 +117,26 @@ pub fn templates(
 }
 
 /// The sessions a caller sees (an admin key: all), each as `view` shows it.
-pub fn sessions_json(ctx: &Ctx, p: &Principal, view: impl Fn(&Session) -> Value) -> Reply {
-    let owner = (!p.is_admin()).then_some(p.id.as_str());
-    let sessions: Vec<Value> = ctx.mgr.list(owner).iter().map(|s| view(s)).collect();
+pub fn sessions_json(ctx: &Ctx, p: &Principal, view: impl Fn(&SessionView) -> Value) -> Reply {
+    let sessions: Vec<Value> = ctx.ops.list(p, true).iter().map(view).collect();
     Reply::Json(200, json!({"sessions": sessions}))
 }
 
 /// A session as the seed lists it: `state` is `creating`, `active` or
 /// `destroying`, `lastActivityAt`, `ownerId` and `templateName` beside our
 /// own fields (times in ms since the epoch).
-pub fn seed_session(s: &Session) -> Value {
-    let mut v = s.info();
-    let state = match s.state() {
-        crate::session::State::Starting => "creating",
-        crate::session::State::Ready => "active",
+pub fn seed_session(s: &SessionView) -> Value {
+    let mut v = s.json();
+    let state = match s.phase {
+        State::Starting => "creating",
+        State::Ready => "active",
         // A failed session is on its way out.
-        crate::session::State::Failed(_) | crate::session::State::Closing => "destroying",
+        State::Failed(_) | State::Closing => "destroying",
     };
     v["state"] = json!(state);
     v["lastActivityAt"] = v["lastUsedAt"].clone();
     v["ownerId"] = json!(s.owner);
-    v["templateName"] = json!(s.spec.template);
+    v["templateName"] = json!(s.template);
     v
 }
 
@@ -158,23 +156,10 @@ pub fn session(
     id: &str,
     create: Option<Option<String>>,
 ) -> ApiResult<Arc<Session>> {
-    validate::session_id(id)?;
-    match create {
-        Some(template) => {
-            let opts = SessionOptions {
-                template,
-                ..Default::default()
-            };
-            ctx.mgr
-                .get_or_create(&p.id, id, opts, false)
-                .map(|(s, _)| s)
-                .map_err(ApiError::from)
-        }
-        None => ctx
-            .mgr
-            .get(&p.id, id)
-            .ok_or_else(|| ApiError::session_not_found(id)),
-    }
+    Ok(match create {
+        Some(template) => ctx.ops.open(p, id, template)?.0,
+        None => ctx.ops.session(&p.id, id)?,
+    })
 }
 
 /// Streaming requested by `Accept` or `?format=`.
@@ -284,98 +269,14 @@ pub fn write(
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        match write_file(&session, &path, &data, mode, wait) {
+        match files::write(&session, &path, &data, mode, wait) {
             Ok(n) => Reply::Json(
                 200,
                 json!({"bytesWritten": n, "success": true, "path": path, "bytes": n}),
             ),
-            Err(e) => e.into(),
+            Err(e) => ApiError::from(e).into(),
         }
     })))
-}
-
-pub fn write_file(
-    session: &Session,
-    path: &str,
-    data: &[u8],
-    mode: Option<u32>,
-    wait: std::time::Duration,
-) -> ApiResult<u64> {
-    let call = session.call(
-        crate::proto::Request::WriteFile {
-            path: path.to_string(),
-            mode,
-            create_parents: true,
-            append: false,
-        },
-        wait,
-    )?;
-    let mut call = call;
-    let r = call
-        .send_all(data)
-        .and_then(|_| call.send_eof())
-        .and_then(|_| call.finish());
-    match r {
-        Ok(crate::proto::Response::Written { bytes }) => Ok(bytes),
-        Ok(other) => Err(ApiError::new(
-            502,
-            "agent_error",
-            format!("unexpected answer {other:?}"),
-        )),
-        Err(e) => Err(ApiError::from_agent(e, &format!("write {path}"))),
-    }
-}
-
-/// Reads a whole file through the session (bounded by `max`), the memory
-/// it takes leased from `lease` as it grows. The guest has `wait` for each
-/// piece: one that stalls cannot hold the lease for ever.
-pub fn read_file(
-    session: &Session,
-    lease: &mut Lease,
-    path: &str,
-    max: u64,
-    wait: std::time::Duration,
-) -> ApiResult<Vec<u8>> {
-    let mut call = session.call(
-        crate::proto::Request::ReadFile {
-            path: path.to_string(),
-            offset: 0,
-            len: Some(max.saturating_add(1)),
-        },
-        wait,
-    )?;
-    let mut out: Vec<u8> = Vec::new();
-    loop {
-        match call.recv_deadline(std::time::Instant::now() + wait) {
-            Ok(crate::agent::Inbound::Data { bytes, .. }) => {
-                let len = out.len() + bytes.len();
-                if len as u64 > max {
-                    return Err(ApiError::new(
-                        413,
-                        "file_too_large",
-                        format!("{path} is larger than {max} bytes"),
-                    ));
-                }
-                if len > out.capacity() {
-                    // Doubling, but never past `max`: what is leased is
-                    // what is allocated.
-                    let cap = (out.capacity() * 2).clamp(len, max as usize);
-                    lease.hold(cap as u64)?;
-                    out.reserve_exact(cap - out.len());
-                }
-                out.extend_from_slice(&bytes);
-            }
-            Ok(crate::agent::Inbound::Response(_)) => return Ok(out),
-            Ok(crate::agent::Inbound::Error(e)) => {
-                return Err(ApiError::from_agent(
-                    ClientError::Agent(e),
-                    &format!("read {path}"),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) => return Err(ApiError::from_agent(e, &format!("read {path}"))),
-        }
-    }
 }
 
 pub fn read(
@@ -400,56 +301,21 @@ pub fn read(
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        let r = read_file(&session, &mut lease, &path, max, wait).and_then(|data| {
-            let hint = format!(
-                "read it with ?encoding=base64, or as raw bytes from \
+        let r = files::read(&session, &mut lease, &path, max, wait)
+            .map_err(ApiError::from)
+            .and_then(|data| {
+                let hint = format!(
+                    "read it with ?encoding=base64, or as raw bytes from \
                  GET /v1/sessions/{}/files/content?path=...",
-                session.id
-            );
-            file_reply(&mut lease, &path, data, want_b64, max_reply, &hint)
-        });
+                    session.id
+                );
+                file_reply(&mut lease, &path, data, want_b64, max_reply, &hint)
+            });
         r.unwrap_or_else(Reply::from)
     })))
 }
 
-/// The JSON answer of a file read.
-#[derive(Serialize)]
-pub struct FileContent<'a> {
-    pub path: &'a str,
-    pub content: String,
-    pub encoding: &'static str,
-    pub size: usize,
-}
-
-/// `data` as text when it is UTF-8 and base64 is not asked for, else as
-/// base64 (its memory leased first).
-pub fn file_content<'a>(
-    lease: &mut Lease,
-    path: &'a str,
-    data: Vec<u8>,
-    want_b64: bool,
-) -> ApiResult<FileContent<'a>> {
-    let size = data.len();
-    let (content, encoding) = match (want_b64, String::from_utf8(data)) {
-        (false, Ok(s)) => (s, "utf8"),
-        (_, r) => {
-            let data = r.map(String::into_bytes).unwrap_or_else(|e| e.into_bytes());
-            lease.grow(base64_len(size) as u64)?;
-            let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-            drop(data);
-            lease.shrink_to(b64.len() as u64);
-            (b64, "base64")
-        }
-    };
-    Ok(FileContent {
-        path,
-        content,
-        encoding,
-        size,
-    })
-}
-
-/// [`file_content`] as a JSON reply, sized before it is built
+/// [`files::content`] as a JSON reply, sized before it is built
 /// ([`super::http::json_reply`]): text that escapes past `max_reply` is refused
 /// with 413 and `hint`.
 fn file_reply(
@@ -460,123 +326,8 @@ fn file_reply(
     max_reply: usize,
     hint: &str,
 ) -> ApiResult<Reply> {
-    let out = file_content(lease, path, data, want_b64)?;
+    let out = files::content(lease, path, data, want_b64)?;
     super::http::json_reply(lease, 200, &out, max_reply, hint)
-}
-
-/// Length of the padded base64 of `n` bytes.
-pub fn base64_len(n: usize) -> usize {
-    n.div_ceil(3) * 4
-}
-
-fn type_name(t: FileType) -> &'static str {
-    match t {
-        FileType::File => "file",
-        FileType::Dir => "directory",
-        FileType::Symlink => "symlink",
-        FileType::Other => "other",
-    }
-}
-
-/// What a listing calls a directory: the seed says `dir`, v1 and MCP
-/// `directory`.
-pub const SEED_DIR: &str = "dir";
-pub const V1_DIR: &str = "directory";
-
-/// One entry of a listing as the API shows it (serialized as is: a
-/// `Value` per entry costs ten times the entry).
-#[derive(Serialize)]
-pub struct EntryOut {
-    path: String,
-    name: String,
-    #[serde(rename = "type")]
-    file_type: &'static str,
-    size: u64,
-    mode: u32,
-    mtime: i64,
-}
-
-impl From<DirEntry> for EntryOut {
-    fn from(e: DirEntry) -> EntryOut {
-        EntryOut {
-            name: e.path.rsplit('/').next().unwrap_or(&e.path).to_string(),
-            file_type: type_name(e.file_type),
-            size: e.size,
-            mode: e.mode,
-            mtime: e.mtime_ms,
-            path: e.path,
-        }
-    }
-}
-
-#[derive(Serialize)]
-pub struct Listing {
-    pub path: String,
-    pub files: Vec<EntryOut>,
-    pub truncated: bool,
-}
-
-/// Entries a listing asks the guest for; the agent client ends the call
-/// if the guest sends more (and bounds their bytes).
-pub const MAX_LIST_ENTRIES: u64 = 100_000;
-
-/// Lists `path` through the session, the memory it takes leased from
-/// `lease`. The guest has `wait` for each batch.
-pub fn list(
-    session: &Session,
-    lease: &mut Lease,
-    path: &str,
-    recursive: bool,
-    wait: std::time::Duration,
-) -> ApiResult<Listing> {
-    let mut call = session.call(
-        crate::proto::Request::List {
-            path: path.to_string(),
-            recursive,
-            max_entries: Some(MAX_LIST_ENTRIES),
-        },
-        wait,
-    )?;
-    let mut files: Vec<EntryOut> = Vec::new();
-    let mut held = 0u64;
-    loop {
-        match call.recv_deadline(std::time::Instant::now() + wait) {
-            Ok(crate::agent::Inbound::Event(crate::proto::Event::Entries { entries })) => {
-                // Two strings and the fixed fields per entry.
-                held += entries
-                    .iter()
-                    .map(|e| 2 * e.path.len() as u64 + 96)
-                    .sum::<u64>();
-                lease.hold(held)?;
-                files.extend(entries.into_iter().map(EntryOut::from))
-            }
-            Ok(crate::agent::Inbound::Response(crate::proto::Response::Listed {
-                truncated,
-                ..
-            })) => {
-                return Ok(Listing {
-                    path: path.to_string(),
-                    files,
-                    truncated,
-                })
-            }
-            Ok(crate::agent::Inbound::Response(r)) => {
-                return Err(ApiError::new(
-                    502,
-                    "agent_error",
-                    format!("unexpected answer {r:?}"),
-                ))
-            }
-            Ok(crate::agent::Inbound::Error(e)) => {
-                return Err(ApiError::from_agent(
-                    ClientError::Agent(e),
-                    &format!("list {path}"),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) => return Err(ApiError::from_agent(e, &format!("list {path}"))),
-        }
-    }
 }
 
 pub fn files(
@@ -595,7 +346,15 @@ pub fn files(
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = activity;
-        list_reply(&session, lease, &path, recursive, wait, max_reply, SEED_DIR)
+        list_reply(
+            &session,
+            lease,
+            &path,
+            recursive,
+            wait,
+            max_reply,
+            files::SEED_DIR,
+        )
     })))
 }
 
@@ -610,10 +369,11 @@ pub fn list_reply(
     max_reply: usize,
     dir: &'static str,
 ) -> Reply {
-    list(session, &mut lease, path, recursive, wait)
+    files::list(session, &mut lease, path, recursive, wait)
+        .map_err(ApiError::from)
         .and_then(|mut l| {
-            if dir != V1_DIR {
-                for f in l.files.iter_mut().filter(|f| f.file_type == V1_DIR) {
+            if dir != files::V1_DIR {
+                for f in l.files.iter_mut().filter(|f| f.file_type == files::V1_DIR) {
                     f.file_type = dir;
                 }
             }
@@ -636,7 +396,7 @@ pub fn delete_session(
 ) -> ApiResult<Reply> {
     let id = params.get("session");
     validate::session_id(id)?;
-    let owner = owner_for(p, params)?;
+    let owner = ctx.ops.owner_for(p, params.query("owner"))?;
     // As the seed: 200 either way, `destroyed` says whether there was one.
     let gone = |id: &str| {
         Reply::Json(
@@ -644,14 +404,14 @@ pub fn delete_session(
             json!({"destroyed": false, "success": false, "sessionId": id}),
         )
     };
-    if ctx.mgr.get(&owner, id).is_none() {
+    if ctx.ops.session(&owner, id).is_err() {
         return Ok(gone(id));
     }
     // Destroying a VM can take a moment: not on an API worker thread.
-    let mgr = ctx.mgr.clone();
+    let ops = ctx.ops.clone();
     let id = id.to_string();
     Ok(Reply::Later(Box::new(move || {
-        if mgr.remove(&owner, &id, "deleted by request", true) {
+        if ops.delete(&owner, &id, "deleted by request") {
             Reply::Json(
                 200,
                 json!({"destroyed": true, "success": true, "sessionId": id}),
@@ -660,16 +420,6 @@ pub fn delete_session(
             gone(&id)
         }
     })))
-}
-
-/// Whose sessions a request addresses: the caller's own, or, for an admin
-/// key, another key's with `?owner=`.
-pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
-    match params.query("owner") {
-        Some(o) if p.is_admin() => Ok(o.to_string()),
-        Some(_) => Err(crate::ops::OpsError::Forbidden("owner= needs an admin key".into()).into()),
-        None => Ok(p.id.clone()),
-    }
 }
 
 // ---- admin keys -----------------------------------------------------------

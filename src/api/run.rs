@@ -4,7 +4,6 @@
 //! ([`RunRequest::parse`]) and the run ([`run`]), so they answer alike.
 
 use super::errors::{ApiError, ApiResult};
-use super::rest;
 use crate::agent::{ClientError, Inbound};
 use crate::proto::{channel, limits::CPU_PERIOD_US, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
@@ -278,7 +277,7 @@ pub fn run(
         .map_err(|e| ApiError::from_agent(e, "start the sandbox"))?;
     let (interp, file) = r.language.program();
     let path = format!("{CODE_DIR}/{file}");
-    rest::write_file(&session, &path, r.code.as_bytes(), Some(0o644), wait)?;
+    crate::ops::files::write(&session, &path, r.code.as_bytes(), Some(0o644), wait)?;
     let req = ExecRequest {
         argv: vec![interp.to_string(), path],
         env: session.env_for(&Default::default()),

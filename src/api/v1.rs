@@ -5,15 +5,16 @@ use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
 use super::exec::{self, ExecBody};
 use super::http::{json_body, ok_json, read_body, Reply};
-use super::rest::{self, owner_for, stream_format};
+use super::rest::{self, stream_format};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::{ClientError, Inbound};
-use crate::config::parse_duration;
-use crate::proto::{FileType, Request, Response, Signal};
+use crate::ops::network::NetworkView;
+use crate::ops::sessions::Span;
+use crate::ops::{files, OpsResult, SessionSpec, SessionView};
+use crate::proto::{Request, Response, Signal};
 use crate::sandbox::EgressPolicy;
-use crate::session::{Session, SessionOptions};
-use crate::sync::lock;
+use crate::session::Session;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -22,34 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<Session>> {
-    let id = params.get("session");
-    validate::session_id(id)?;
-    let owner = owner_for(p, params)?;
-    ctx.mgr
-        .get(&owner, id)
-        .ok_or_else(|| ApiError::session_not_found(id))
-}
-
-/// A duration given as seconds (number) or a string like `30m`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Dur {
-    Secs(f64),
-    Text(String),
-}
-
-impl Dur {
-    fn get(&self, what: &str) -> ApiResult<Duration> {
-        let d = match self {
-            Dur::Secs(s) if s.is_finite() && *s > 0.0 && *s < 1e9 => Duration::from_secs_f64(*s),
-            Dur::Secs(s) => return Err(ApiError::bad_request(format!("{what} {s} out of range"))),
-            Dur::Text(t) => parse_duration(t).map_err(ApiError::bad_request)?,
-        };
-        if d.is_zero() {
-            return Err(ApiError::bad_request(format!("{what} must be positive")));
-        }
-        Ok(d)
-    }
+    Ok(ctx
+        .ops
+        .find(p, params.query("owner"), params.get("session"))?)
 }
 
 #[derive(Deserialize)]
@@ -64,8 +40,8 @@ struct CreateBody {
     #[serde(default, deserialize_with = "validate::opt_int")]
     disk_mib: Option<u32>,
     /// Maximum lifetime (seconds or `2h`).
-    ttl: Option<Dur>,
-    idle_timeout: Option<Dur>,
+    ttl: Option<Span>,
+    idle_timeout: Option<Span>,
     env: Option<BTreeMap<String, String>>,
     egress: Option<EgressPolicy>,
 }
@@ -77,58 +53,23 @@ pub fn create_session(
     _: &Params,
 ) -> ApiResult<Reply> {
     let b: CreateBody = json_body(req, ctx.cfg.max_body)?;
-    let id = match b.id {
-        Some(id) => id,
-        None => {
-            let r = crate::agent::random_u64()
-                .map_err(|e| ApiError::internal(format!("making a session id: {e}")))?;
-            format!("s-{:012x}", r & 0xffff_ffff_ffff)
-        }
-    };
-    validate::session_id(&id)?;
-    // The shape is checked (400 invalid_shape) by the session manager,
-    // against the configured and host maxima, with the defaults filled in.
-    if let Some(e) = &b.egress {
-        e.validate(ctx.cfg.network.as_ref())
-            .map_err(ApiError::bad_request)?;
-    }
-    if let Some(t) = &b.template {
-        if t.is_empty() || t.len() > 64 {
-            return Err(ApiError::bad_request(
-                "template name must be 1-64 characters",
-            ));
-        }
-    }
-    let opts = SessionOptions {
+    let spec = SessionSpec {
+        id: b.id,
         template: b.template,
         vcpus: b.vcpus,
-        mem_mib: b.memory_mib,
+        memory_mib: b.memory_mib,
         disk_mib: b.disk_mib,
-        ttl: b.ttl.as_ref().map(|d| d.get("ttl")).transpose()?,
-        idle_timeout: b
-            .idle_timeout
-            .as_ref()
-            .map(|d| d.get("idleTimeout"))
-            .transpose()?,
-        env: validate::env(b.env.unwrap_or_default())?,
+        ttl: b.ttl,
+        idle_timeout: b.idle_timeout,
+        env: b.env.unwrap_or_default(),
         egress: b.egress,
     };
-    let (session, _) = ctx.mgr.get_or_create(&p.id, &id, opts, true)?;
-    let wait = ctx.cfg.create_timeout;
-    let mgr = ctx.mgr.clone();
+    let session = ctx.ops.create(p, spec)?;
+    let ops = ctx.ops.clone();
     // Answer once the sandbox is up, so start failures are reported here.
-    Ok(Reply::Later(Box::new(move || {
-        let r = session
-            .call(Request::Ping, wait)
-            .map_err(ApiError::from)
-            .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")));
-        match r {
-            Ok(_) => Reply::Json(201, session.info()),
-            Err(e) => {
-                mgr.remove(&session.owner, &session.id, "failed to start", false);
-                e.into()
-            }
-        }
+    Ok(Reply::Later(Box::new(move || match ops.ready(&session) {
+        Ok(()) => Reply::Json(201, SessionView::of(&session).json()),
+        Err(e) => ApiError::from(e).into(),
     })))
 }
 
@@ -138,7 +79,7 @@ pub fn list_sessions(
     p: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    Ok(rest::sessions_json(ctx, p, Session::info))
+    Ok(rest::sessions_json(ctx, p, SessionView::json))
 }
 
 pub fn get_session(
@@ -147,7 +88,7 @@ pub fn get_session(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(own_session(ctx, p, params)?.info())
+    ok_json(SessionView::of(&*own_session(ctx, p, params)?).json())
 }
 
 pub fn delete_session(
@@ -166,8 +107,7 @@ pub fn keepalive(
     params: &Params,
 ) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
-    s.touch();
-    ok_json(s.info())
+    ok_json(ctx.ops.keepalive(&s).json())
 }
 
 /// The session's egress policy in force.
@@ -177,12 +117,7 @@ pub fn get_network(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(network_state(&*own_session(ctx, p, params)?))
-}
-
-fn network_state(s: &Session) -> serde_json::Value {
-    let e = lock(&s.egress).clone();
-    json!({"sessionId": s.id, "egress": e})
+    ok_json(NetworkView::of(&*own_session(ctx, p, params)?).json())
 }
 
 /// Replace the egress policy of a running session. Answers once the new
@@ -194,21 +129,13 @@ pub fn set_network(
     params: &Params,
 ) -> ApiResult<Reply> {
     let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
-    policy
-        .validate(ctx.cfg.network.as_ref())
-        .map_err(ApiError::bad_request)?;
+    ctx.ops.check_egress(&policy)?;
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
+    let ops = ctx.ops.clone();
     Ok(Reply::Later(Box::new(move || {
-        // A session still starting gets its policy once it is up.
-        let r = s
-            .call(Request::Ping, wait)
-            .map_err(ApiError::from)
-            .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")))
-            .and_then(|_| s.set_egress(policy, wait).map_err(ApiError::from));
-        match r {
-            Ok(()) => Reply::Json(200, network_state(&s)),
-            Err(e) => e.into(),
+        match ops.set_network(&s, policy) {
+            Ok(v) => Reply::Json(200, v.json()),
+            Err(e) => ApiError::from(e).into(),
         }
     })))
 }
@@ -526,9 +453,9 @@ pub fn download(
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
-        match rest::read_file(&s, &mut lease, &path, max, wait) {
+        match files::read(&s, &mut lease, &path, max, wait) {
             Ok(data) => Reply::Bytes(200, "application/octet-stream".into(), data),
-            Err(e) => e.into(),
+            Err(e) => ApiError::from(e).into(),
         }
     })))
 }
@@ -559,15 +486,7 @@ pub fn upload(
     }
     let s = own_session(ctx, p, params)?;
     let _a = s.activity();
-    let mut call = s.call(
-        Request::WriteFile {
-            path: path.clone(),
-            mode,
-            create_parents: true,
-            append: false,
-        },
-        ctx.cfg.create_timeout,
-    )?;
+    let file = files::create(&s, &path, mode, ctx.cfg.create_timeout)?;
     // Stream the body straight into the guest; the guest renames into place
     // only after EOF, so a failed upload leaves no half file.
     let mut body = req.as_reader().take(max as u64 + 1);
@@ -580,38 +499,37 @@ pub fn upload(
         }
         total += n;
         if total > max {
-            let _ = call.cancel();
+            file.cancel();
             return Err(ApiError::new(
                 413,
                 "body_too_large",
                 format!("file exceeds {max} bytes"),
             ));
         }
-        call.send_all(&buf[..n])
-            .map_err(|e| ApiError::from_agent(e, &format!("write {path}")))?;
+        file.send(&buf[..n])?;
     }
-    call.send_eof()
-        .map_err(|e| ApiError::from_agent(e, &format!("write {path}")))?;
-    match call.finish() {
-        Ok(Response::Written { bytes }) => {
-            Ok(Reply::Json(201, json!({"path": path, "bytes": bytes})))
-        }
-        Ok(other) => Err(ApiError::new(
-            502,
-            "agent_error",
-            format!("unexpected answer {other:?}"),
-        )),
-        Err(e) => Err(ApiError::from_agent(e, &format!("write {path}"))),
-    }
+    let bytes = file.finish()?;
+    Ok(Reply::Json(201, json!({"path": path, "bytes": bytes})))
 }
 
-fn type_name(t: FileType) -> &'static str {
-    match t {
-        FileType::File => "file",
-        FileType::Dir => "directory",
-        FileType::Symlink => "symlink",
-        FileType::Other => "other",
-    }
+/// A file operation on a long-request thread, the session in use
+/// meanwhile; `Ok` answers 200 with `f`'s JSON.
+fn file_op<T: 'static>(
+    s: Arc<Session>,
+    op: impl FnOnce(&Session) -> OpsResult<T> + Send + 'static,
+    f: fn(T) -> Value,
+) -> Reply {
+    Reply::Later(Box::new(move || {
+        let _a = s.activity();
+        match op(&s) {
+            Ok(v) => Reply::Json(200, f(v)),
+            Err(e) => ApiError::from(e).into(),
+        }
+    }))
+}
+
+fn success(_: ()) -> Value {
+    json!({"success": true})
 }
 
 pub fn stat(
@@ -623,18 +541,11 @@ pub fn stat(
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    Ok(simple(
+    Ok(file_op(
         s,
-        Request::Stat { path },
-        wait,
-        "stat",
-        |r| match r {
-            Response::Stat(st) => json!({
-                "path": st.path, "type": type_name(st.file_type), "size": st.size,
-                "mode": st.mode, "mtime": st.mtime_ms, "linkTarget": st.link_target,
-            }),
-            other => json!({"unexpected": format!("{other:?}")}),
-        },
+        move |s| files::stat(s, &path, wait),
+        // A struct of strings and numbers: cannot fail.
+        |st| serde_json::to_value(st).unwrap_or_default(),
     ))
 }
 
@@ -653,7 +564,7 @@ pub fn list_files(
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {
         let _a = s.activity();
-        rest::list_reply(&s, lease, &path, recursive, wait, max_reply, rest::V1_DIR)
+        rest::list_reply(&s, lease, &path, recursive, wait, max_reply, files::V1_DIR)
     })))
 }
 
@@ -674,12 +585,12 @@ pub fn mkdir(
     validate::path(&b.path, "path")?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    let r = Request::Mkdir {
-        path: b.path,
-        parents: b.parents.unwrap_or(true),
-        mode: None,
-    };
-    Ok(simple(s, r, wait, "mkdir", |_| json!({"success": true})))
+    let parents = b.parents.unwrap_or(true);
+    Ok(file_op(
+        s,
+        move |s| files::mkdir(s, &b.path, parents, wait),
+        success,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -699,11 +610,12 @@ pub fn remove(
     validate::path(&b.path, "path")?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    let r = Request::Remove {
-        path: b.path,
-        recursive: b.recursive.unwrap_or(false),
-    };
-    Ok(simple(s, r, wait, "remove", |_| json!({"success": true})))
+    let recursive = b.recursive.unwrap_or(false);
+    Ok(file_op(
+        s,
+        move |s| files::remove(s, &b.path, recursive, wait),
+        success,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -725,10 +637,10 @@ pub fn rename(
     validate::path(&b.to, "to")?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
-    let r = Request::Rename {
-        from: b.from,
-        to: b.to,
-        overwrite: b.overwrite.unwrap_or(true),
-    };
-    Ok(simple(s, r, wait, "rename", |_| json!({"success": true})))
+    let overwrite = b.overwrite.unwrap_or(true);
+    Ok(file_op(
+        s,
+        move |s| files::rename(s, &b.from, &b.to, overwrite, wait),
+        success,
+    ))
 }

@@ -53,7 +53,7 @@ impl McpHttp {
         McpHttp {
             origins: cfg.mcp_allowed_origins.clone(),
             idle: cfg.idle_timeout,
-            engine: Engine::new(Host { mgr, cfg }),
+            engine: Engine::new(Host::new(mgr, cfg)),
             sessions: Mutex::new(HashMap::new()),
         }
     }

@@ -45,6 +45,15 @@ pub const MAX_INFLIGHT: usize = 64;
 pub struct Host {
     pub mgr: Arc<Manager>,
     pub cfg: Arc<Config>,
+    /// The operations the tools call.
+    pub ops: Arc<crate::ops::Ops>,
+}
+
+impl Host {
+    pub fn new(mgr: Arc<Manager>, cfg: Arc<Config>) -> Host {
+        let ops = crate::ops::Ops::new(mgr.clone(), cfg.clone());
+        Host { mgr, cfg, ops }
+    }
 }
 
 /// Who calls: the API key's id owns the sessions it creates, exactly as

@@ -102,10 +102,7 @@ pub fn main(a: McpArgs) -> Result<(), String> {
         .map_err(|e| format!("start pool thread: {e}"))?;
     let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
     let reaper = reaper::spawn(mgr.clone(), stop_rx).map_err(|e| format!("start reaper: {e}"))?;
-    let engine = Engine::new(Host {
-        mgr: mgr.clone(),
-        cfg,
-    });
+    let engine = Engine::new(Host::new(mgr.clone(), cfg));
     let caller = Caller {
         owner: "local".into(),
         admin: true,

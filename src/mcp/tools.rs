@@ -8,7 +8,9 @@
 use super::{Caller, Host};
 use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
-use crate::api::{rest, validate};
+use crate::ops::sessions::{self, Span};
+use crate::ops::validate;
+use crate::ops::{files, OpsError, Principal, SessionSpec, SessionView};
 use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
@@ -694,7 +696,7 @@ fn opt_env(a: &Map<String, Value>) -> Result<BTreeMap<String, String>, String> {
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|_| "argument env must be an object of strings".to_string())?,
     };
-    validate::env(env).map_err(msg)
+    validate::env(env).map_err(op_err)
 }
 
 /// Rejects arguments the schema does not name (a typo should not be ignored).
@@ -718,18 +720,40 @@ fn msg(e: impl Into<ApiError>) -> String {
     e.into().message
 }
 
+/// An operation's error as the tool's error text (`OpsError`'s message is
+/// the one REST shows).
+fn op_err(e: impl Into<OpsError>) -> String {
+    e.into().to_string()
+}
+
+/// The caller as the operations know it.
+fn principal(ctx: &ToolCtx) -> Principal {
+    Principal {
+        id: ctx.caller.owner.clone(),
+        scopes: if ctx.caller.admin {
+            vec!["admin".into()]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
 fn session_id(a: &Map<String, Value>) -> Result<String, String> {
     let id = req_str(a, "sessionId")?;
-    validate::session_id(&id).map_err(msg)?;
+    validate::session_id(&id).map_err(op_err)?;
     Ok(id)
 }
 
 fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
-    ctx.host.mgr.get(&ctx.caller.owner, id).ok_or_else(|| {
-        format!(
-            "no session {id:?} (create one with create_session, or list them with list_sessions)"
-        )
-    })
+    ctx.host
+        .ops
+        .session(&ctx.caller.owner, id)
+        .map_err(|e| match e {
+            OpsError::SessionNotFound { .. } => format!(
+                "no session {id:?} (create one with create_session, or list them with list_sessions)"
+            ),
+            other => op_err(other),
+        })
 }
 
 fn wait(ctx: &ToolCtx) -> Duration {
@@ -740,46 +764,28 @@ fn agent_err(e: ClientError, what: &str) -> String {
     ApiError::from_agent(e, what).message
 }
 
-/// Waits for a new session's sandbox, removing the session if it fails.
-fn ready(ctx: &ToolCtx, s: &Arc<Session>) -> Result<(), String> {
-    let r = s
-        .call(Request::Ping, wait(ctx))
-        .map_err(ApiError::from)
-        .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, "ping")));
-    if let Err(e) = r {
-        ctx.host
-            .mgr
-            .remove(&s.owner, &s.id, "failed to start", false);
-        return Err(e.message);
-    }
-    Ok(())
-}
-
-fn session_json(s: &Session) -> Value {
-    let i = s.info();
+/// A session as the tools show it.
+fn session_json(v: &SessionView) -> Value {
     json!({
-        "sessionId": s.id,
-        "template": s.spec.template,
-        "state": i["state"],
-        "vcpus": s.spec.vcpus,
-        "memoryMib": s.spec.mem_mib,
-        "diskMib": s.spec.disk_mib,
-        "createdAt": i["createdAt"],
-        "expiresAt": i["expiresAt"],
+        "sessionId": v.session_id,
+        "template": v.template,
+        "state": v.state,
+        "vcpus": v.vcpus,
+        "memoryMib": v.memory_mib,
+        "diskMib": v.disk_mib,
+        "createdAt": v.created_at,
+        "expiresAt": v.expires_at,
     })
 }
 
 fn new_id() -> Result<String, String> {
-    let r = crate::agent::random_u64().map_err(|e| format!("making a session id: {e}"))?;
-    Ok(format!("s-{:012x}", r & 0xffff_ffff_ffff))
+    sessions::new_id().map_err(op_err)
 }
 
 // ---- handlers ---------------------------------------------------------------
 
-fn egress(
-    v: Option<&Value>,
-    net: Option<&crate::net::NetConfig>,
-) -> Result<Option<EgressPolicy>, String> {
+/// `egress` as a mode or a policy object (checked by the operation).
+fn egress(v: Option<&Value>) -> Result<Option<EgressPolicy>, String> {
     let p = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(m)) => {
@@ -792,19 +798,15 @@ fn egress(
         }
         Some(o) => serde_json::from_value(o.clone()).map_err(|e| format!("egress: {e}"))?,
     };
-    p.validate(net)?;
     Ok(Some(p))
 }
 
 fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &create_session_in())?;
-    let id = match opt_str(a, "sessionId")? {
-        Some(id) => {
-            validate::session_id(&id).map_err(msg)?;
-            id
-        }
-        None => new_id()?,
-    };
+    let id = opt_str(a, "sessionId")?;
+    if let Some(id) = &id {
+        validate::session_id(id).map_err(op_err)?;
+    }
     let template = opt_str(a, "template")?;
     let empty = Map::new();
     let limits = match a.get("limits") {
@@ -820,24 +822,21 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(msg))
             .transpose()
     };
-    let opts = SessionOptions {
+    let spec = SessionSpec {
+        id,
         template,
         vcpus: range("vcpus", &VCPUS)?,
-        mem_mib: range("memoryMib", &MEM_MIB)?,
+        memory_mib: range("memoryMib", &MEM_MIB)?,
         disk_mib: range("diskMib", &DISK_MIB)?,
-        ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
-        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
+        ttl: opt_f64(limits, "ttl")?.map(Span::Secs),
+        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
         env: opt_env(a)?,
-        egress: egress(a.get("egress"), ctx.host.cfg.network.as_ref())?,
+        egress: egress(a.get("egress"))?,
     };
-    let (s, _) = ctx
-        .host
-        .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, true)
-        .map_err(msg)?;
-    (ctx.created)(&id);
-    ready(ctx, &s)?;
-    Ok(session_json(&s).into())
+    let s = ctx.host.ops.create(&principal(ctx), spec).map_err(op_err)?;
+    (ctx.created)(&s.id);
+    ctx.host.ops.ready(&s).map_err(op_err)?;
+    Ok(session_json(&SessionView::of(&s)).into())
 }
 
 /// Builds the agent's exec request from seed-style arguments.
@@ -1024,7 +1023,7 @@ fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &write_file_in())?;
     let id = session_id(a)?;
     let path = req_str(a, "path")?;
-    validate::path(&path, "path").map_err(msg)?;
+    validate::path(&path, "path").map_err(op_err)?;
     let content = req_str(a, "content")?;
     let data = match opt_str(a, "encoding")?.as_deref() {
         None | Some("utf8") => content.into_bytes(),
@@ -1035,7 +1034,7 @@ fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     };
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let n = rest::write_file(&s, &path, &data, None, wait(ctx)).map_err(msg)?;
+    let n = files::write(&s, &path, &data, None, wait(ctx)).map_err(op_err)?;
     Ok(json!({"sessionId": id, "path": path, "bytes": n}).into())
 }
 
@@ -1043,18 +1042,18 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &path_in())?;
     let id = session_id(a)?;
     let path = req_str(a, "path")?;
-    validate::path(&path, "path").map_err(msg)?;
+    validate::path(&path, "path").map_err(op_err)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
     let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
     // Base64 grows 4/3 and must fit in one message.
     let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
-    let data = rest::read_file(&s, &mut lease, &path, max, wait(ctx)).map_err(msg)?;
+    let data = files::read(&s, &mut lease, &path, max, wait(ctx)).map_err(op_err)?;
     // Text that JSON escapes to more than its base64 (control bytes take
     // six bytes each) goes as base64 too: the answer stays within 4/3.
     let as_text = std::str::from_utf8(&data)
-        .is_ok_and(|t| crate::budget::json_len(t) <= rest::base64_len(t.len()) + 2);
-    let c = rest::file_content(&mut lease, &path, data, !as_text).map_err(msg)?;
+        .is_ok_and(|t| crate::budget::json_len(t) <= files::base64_len(t.len()) + 2);
+    let c = files::content(&mut lease, &path, data, !as_text).map_err(op_err)?;
     // The structured copy and the one in the text block.
     lease
         .grow(2 * c.content.len() as u64)
@@ -1077,12 +1076,12 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &list_files_in())?;
     let id = session_id(a)?;
     let path = opt_str(a, "path")?.unwrap_or_else(|| ".".into());
-    validate::path(&path, "path").map_err(msg)?;
+    validate::path(&path, "path").map_err(op_err)?;
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
     let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
-    let l = rest::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(msg)?;
+    let l = files::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(op_err)?;
     // Sized before it becomes a `Value` (ten times the bytes).
     let len = crate::budget::json_len(&l);
     if len > super::MAX_MESSAGE / 2 {
@@ -1105,13 +1104,10 @@ fn ping(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     match opt_str(a, "sessionId")? {
         None => Ok(json!({"ok": true, "version": version}).into()),
         Some(id) => {
-            validate::session_id(&id).map_err(msg)?;
+            validate::session_id(&id).map_err(op_err)?;
             let s = own_session(ctx, &id)?;
             let t = Instant::now();
-            s.call(Request::Ping, wait(ctx))
-                .map_err(msg)?
-                .finish()
-                .map_err(|e| agent_err(e, "ping"))?;
+            ctx.host.ops.ping(&s).map_err(op_err)?;
             Ok(json!({"ok": true, "sessionId": id, "version": version,
                       "latencyMs": t.elapsed().as_secs_f64() * 1000.0})
             .into())
@@ -1123,42 +1119,20 @@ fn reset_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &session_id_in())?;
     let id = session_id(a)?;
     let old = own_session(ctx, &id)?;
-    let opts = SessionOptions {
-        template: Some(old.spec.template.clone()),
-        vcpus: Some(old.spec.vcpus),
-        mem_mib: Some(old.spec.mem_mib),
-        disk_mib: Some(old.spec.disk_mib),
-        ttl: Some(
-            old.expires
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_secs(1)),
-        ),
-        idle_timeout: Some(old.idle_timeout),
-        env: old.spec.env.clone(),
-        egress: Some(old.spec.egress.clone()),
-    };
-    drop(old);
-    ctx.host
-        .mgr
-        .remove(&ctx.caller.owner, &id, "reset by MCP", true);
-    let (s, _) = ctx
-        .host
-        .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, true)
-        .map_err(msg)?;
+    let s = ctx.host.ops.reset(old, "reset by MCP").map_err(op_err)?;
     (ctx.created)(&id);
-    ready(ctx, &s)?;
-    Ok(session_json(&s).into())
+    ctx.host.ops.ready(&s).map_err(op_err)?;
+    Ok(session_json(&SessionView::of(&s)).into())
 }
 
 fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &empty_in())?;
     let v: Vec<Value> = ctx
         .host
-        .mgr
-        .list(Some(&ctx.caller.owner))
+        .ops
+        .list(&principal(ctx), false)
         .iter()
-        .map(|s| session_json(s))
+        .map(session_json)
         .collect();
     Ok(json!({"sessions": v}).into())
 }
@@ -1168,8 +1142,8 @@ fn destroy_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let id = session_id(a)?;
     if !ctx
         .host
-        .mgr
-        .remove(&ctx.caller.owner, &id, "destroyed by MCP", true)
+        .ops
+        .delete(&ctx.caller.owner, &id, "destroyed by MCP")
     {
         return Err(format!("no session {id:?}"));
     }

@@ -26,20 +26,54 @@ pub enum OpsError {
     /// What the caller's key may not do.
     #[error("{0}")]
     Forbidden(String),
-    #[error(transparent)]
+    /// A file read over its limit (`max` bytes).
+    #[error("{path} is larger than {max} bytes")]
+    FileTooLarge { path: String, max: u64 },
+    /// Displayed as the front ends word it: a failure to start the request
+    /// on the agent reads like [`OpsError::Agent`].
+    #[error("{}", session_message(.0))]
     Session(#[from] SessionError),
     #[error(transparent)]
     Budget(#[from] BudgetError),
     /// The agent refused or failed `what` (its own error code is kept).
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", agent_detail(source))]
     Agent { what: String, source: ClientError },
+    /// The agent answered with a response of the wrong kind.
+    #[error("unexpected answer {answer}")]
+    UnexpectedAnswer { answer: String },
     /// Our fault: a thread that did not start, a reply that did not
     /// serialize.
     #[error("{0}")]
     Internal(String),
 }
 
+/// What a client is told about an agent failure, after the name of what
+/// failed (REST `message`, MCP error text): the agent's own message, not
+/// our wrapping of it.
+pub fn agent_detail(e: &ClientError) -> String {
+    match e {
+        ClientError::Agent(b) => b.message.clone(),
+        ClientError::Timeout(d) => format!("no answer after {d:.1?}"),
+        ClientError::Closed(m) | ClientError::OverBudget(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn session_message(e: &SessionError) -> String {
+    match e {
+        SessionError::Agent(a) => format!("start request: {}", agent_detail(a)),
+        other => other.to_string(),
+    }
+}
+
 impl OpsError {
+    /// An answer of the wrong kind from the agent.
+    pub fn unexpected(answer: impl std::fmt::Debug) -> OpsError {
+        OpsError::UnexpectedAnswer {
+            answer: format!("{answer:?}"),
+        }
+    }
+
     /// The agent's failure of `what`.
     pub fn agent(what: impl Into<String>) -> impl FnOnce(ClientError) -> OpsError {
         let what = what.into();
@@ -56,9 +90,10 @@ impl OpsError {
             OpsError::InvalidPath { .. } => "invalid_path",
             OpsError::BadRequest(_) => "bad_request",
             OpsError::Forbidden(_) => "forbidden",
+            OpsError::FileTooLarge { .. } => "file_too_large",
             OpsError::Session(e) => e.code(),
             OpsError::Budget(e) => e.code(),
-            OpsError::Agent { .. } => "agent_error",
+            OpsError::Agent { .. } | OpsError::UnexpectedAnswer { .. } => "agent_error",
             OpsError::Internal(_) => "internal",
         }
     }

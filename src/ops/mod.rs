@@ -5,9 +5,13 @@
 //! ownership checks live here once.
 
 pub mod error;
+pub mod files;
+pub mod network;
+pub mod sessions;
 pub mod validate;
 
 pub use error::{OpsError, OpsResult};
+pub use sessions::{SessionSpec, SessionView};
 
 use crate::config::Config;
 use crate::session::{Manager, Session};

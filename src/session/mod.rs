@@ -21,7 +21,6 @@ use crate::proto::Request;
 use crate::sandbox::{EgressPolicy, SandboxSpec};
 use crate::sync::lock;
 use crossbeam_channel::{RecvTimeoutError, Sender};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,17 +45,6 @@ pub enum State {
     Ready,
     Failed(String),
     Closing,
-}
-
-impl State {
-    fn name(&self) -> &'static str {
-        match self {
-            State::Starting => "starting",
-            State::Ready => "ready",
-            State::Failed(_) => "failed",
-            State::Closing => "closing",
-        }
-    }
 }
 
 pub(crate) enum Cmd {
@@ -173,31 +161,6 @@ impl Session {
                 id: self.id.clone(),
             },
         }
-    }
-
-    pub fn info(&self) -> serde_json::Value {
-        let now = Instant::now();
-        let unix_ms = |i: Instant| -> u64 {
-            let delta = i.saturating_duration_since(now).as_millis() as u64;
-            now_unix_ms() + delta
-        };
-        json!({
-            "id": self.id,
-            "sessionId": self.id,
-            "owner": self.owner,
-            "template": self.spec.template,
-            "state": self.state().name(),
-            "vcpus": self.spec.vcpus,
-            "memoryMib": self.spec.mem_mib,
-            "diskMib": self.spec.disk_mib,
-            "env": self.spec.env,
-            "egress": *lock(&self.egress),
-            "createdAt": self.created_unix_ms,
-            "lastUsedAt": now_unix_ms().saturating_sub(self.idle_for().as_millis() as u64),
-            "expiresAt": unix_ms(self.expires),
-            "idleTimeoutMs": self.idle_timeout.as_millis() as u64,
-            "busy": self.busy(),
-        })
     }
 
     pub fn pids(&self) -> Vec<i32> {

@@ -36,7 +36,7 @@ fn engine() -> &'static Arc<Engine> {
             Arc::new(fake::NoSandboxes),
             Arc::new(Metrics::new()),
         );
-        Engine::new(Host { mgr, cfg })
+        Engine::new(Host::new(mgr, cfg))
     })
 }
 
