@@ -106,8 +106,14 @@ impl From<crate::ops::OpsError> for ApiError {
         use crate::ops::OpsError as E;
         let status = match &e {
             E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
-            E::SessionNotFound { .. } => 404,
-            E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
+            E::SessionNotFound { .. } | E::ProcessNotFound { .. } => 404,
+            E::InvalidSessionId { .. }
+            | E::InvalidPath { .. }
+            | E::BadRequest(_)
+            | E::TimeoutTooLong { .. } => 400,
+            E::Cancelled(_) => 409,
+            E::Timeout(_) => 504,
+            E::UnexpectedAnswer(_) => 502,
             E::Forbidden(_) => 403,
             E::Internal(_) => 500,
         };

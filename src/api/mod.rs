@@ -13,7 +13,6 @@ pub mod http;
 pub mod httpd;
 pub mod rest;
 pub mod routes;
-pub mod run;
 pub mod v1;
 pub mod validate;
 
@@ -45,6 +44,8 @@ pub struct Ctx {
     long_running: AtomicUsize,
     /// The MCP endpoint (`/mcp`).
     pub mcp: crate::mcp::http::McpHttp,
+    /// The operations the handlers call.
+    pub ops: Arc<crate::ops::Ops>,
 }
 
 impl Ctx {
@@ -100,6 +101,7 @@ impl Server {
             closing: AtomicBool::new(false),
             long_running: AtomicUsize::new(0),
             mcp: crate::mcp::http::McpHttp::new(mgr.clone(), cfg.clone()),
+            ops: crate::ops::Ops::new(mgr.clone(), cfg.clone()),
         });
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let reaper = reaper::spawn(mgr, stop_rx).map_err(|e| format!("start reaper: {e}"))?;

@@ -53,7 +53,11 @@ impl McpHttp {
         McpHttp {
             origins: cfg.mcp_allowed_origins.clone(),
             idle: cfg.idle_timeout,
-            engine: Engine::new(Host { mgr, cfg }),
+            engine: Engine::new(Host {
+                ops: crate::ops::Ops::new(mgr.clone(), cfg.clone()),
+                mgr,
+                cfg,
+            }),
             sessions: Mutex::new(HashMap::new()),
         }
     }

@@ -45,6 +45,8 @@ pub const MAX_INFLIGHT: usize = 64;
 pub struct Host {
     pub mgr: Arc<Manager>,
     pub cfg: Arc<Config>,
+    /// The operations the tools call.
+    pub ops: Arc<crate::ops::Ops>,
 }
 
 /// Who calls: the API key's id owns the sessions it creates, exactly as

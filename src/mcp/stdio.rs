@@ -104,6 +104,7 @@ pub fn main(a: McpArgs) -> Result<(), String> {
     let reaper = reaper::spawn(mgr.clone(), stop_rx).map_err(|e| format!("start reaper: {e}"))?;
     let engine = Engine::new(Host {
         mgr: mgr.clone(),
+        ops: crate::ops::Ops::new(mgr.clone(), cfg.clone()),
         cfg,
     });
     let caller = Caller {

@@ -23,6 +23,18 @@ pub enum OpsError {
     /// A request field with a bad value (the message names the field).
     #[error("{0}")]
     BadRequest(String),
+    /// A command's timeout over the configured maximum.
+    #[error("timeout {ms} ms exceeds the maximum of {max} ms")]
+    TimeoutTooLong { ms: u64, max: u64 },
+    /// No process `proc` in the session's sandbox.
+    #[error("no process {proc} in session {session:?}")]
+    ProcessNotFound { proc: u64, session: String },
+    /// The caller (or its client going away) stopped the operation.
+    #[error("{0}")]
+    Cancelled(String),
+    /// The guest did not answer in time (the message says what).
+    #[error("{0}")]
+    Timeout(String),
     /// What the caller's key may not do.
     #[error("{0}")]
     Forbidden(String),
@@ -33,6 +45,10 @@ pub enum OpsError {
     /// The agent refused or failed `what` (its own error code is kept).
     #[error("{what}: {source}")]
     Agent { what: String, source: ClientError },
+    /// The agent answered with a response that does not fit the request
+    /// (its debug form).
+    #[error("unexpected answer {0}")]
+    UnexpectedAnswer(String),
     /// Our fault: a thread that did not start, a reply that did not
     /// serialize.
     #[error("{0}")]
@@ -46,6 +62,30 @@ impl OpsError {
         move |source| OpsError::Agent { what, source }
     }
 
+    /// The same error, an agent failure named `what` instead (a front
+    /// end that words its steps its own way).
+    pub fn with_what(self, what: impl Into<String>) -> OpsError {
+        match self {
+            OpsError::Agent { source, .. } => OpsError::Agent {
+                what: what.into(),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// The guest refused the request (an error answer), as opposed to a
+    /// connection or time failure.
+    pub fn is_agent_refusal(&self) -> bool {
+        matches!(
+            self,
+            OpsError::Agent {
+                source: ClientError::Agent(_),
+                ..
+            }
+        )
+    }
+
     /// The transport-neutral error code (REST `code`; the front ends add
     /// a status). Agent failures are coded by the front end's mapping of
     /// the agent's own code.
@@ -55,10 +95,14 @@ impl OpsError {
             OpsError::InvalidSessionId { .. } => "invalid_session_id",
             OpsError::InvalidPath { .. } => "invalid_path",
             OpsError::BadRequest(_) => "bad_request",
+            OpsError::TimeoutTooLong { .. } => "bad_request",
+            OpsError::ProcessNotFound { .. } => "process_not_found",
+            OpsError::Cancelled(_) => "cancelled",
+            OpsError::Timeout(_) => "timeout",
             OpsError::Forbidden(_) => "forbidden",
             OpsError::Session(e) => e.code(),
             OpsError::Budget(e) => e.code(),
-            OpsError::Agent { .. } => "agent_error",
+            OpsError::Agent { .. } | OpsError::UnexpectedAnswer(_) => "agent_error",
             OpsError::Internal(_) => "internal",
         }
     }

@@ -5,6 +5,9 @@
 //! ownership checks live here once.
 
 pub mod error;
+pub mod exec;
+pub mod procs;
+pub mod run;
 pub mod validate;
 
 pub use error::{OpsError, OpsResult};
