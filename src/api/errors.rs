@@ -64,6 +64,7 @@ impl ApiError {
     /// (missing file, bad path) are the client's problem (4xx); a dead
     /// agent connection is ours (502/503).
     pub fn from_agent(e: ClientError, what: &str) -> ApiError {
+        let message = crate::ops::error::agent_message(&e, what);
         match e {
             ClientError::Agent(b) => {
                 let (status, code) = match b.code {
@@ -83,19 +84,13 @@ impl ApiError {
                     ErrorCode::Io => (422, "guest_io_error"),
                     _ => (502, "agent_error"),
                 };
-                ApiError::new(status, code, format!("{what}: {}", b.message))
+                ApiError::new(status, code, message)
             }
-            ClientError::Timeout(d) => {
-                ApiError::new(504, "timeout", format!("{what}: no answer after {d:.1?}"))
-            }
-            ClientError::Closed(m) => {
-                ApiError::new(503, "sandbox_unavailable", format!("{what}: {m}"))
-            }
+            ClientError::Timeout(_) => ApiError::new(504, "timeout", message),
+            ClientError::Closed(_) => ApiError::new(503, "sandbox_unavailable", message),
             // The guest answered with more than the host accepts.
-            ClientError::OverBudget(m) => {
-                ApiError::new(502, "guest_reply_too_large", format!("{what}: {m}"))
-            }
-            other => ApiError::new(502, "agent_error", format!("{what}: {other}")),
+            ClientError::OverBudget(_) => ApiError::new(502, "guest_reply_too_large", message),
+            _ => ApiError::new(502, "agent_error", message),
         }
     }
 }
@@ -210,6 +205,40 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MCP words an operation's error with `OpsError::message`: the same
+    /// text REST puts in `message`.
+    #[test]
+    fn ops_messages_are_the_rest_messages() {
+        use crate::ops::OpsError as E;
+        use crate::proto::ErrorBody;
+        let refusal = || {
+            ClientError::Agent(ErrorBody {
+                code: ErrorCode::NotFound,
+                message: "no such process".into(),
+                id: None,
+            })
+        };
+        let cases = [
+            E::SessionNotFound { id: "x".into() },
+            E::TimeoutTooLong { ms: 9, max: 5 },
+            E::ProcessNotFound {
+                proc: 3,
+                session: "x".into(),
+            },
+            E::UnexpectedAnswer("Pong".into()),
+            E::Cancelled("the run was cancelled".into()),
+            E::agent("stdin")(refusal()),
+            E::agent("exec")(ClientError::Timeout(std::time::Duration::from_millis(1500))),
+            E::agent("exec")(ClientError::Closed("gone".into())),
+            E::Session(crate::session::SessionError::Agent(refusal())),
+            E::Session(crate::session::SessionError::ShuttingDown),
+        ];
+        for e in cases {
+            let m = e.message();
+            assert_eq!(ApiError::from(e).message, m);
+        }
+    }
 
     #[test]
     fn seed_paths_get_the_seed_shape() {

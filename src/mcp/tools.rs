@@ -757,7 +757,7 @@ fn msg(e: impl Into<ApiError>) -> String {
 }
 
 /// An operation's error as the tools have always worded it; everything
-/// else reads as REST's message.
+/// else reads as REST's message ([`OpsError::message`]).
 fn op_msg(e: OpsError) -> String {
     match e {
         OpsError::SessionNotFound { id } => format!(
@@ -767,7 +767,7 @@ fn op_msg(e: OpsError) -> String {
             format!("timeout exceeds the maximum of {max} ms")
         }
         OpsError::UnexpectedAnswer(a) => format!("unexpected agent answer {a}"),
-        other => msg(other),
+        other => other.message(),
     }
 }
 
@@ -1020,11 +1020,16 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 
 fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let cfg = &ctx.host.cfg;
-    let r = crate::ops::run::RunRequest::parse(&Value::Object(a.clone()), cfg).map_err(msg)?;
+    let r = crate::ops::run::RunRequest::parse(&Value::Object(a.clone()), cfg)
+        .map_err(|e| e.message())?;
     // Kept well inside one message (clients bound what they buffer).
     let max = cfg.max_output.min(super::MAX_MESSAGE / 2);
     let p = principal(ctx.caller);
-    let r = ctx.host.ops.run(&p, r, max, ctx.stop).map_err(msg)?;
+    let r = ctx
+        .host
+        .ops
+        .run(&p, r, max, ctx.stop)
+        .map_err(|e| e.message())?;
     Ok(r.json().into())
 }
 
@@ -1124,7 +1129,7 @@ fn ping(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             s.call(Request::Ping, wait(ctx))
                 .map_err(msg)?
                 .finish()
-                .map_err(|e| msg(OpsError::agent("ping")(e)))?;
+                .map_err(|e| OpsError::agent("ping")(e).message())?;
             Ok(json!({"ok": true, "sessionId": id, "version": version,
                       "latencyMs": t.elapsed().as_secs_f64() * 1000.0})
             .into())
@@ -1227,7 +1232,11 @@ fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let s = own_session(ctx, &id)?;
     // The agent replays a background process's buffer from its absolute
     // start; we skip what the caller already has.
-    let mut running = ctx.host.ops.attach(&s, proc, false, true).map_err(msg)?;
+    let mut running = ctx
+        .host
+        .ops
+        .attach(&s, proc, false, true)
+        .map_err(|e| e.message())?;
     running.set_what(format!("process {proc}"));
     let end = Instant::now() + Duration::from_millis(wait_ms);
     let mut pos = 0u64;
@@ -1278,7 +1287,7 @@ fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
             }
             Ok(Some(ExecEvent::Background { .. })) | Err(OpsError::UnexpectedAnswer(_)) => break,
             Ok(Some(ExecEvent::Started { .. })) => {}
-            Err(e) => return Err(msg(e)),
+            Err(e) => return Err(e.message()),
         }
     }
     drop(running);
@@ -1309,13 +1318,19 @@ fn write_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let input = opt_str(a, "input")?.unwrap_or_default();
     let eof = opt_bool(a, "eof")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
-    let mut running = ctx.host.ops.attach(&s, proc, true, false).map_err(msg)?;
+    let mut running = ctx
+        .host
+        .ops
+        .attach(&s, proc, true, false)
+        .map_err(|e| e.message())?;
     running.set_what("write stdin");
-    running.send_input(input.as_bytes(), eof).map_err(msg)?;
+    running
+        .send_input(input.as_bytes(), eof)
+        .map_err(|e| e.message())?;
     // An unknown process fails at once.
     if let Err(e) = running.poll(Duration::from_millis(20)) {
         if e.is_agent_refusal() {
-            return Err(msg(e.with_what(format!("process {proc}"))));
+            return Err(e.with_what(format!("process {proc}")).message());
         }
     }
     Ok(json!({"procId": proc, "bytes": input.len(), "eof": eof}).into())
@@ -1335,7 +1350,7 @@ fn kill_all_processes(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let id = session_id(a)?;
     let s = own_session(ctx, &id)?;
     // REST's wording throughout, an odd answer too ("unexpected answer").
-    let k = ctx.host.ops.kill_all(&s).map_err(msg)?;
+    let k = ctx.host.ops.kill_all(&s).map_err(|e| e.message())?;
     Ok(json!({"killed": k.processes, "remaining": k.remaining}).into())
 }
 
@@ -1348,14 +1363,18 @@ fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     ctx.host
         .ops
         .signal(&s, proc, sig)
-        .map_err(|e| msg(e.with_what(format!("signal process {proc}"))))?;
+        .map_err(|e| e.with_what(format!("signal process {proc}")).message())?;
     Ok(json!({"procId": proc, "signal": sig.number(), "success": true}).into())
 }
 
 fn get_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &get_process_in())?;
     let s = own_session(ctx, &session_id(a)?)?;
-    let p = ctx.host.ops.proc_info(&s, req_proc(a)?).map_err(msg)?;
+    let p = ctx
+        .host
+        .ops
+        .proc_info(&s, req_proc(a)?)
+        .map_err(|e| e.message())?;
     Ok(procs::proc_json(&p).into())
 }
 

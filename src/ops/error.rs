@@ -55,7 +55,27 @@ pub enum OpsError {
     Internal(String),
 }
 
+/// What a client is told of an agent failure of `what` (the agent's own
+/// message for a refusal; a dead connection or a timeout in our words).
+pub fn agent_message(e: &ClientError, what: &str) -> String {
+    match e {
+        ClientError::Agent(b) => format!("{what}: {}", b.message),
+        ClientError::Timeout(d) => format!("{what}: no answer after {d:.1?}"),
+        ClientError::Closed(m) | ClientError::OverBudget(m) => format!("{what}: {m}"),
+        other => format!("{what}: {other}"),
+    }
+}
+
 impl OpsError {
+    /// What a client is told: REST's `message`, MCP's tool error text.
+    pub fn message(&self) -> String {
+        match self {
+            OpsError::Agent { what, source } => agent_message(source, what),
+            OpsError::Session(SessionError::Agent(a)) => agent_message(a, "start request"),
+            other => other.to_string(),
+        }
+    }
+
     /// The agent's failure of `what`.
     pub fn agent(what: impl Into<String>) -> impl FnOnce(ClientError) -> OpsError {
         let what = what.into();
