@@ -5,7 +5,7 @@
 use super::errors::ApiError;
 use super::http::{Reply, StreamWriter};
 use super::Ctx;
-pub use crate::ops::exec::{encoding, Encoding, ExecSpec, Prepared};
+pub use crate::ops::exec::{encoding, Encoding};
 use crate::ops::exec::{outcome, usage_fields, ExecEvent, Running, Started, Stream};
 use crate::ops::OpsError;
 use crate::proto::{ExitStatus, Signal};

@@ -207,7 +207,7 @@ pub fn stream_format(
 pub fn run_exec(
     ctx: &Arc<Ctx>,
     fmt: Option<StreamFormat>,
-    prepared: exec::Prepared,
+    prepared: crate::ops::exec::Prepared,
     session: Arc<Session>,
 ) -> ApiResult<Reply> {
     let started = ctx.ops.exec_in(&session, prepared)?;
@@ -239,7 +239,7 @@ pub fn execute(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let body: exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
+    let body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
     if body.background.unwrap_or(false) || body.pty.is_some() {
         return Err(ApiError::bad_request(
             "background and pty are /v1 features (POST /v1/sessions/{id}/exec)",

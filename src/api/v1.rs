@@ -5,7 +5,7 @@ use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
 use super::exec;
 use super::http::{json_body, ok_json, read_body, Reply};
-use super::rest::{self, owner_for, stream_format};
+use super::rest::{self, stream_format};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::config::parse_duration;
@@ -22,12 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<Session>> {
-    let id = params.get("session");
-    validate::session_id(id)?;
-    let owner = owner_for(p, params)?;
-    ctx.mgr
-        .get(&owner, id)
-        .ok_or_else(|| ApiError::session_not_found(id))
+    let (owner, id) = (params.query("owner"), params.get("session"));
+    Ok(ctx.ops.target(p, owner, id)?)
 }
 
 /// A duration given as seconds (number) or a string like `30m`.
@@ -219,7 +215,7 @@ pub fn exec(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let body: exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
+    let body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
     if body.template.is_some() {
         return Err(ApiError::bad_request(
             "template is chosen when the session is created (POST /v1/sessions)",
