@@ -36,7 +36,11 @@ fn engine() -> &'static Arc<Engine> {
             Arc::new(fake::NoSandboxes),
             Arc::new(Metrics::new()),
         );
-        Engine::new(Host { mgr, cfg })
+        Engine::new(Host {
+            ops: agent_sandbox::ops::Ops::new(mgr.clone(), cfg.clone()),
+            mgr,
+            cfg,
+        })
     })
 }
 
