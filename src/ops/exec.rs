@@ -288,7 +288,7 @@ pub struct Running {
 }
 
 impl Running {
-    pub(crate) fn new(call: Call, what: impl Into<String>, activity: Option<Activity>) -> Running {
+    pub(super) fn new(call: Call, what: impl Into<String>, activity: Option<Activity>) -> Running {
         Running {
             call,
             what: what.into(),

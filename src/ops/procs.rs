@@ -73,8 +73,7 @@ impl Ops {
 
     /// Process `proc` of the session, or [`OpsError::ProcessNotFound`].
     pub fn proc_info(&self, s: &Arc<Session>, proc: u64) -> OpsResult<ProcInfo> {
-        // Asked without an activity of its own: callers that hold one
-        // (attach, stdin) count once.
+        let _a = s.activity();
         let known = s
             .call(Request::ListProcs, self.wait())?
             .finish()
