@@ -450,6 +450,47 @@ pub fn usage_fields(st: &ExitStatus) -> [(&'static str, Value); 3] {
 mod tests {
     use super::*;
 
+    fn spec(v: Value) -> ExecSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// REST's bodies and MCP's arguments (command + args) meet in one
+    /// request; the limits are the config's.
+    #[test]
+    fn one_validation_for_every_front_end() {
+        let cfg = Config::default();
+        let a = spec(json!({"argv": ["ls", "-l"]})).prepare(&cfg).unwrap();
+        let b = spec(json!({"command": "ls", "args": ["-l"]}))
+            .prepare(&cfg)
+            .unwrap();
+        assert_eq!((&a.req.argv, &a.req.shell), (&b.req.argv, &b.req.shell));
+        let max = cfg.max_exec_timeout.as_millis() as u64;
+        assert!(matches!(
+            spec(json!({"command": "x", "timeout": max + 1})).prepare(&cfg),
+            Err(OpsError::TimeoutTooLong { ms, max: m }) if ms == max + 1 && m == max
+        ));
+        let bg = spec(json!({"command": "x", "background": true}))
+            .prepare(&cfg)
+            .unwrap();
+        assert_eq!((bg.req.timeout_ms, bg.req.stdin), (None, true));
+        let fg = spec(json!({"command": "x"})).prepare(&cfg).unwrap();
+        assert_eq!(
+            fg.req.timeout_ms,
+            Some(cfg.default_exec_timeout.as_millis() as u64)
+        );
+        for bad in [
+            json!({}),
+            json!({"command": ""}),
+            json!({"argv": []}),
+            json!({"command": "x", "timeout": 0}),
+            json!({"command": "x", "env": {"A=B": "c"}}),
+            json!({"command": "x", "cwd": ""}),
+            json!({"command": "x", "tag": "t".repeat(257)}),
+        ] {
+            assert!(spec(bad.clone()).prepare(&cfg).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn captured_caps_both_streams_together() {
         let mut c = Captured::new(5);
