@@ -289,6 +289,31 @@ fn v1_sessions_processes_and_files() {
     let p = listed(&h, "box", proc);
     assert_eq!(p["tag"], "worker");
     assert_eq!(p["running"], true);
+    // One process: the same object as its list entry.
+    let r = h.get(&format!("/v1/sessions/box/processes/{proc}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), p);
+    let r = h.get("/v1/sessions/box/processes/999");
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (404, "process_not_found"),
+        "{}",
+        r.text()
+    );
+    let r = h.get("/v1/sessions/box/processes/0");
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "bad_request"),
+        "{}",
+        r.text()
+    );
+    let r = h.get(&format!("/v1/sessions/nobox/processes/{proc}"));
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (404, "session_not_found"),
+        "{}",
+        r.text()
+    );
     // Attach replays what it printed so far, then follows live.
     let h2 = h.clone();
     let reader = std::thread::spawn(move || {

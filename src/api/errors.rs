@@ -99,11 +99,16 @@ impl From<crate::ops::OpsError> for ApiError {
         use crate::ops::OpsError as E;
         let status = match &e {
             E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
-            E::SessionNotFound { .. } => 404,
-            E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
+            E::SessionNotFound { .. } | E::ProcessNotFound { .. } => 404,
+            E::InvalidSessionId { .. }
+            | E::InvalidPath { .. }
+            | E::BadRequest(_)
+            | E::TimeoutTooLong { .. } => 400,
+            E::Cancelled(_) => 409,
+            E::Timeout(_) => 504,
+            E::UnexpectedAnswer(_) => 502,
             E::Forbidden(_) => 403,
             E::FileTooLarge { .. } => 413,
-            E::UnexpectedAnswer { .. } => 502,
             E::Internal(_) => 500,
         };
         match e {
@@ -199,6 +204,40 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MCP words an operation's error with `OpsError::message`: the same
+    /// text REST puts in `message`.
+    #[test]
+    fn ops_messages_are_the_rest_messages() {
+        use crate::ops::OpsError as E;
+        use crate::proto::ErrorBody;
+        let refusal = || {
+            ClientError::Agent(ErrorBody {
+                code: ErrorCode::NotFound,
+                message: "no such process".into(),
+                id: None,
+            })
+        };
+        let cases = [
+            E::SessionNotFound { id: "x".into() },
+            E::TimeoutTooLong { ms: 9, max: 5 },
+            E::ProcessNotFound {
+                proc: 3,
+                session: "x".into(),
+            },
+            E::UnexpectedAnswer("Pong".into()),
+            E::Cancelled("the run was cancelled".into()),
+            E::agent("stdin")(refusal()),
+            E::agent("exec")(ClientError::Timeout(std::time::Duration::from_millis(1500))),
+            E::agent("exec")(ClientError::Closed("gone".into())),
+            E::Session(crate::session::SessionError::Agent(refusal())),
+            E::Session(crate::session::SessionError::ShuttingDown),
+        ];
+        for e in cases {
+            let m = e.message();
+            assert_eq!(ApiError::from(e).message, m);
+        }
+    }
 
     #[test]
     fn seed_paths_get_the_seed_shape() {

@@ -13,7 +13,6 @@ pub mod http;
 pub mod httpd;
 pub mod rest;
 pub mod routes;
-pub mod run;
 pub mod v1;
 pub mod validate;
 

@@ -2,7 +2,7 @@
 
 use super::auth::{validate_scopes, KeyRecord, Principal, RateDefaults};
 use super::errors::{ApiError, ApiResult};
-use super::exec::{self, ExecBody, StreamFormat};
+use super::exec::{self, StreamFormat};
 use super::http::{header, json_body, ok_json, Reply};
 use super::routes::Params;
 use super::{validate, Ctx};
@@ -192,26 +192,30 @@ pub fn stream_format(
 pub fn run_exec(
     ctx: &Arc<Ctx>,
     fmt: Option<StreamFormat>,
-    mut prepared: exec::Prepared,
+    prepared: crate::ops::exec::Prepared,
     session: Arc<Session>,
 ) -> ApiResult<Reply> {
-    prepared.req.env = session.env_for(&prepared.req.env);
-    let activity = session.activity();
-    let call = exec::start(ctx, &session, &prepared)?;
+    let started = ctx.ops.exec_in(&session, prepared)?;
+    Ok(stream_or_buffer(ctx, fmt, started))
+}
+
+/// A started command's answer: buffered JSON, or a live stream in `fmt`.
+pub fn stream_or_buffer(
+    ctx: &Arc<Ctx>,
+    fmt: Option<StreamFormat>,
+    started: crate::ops::exec::Started,
+) -> Reply {
     let ctx = ctx.clone();
-    Ok(match fmt {
-        None => Reply::Later(Box::new(move || {
-            exec::buffered(ctx, call, prepared, activity)
-        })),
+    match fmt {
+        None => Reply::Later(Box::new(move || exec::buffered(ctx, started))),
         Some(fmt) => Reply::Stream {
             content_type: fmt.content_type(),
             job: Box::new(move |w| {
-                let _activity = activity;
-                let timeout = (!prepared.req.background).then_some(prepared.timeout);
-                exec::relay(&ctx, call, w, fmt, prepared.encoding, timeout)
+                let timeout = (!started.background).then_some(started.timeout);
+                exec::relay(&ctx, started.running, w, fmt, started.encoding, timeout)
             }),
         },
-    })
+    }
 }
 
 pub fn execute(
@@ -220,7 +224,7 @@ pub fn execute(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let body: ExecBody = json_body(req, ctx.cfg.max_body)?;
+    let body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
     if body.background.unwrap_or(false) || body.pty.is_some() {
         return Err(ApiError::bad_request(
             "background and pty are /v1 features (POST /v1/sessions/{id}/exec)",
@@ -230,7 +234,7 @@ pub fn execute(
     validate::session_id(params.get("session"))?;
     let fmt = stream_format(req, params)?;
     let template = body.template.clone();
-    let prepared = body.prepare(ctx)?;
+    let prepared = body.prepare(&ctx.cfg)?;
     let session = session(ctx, p, params.get("session"), Some(template))?;
     run_exec(ctx, fmt, prepared, session)
 }

@@ -117,6 +117,12 @@ pub static ROUTES: &[Route] = &[
     ),
     r!(
         "GET",
+        "/v1/sessions/{session}/processes/{proc}",
+        EXEC,
+        v1::get_proc
+    ),
+    r!(
+        "GET",
         "/v1/sessions/{session}/processes/{proc}/output",
         EXEC,
         v1::attach

@@ -3,16 +3,15 @@
 
 use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
-use super::exec::{self, ExecBody};
+use super::exec;
 use super::http::{json_body, ok_json, read_body, Reply};
 use super::rest::{self, stream_format};
 use super::routes::Params;
 use super::{validate, Ctx};
-use crate::agent::{ClientError, Inbound};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
-use crate::ops::{files, OpsResult, SessionSpec, SessionView};
-use crate::proto::{Request, Response, Signal};
+use crate::ops::{files, procs, OpsError, OpsResult, SessionSpec, SessionView};
+use crate::proto::Signal;
 use crate::sandbox::EgressPolicy;
 use crate::session::Session;
 use serde::Deserialize;
@@ -20,7 +19,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Duration;
 
 fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<Session>> {
     Ok(ctx
@@ -146,20 +144,22 @@ pub fn exec(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let body: ExecBody = json_body(req, ctx.cfg.max_body)?;
+    let body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
     if body.template.is_some() {
         return Err(ApiError::bad_request(
             "template is chosen when the session is created (POST /v1/sessions)",
         ));
     }
     let fmt = stream_format(req, params)?;
-    let prepared = body.prepare(ctx)?;
-    let session = own_session(ctx, p, params)?;
-    rest::run_exec(ctx, fmt, prepared, session)
+    let prepared = body.prepare(&ctx.cfg)?;
+    let started = ctx
+        .ops
+        .exec(p, params.query("owner"), params.get("session"), prepared)?;
+    Ok(rest::stream_or_buffer(ctx, fmt, started))
 }
 
 /// `POST /v1/run`: one program in a fresh sandbox, destroyed after
-/// (see [`super::run`]).
+/// (see [`crate::ops::run`]).
 pub fn run(
     ctx: &Arc<Ctx>,
     req: &mut super::httpd::Request,
@@ -170,43 +170,31 @@ pub fn run(
     let body = read_body(req, ctx.cfg.max_file.max(ctx.cfg.max_body))?;
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-    let r = super::run::RunRequest::parse(&v, &ctx.cfg)?;
-    let (mgr, owner, max) = (ctx.mgr.clone(), p.id.clone(), ctx.cfg.max_output);
+    let r = crate::ops::run::RunRequest::parse(&v, &ctx.cfg)?;
+    let (ops, p, max) = (ctx.ops.clone(), p.clone(), ctx.cfg.max_output);
     Ok(Reply::Later(Box::new(move || {
-        match super::run::run(&mgr, &owner, r, max, &|| false) {
-            Ok(v) => Reply::Json(200, v),
-            Err(e) => e.into(),
+        match ops.run(&p, r, max, &|| false) {
+            Ok(r) => Reply::Json(200, r.json()),
+            Err(e) => ApiError::from(e).into(),
         }
     })))
 }
 
 fn proc_id(params: &Params) -> ApiResult<u64> {
-    let s = params.get("proc");
-    s.parse::<u64>()
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid process id {s:?}")))
+    Ok(procs::proc_id(params.get("proc"))?)
 }
 
-/// A small request to the agent, sent and waited for on a long-request
-/// thread; `f` makes the 200 answer's JSON.
-fn simple(
-    session: Arc<Session>,
-    req: Request,
-    wait: Duration,
-    what: &'static str,
-    f: fn(Response) -> Value,
+/// A process operation on a long-request thread; `f` makes the 200
+/// answer's JSON.
+fn later<T: 'static>(
+    op: impl FnOnce() -> OpsResult<T> + Send + 'static,
+    f: fn(T) -> Value,
 ) -> Reply {
-    Reply::Later(Box::new(move || {
-        let _a = session.activity();
-        let r = session
-            .call(req, wait)
-            .map_err(ApiError::from)
-            .and_then(|mut c| c.finish().map_err(|e| ApiError::from_agent(e, what)));
-        match r {
-            Ok(resp) => Reply::Json(200, f(resp)),
-            Err(e) => e.into(),
-        }
+    Reply::Later(Box::new(move || match op() {
+        Ok(v) => Reply::Json(200, f(v)),
+        // An answer that does not fit is shown, not refused (as always).
+        Err(OpsError::UnexpectedAnswer(a)) => Reply::Json(200, json!({"unexpected": a})),
+        Err(e) => ApiError::from(e).into(),
     }))
 }
 
@@ -217,31 +205,26 @@ pub fn list_procs(
     params: &Params,
 ) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
-    Ok(simple(
-        s,
-        Request::ListProcs,
-        wait,
-        "list processes",
-        |r| match r {
-            Response::Procs { procs } => {
-                let v: Vec<Value> = procs
-                    .into_iter()
-                    .map(|p| {
-                        json!({
-                            "procId": p.proc, "pid": p.pid, "argv": p.argv, "tag": p.tag,
-                            "background": p.background, "pty": p.pty,
-                            "startedAt": p.started_unix_ms,
-                            "running": p.exit.is_none(),
-                            "exitCode": p.exit.as_ref().and_then(|e| e.code),
-                            "signal": p.exit.as_ref().and_then(|e| e.signal).map(Signal::name_of),
-                        })
-                    })
-                    .collect();
-                json!({"processes": v})
-            }
-            other => json!({"unexpected": format!("{other:?}")}),
-        },
+    let ops = ctx.ops.clone();
+    Ok(later(
+        move || ops.procs(&s),
+        |l| json!({"processes": l.iter().map(procs::proc_json).collect::<Vec<_>>()}),
+    ))
+}
+
+/// `GET .../processes/:proc`: one process, as the list shows it.
+pub fn get_proc(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let proc = proc_id(params)?;
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later(
+        move || ops.proc_info(&s, proc),
+        |i| procs::proc_json(&i),
     ))
 }
 
@@ -254,39 +237,11 @@ pub fn kill_all(
     params: &Params,
 ) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
-    Ok(simple(
-        s,
-        Request::KillAll,
-        wait,
-        "kill all processes",
-        |r| match r {
-            Response::Killed {
-                processes,
-                remaining,
-            } => json!({"killed": processes, "remaining": remaining}),
-            other => json!({"unexpected": format!("{other:?}")}),
-        },
+    let ops = ctx.ops.clone();
+    Ok(later(
+        move || ops.kill_all(&s),
+        |k| json!({"killed": k.processes, "remaining": k.remaining}),
     ))
-}
-
-/// An unknown process is a 404 up front, not a stream that fails later.
-fn ensure_proc(ctx: &Ctx, s: &Session, proc: u64) -> ApiResult<()> {
-    let known = s
-        .call(Request::ListProcs, ctx.cfg.create_timeout)
-        .map_err(ApiError::from)
-        .and_then(|mut c| {
-            c.finish()
-                .map_err(|e| ApiError::from_agent(e, "list processes"))
-        })?;
-    match known {
-        Response::Procs { procs } if procs.iter().any(|p| p.proc == proc) => Ok(()),
-        _ => Err(ApiError::new(
-            404,
-            "process_not_found",
-            format!("no process {proc} in session {:?}", s.id),
-        )),
-    }
 }
 
 pub fn attach(
@@ -301,22 +256,14 @@ pub fn attach(
     let fmt = stream_format(req, params)?.unwrap_or(exec::StreamFormat::Ndjson);
     let s = own_session(ctx, p, params)?;
     let activity = s.activity();
-    ensure_proc(ctx, &s, proc)?;
-    let call = s.call(
-        Request::Attach {
-            proc,
-            stdin: false,
-            replay,
-        },
-        ctx.cfg.create_timeout,
-    )?;
+    // An unknown process is a 404 up front, not a stream that fails later.
+    ctx.ops.proc_info(&s, proc)?;
+    let running = ctx.ops.attach(&s, proc, false, replay)?;
+    drop(activity);
     let ctx = ctx.clone();
     Ok(Reply::Stream {
         content_type: fmt.content_type(),
-        job: Box::new(move |w| {
-            let _a = activity;
-            exec::relay(&ctx, call, w, fmt, enc, None)
-        }),
+        job: Box::new(move |w| exec::relay(&ctx, running, w, fmt, enc, None)),
     })
 }
 
@@ -330,41 +277,11 @@ pub fn stdin(
     let eof = params.flag("eof", false)?;
     let data = read_body(req, ctx.cfg.max_file)?;
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
-    let ctx = ctx.clone();
+    let ops = ctx.ops.clone();
     Ok(Reply::Later(Box::new(move || {
-        let _a = s.activity();
-        if let Err(e) = ensure_proc(&ctx, &s, proc) {
-            return e.into();
-        }
-        let r = s
-            .call(
-                Request::Attach {
-                    proc,
-                    stdin: true,
-                    replay: false,
-                },
-                wait,
-            )
-            .map_err(ApiError::from)
-            .and_then(|call| {
-                call.send_all(&data)
-                    .and_then(|_| if eof { call.send_eof() } else { Ok(()) })
-                    .map_err(|e| ApiError::from_agent(e, "stdin"))?;
-                // A quick look for an immediate failure (unknown process).
-                let mut call = call;
-                match call.recv_timeout(Duration::from_millis(20)) {
-                    Ok(Some(Inbound::Error(e))) => {
-                        Err(ApiError::from_agent(ClientError::Agent(e), "stdin"))
-                    }
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(ApiError::from_agent(e, "stdin")),
-                }
-                // Dropping the call detaches; the process keeps running.
-            });
-        match r {
+        match ops.stdin(&s, proc, &data, eof) {
             Ok(()) => Reply::Json(200, json!({"bytes": data.len(), "eof": eof})),
-            Err(e) => e.into(),
+            Err(e) => ApiError::from(e).into(),
         }
     })))
 }
@@ -385,15 +302,12 @@ pub fn signal(
 ) -> ApiResult<Reply> {
     let proc = proc_id(params)?;
     let b: SignalBody = json_body(req, ctx.cfg.max_body)?;
-    let sig = b.signal.unwrap_or(Signal::TERM).number();
+    let sig = b.signal.unwrap_or(Signal::TERM);
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
-    Ok(simple(
-        s,
-        Request::Signal { proc, signal: sig },
-        wait,
-        "signal",
-        |_| json!({"success": true}),
+    let ops = ctx.ops.clone();
+    Ok(later(
+        move || ops.signal(&s, proc, sig),
+        |()| json!({"success": true}),
     ))
 }
 
@@ -414,21 +328,12 @@ pub fn resize(
 ) -> ApiResult<Reply> {
     let proc = proc_id(params)?;
     let b: ResizeBody = json_body(req, ctx.cfg.max_body)?;
-    if b.rows == 0 || b.cols == 0 {
-        return Err(ApiError::bad_request("rows and cols must be positive"));
-    }
+    procs::check_size(b.rows, b.cols)?;
     let s = own_session(ctx, p, params)?;
-    let wait = ctx.cfg.create_timeout;
-    Ok(simple(
-        s,
-        Request::Resize {
-            proc,
-            rows: b.rows,
-            cols: b.cols,
-        },
-        wait,
-        "resize",
-        |_| json!({"success": true}),
+    let ops = ctx.ops.clone();
+    Ok(later(
+        move || ops.resize(&s, proc, b.rows, b.cols),
+        |()| json!({"success": true}),
     ))
 }
 

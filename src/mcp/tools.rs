@@ -6,12 +6,12 @@
 //! configs keep working.
 
 use super::{Caller, Host};
-use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
+use crate::ops::exec::{self as ops_exec, Captured, ExecEvent, ExecSpec, Prepared};
 use crate::ops::sessions::{self, Span};
 use crate::ops::validate;
-use crate::ops::{files, OpsError, Principal, SessionSpec, SessionView};
-use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
+use crate::ops::{files, procs, OpsError, Principal, SessionSpec, SessionView};
+use crate::proto::{signal, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::session::{Session, SessionOptions};
@@ -258,6 +258,17 @@ pub static TOOLS: &[Tool] = &[
         destructive: true,
         run: kill_all_processes,
     },
+    Tool {
+        name: "get_process",
+        title: "Get process",
+        description: "One process of a session's sandbox (a background process or a command): \
+            its argv, tag, whether it still runs, and its exit code or signal once it ended.",
+        input: get_process_in,
+        output: get_process_out,
+        read_only: true,
+        destructive: false,
+        run: get_process,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Tool> {
@@ -394,7 +405,7 @@ fn execute_out() -> Value {
     )
 }
 
-/// `resourceUsage` of an exec result (see `api::exec::usage_fields`).
+/// `resourceUsage` of an exec result (see `ops::exec::usage_fields`).
 fn resource_usage_schema() -> Value {
     json!({"type": ["object", "null"], "description": "What the command used, measured in the sandbox (null from an agent that does not measure)",
            "properties": {
@@ -405,7 +416,7 @@ fn resource_usage_schema() -> Value {
 }
 
 fn run_code_in() -> Value {
-    use crate::api::run::*;
+    use crate::ops::run::*;
     obj(
         json!({
             "language": {"type": "string", "enum": Language::NAMES},
@@ -636,6 +647,32 @@ fn kill_process_out() -> Value {
     )
 }
 
+fn get_process_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "procId": proc_id()}),
+        &["sessionId", "procId"],
+    )
+}
+
+/// An entry of REST's process list (`ops::procs::proc_json`).
+fn get_process_out() -> Value {
+    out(
+        json!({
+            "procId": {"type": "integer"},
+            "pid": {"type": "integer"},
+            "argv": {"type": "array", "items": {"type": "string"}},
+            "tag": {"type": ["string", "null"]},
+            "background": {"type": "boolean"},
+            "pty": {"type": "boolean"},
+            "startedAt": {"type": "integer", "description": "Milliseconds since the epoch"},
+            "running": {"type": "boolean"},
+            "exitCode": {"type": ["integer", "null"]},
+            "signal": {"type": ["string", "null"]}
+        }),
+        &["procId", "pid", "argv", "running"],
+    )
+}
+
 fn kill_all_out() -> Value {
     out(
         json!({"killed": {"type": "integer", "description": "processes found"},
@@ -696,7 +733,7 @@ fn opt_env(a: &Map<String, Value>) -> Result<BTreeMap<String, String>, String> {
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|_| "argument env must be an object of strings".to_string())?,
     };
-    validate::env(env).map_err(op_err)
+    validate::env(env).map_err(op_msg)
 }
 
 /// Rejects arguments the schema does not name (a typo should not be ignored).
@@ -720,17 +757,26 @@ fn msg(e: impl Into<ApiError>) -> String {
     e.into().message
 }
 
-/// An operation's error as the tool's error text (`OpsError`'s message is
-/// the one REST shows).
-fn op_err(e: impl Into<OpsError>) -> String {
-    e.into().to_string()
+/// An operation's error as the tools have always worded it; everything
+/// else reads as REST's message ([`OpsError::message`]).
+fn op_msg(e: impl Into<OpsError>) -> String {
+    match e.into() {
+        OpsError::SessionNotFound { id } => format!(
+            "no session {id:?} (create one with create_session, or list them with list_sessions)"
+        ),
+        OpsError::TimeoutTooLong { max, .. } => {
+            format!("timeout exceeds the maximum of {max} ms")
+        }
+        OpsError::UnexpectedAnswer(a) => format!("unexpected agent answer {a}"),
+        other => other.message(),
+    }
 }
 
-/// The caller as the operations know it.
-fn principal(ctx: &ToolCtx) -> Principal {
+/// The caller as the operations layer knows it.
+fn principal(c: &Caller) -> Principal {
     Principal {
-        id: ctx.caller.owner.clone(),
-        scopes: if ctx.caller.admin {
+        id: c.owner.clone(),
+        scopes: if c.admin {
             vec!["admin".into()]
         } else {
             Vec::new()
@@ -740,28 +786,19 @@ fn principal(ctx: &ToolCtx) -> Principal {
 
 fn session_id(a: &Map<String, Value>) -> Result<String, String> {
     let id = req_str(a, "sessionId")?;
-    validate::session_id(&id).map_err(op_err)?;
+    validate::session_id(&id).map_err(op_msg)?;
     Ok(id)
 }
 
 fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
     ctx.host
         .ops
-        .session(&ctx.caller.owner, id)
-        .map_err(|e| match e {
-            OpsError::SessionNotFound { .. } => format!(
-                "no session {id:?} (create one with create_session, or list them with list_sessions)"
-            ),
-            other => op_err(other),
-        })
+        .find(&principal(ctx.caller), None, id)
+        .map_err(op_msg)
 }
 
 fn wait(ctx: &ToolCtx) -> Duration {
     ctx.host.cfg.create_timeout
-}
-
-fn agent_err(e: ClientError, what: &str) -> String {
-    ApiError::from_agent(e, what).message
 }
 
 /// A session as the tools show it.
@@ -779,7 +816,7 @@ fn session_json(v: &SessionView) -> Value {
 }
 
 fn new_id() -> Result<String, String> {
-    sessions::new_id().map_err(op_err)
+    sessions::new_id().map_err(op_msg)
 }
 
 // ---- handlers ---------------------------------------------------------------
@@ -805,7 +842,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &create_session_in())?;
     let id = opt_str(a, "sessionId")?;
     if let Some(id) = &id {
-        validate::session_id(id).map_err(op_err)?;
+        validate::session_id(id).map_err(op_msg)?;
     }
     let template = opt_str(a, "template")?;
     let empty = Map::new();
@@ -833,19 +870,18 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         env: opt_env(a)?,
         egress: egress(a.get("egress"))?,
     };
-    let s = ctx.host.ops.create(&principal(ctx), spec).map_err(op_err)?;
+    let s = ctx
+        .host
+        .ops
+        .create(&principal(ctx.caller), spec)
+        .map_err(op_msg)?;
     (ctx.created)(&s.id);
-    ctx.host.ops.ready(&s).map_err(op_err)?;
+    ctx.host.ops.ready(&s).map_err(op_msg)?;
     Ok(session_json(&SessionView::of(&s)).into())
 }
 
-/// Builds the agent's exec request from seed-style arguments.
-fn exec_request(
-    ctx: &ToolCtx,
-    a: &Map<String, Value>,
-    s: &Session,
-    background: bool,
-) -> Result<(ExecRequest, Duration), String> {
+/// Validates seed-style arguments as a command ([`ExecSpec::prepare`]).
+fn exec_spec(ctx: &ToolCtx, a: &Map<String, Value>, background: bool) -> Result<Prepared, String> {
     let command = req_str(a, "command")?;
     if command.is_empty() {
         return Err("command must not be empty".into());
@@ -857,53 +893,20 @@ fn exec_request(
                 .map_err(|_| "argument args must be an array of strings".to_string())?,
         ),
     };
-    let (argv, shell) = match args {
-        Some(args) => {
-            let mut argv = vec![command];
-            argv.extend(args);
-            (argv, None)
-        }
-        None => (Vec::new(), Some(command)),
-    };
-    if argv.len() > crate::proto::limits::MAX_ARGS {
-        return Err("too many arguments".into());
-    }
-    if argv.iter().chain(shell.iter()).any(|s| s.contains('\0')) {
-        return Err("arguments must not contain NUL bytes".into());
-    }
-    let cwd = opt_str(a, "cwd")?;
-    if let Some(c) = &cwd {
-        validate::path(c, "cwd").map_err(msg)?;
-    }
-    let cfg = &ctx.host.cfg;
-    let timeout_ms = match opt_u64(a, "timeout")? {
-        Some(0) => return Err("timeout must be at least 1 ms".into()),
-        Some(t) => Some(t),
-        None if background => None,
-        None => Some(cfg.default_exec_timeout.as_millis() as u64),
-    };
-    let max = cfg.max_exec_timeout.as_millis() as u64;
-    if timeout_ms.is_some_and(|t| t > max) {
-        return Err(format!("timeout exceeds the maximum of {max} ms"));
-    }
-    let tag = opt_str(a, "tag")?;
-    let req = ExecRequest {
-        argv,
-        shell,
-        env: s.env_for(&opt_env(a)?),
-        cwd,
-        stdin: background,
-        timeout_ms,
-        background,
-        tag,
+    let spec = ExecSpec {
+        command: Some(command),
+        args,
+        cwd: opt_str(a, "cwd")?,
+        env: Some(opt_env(a)?),
+        timeout: opt_u64(a, "timeout")?,
+        background: Some(background),
+        tag: opt_str(a, "tag")?,
         ..Default::default()
     };
-    Ok((req, Duration::from_millis(timeout_ms.unwrap_or(max))))
-}
-
-fn exit_fields(st: &crate::proto::ExitStatus) -> (i64, Value) {
-    let code = st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1) as i64;
-    (code, json!(st.signal.map(Signal::name_of)))
+    let mut p = spec.prepare(&ctx.host.cfg).map_err(op_msg)?;
+    // No process id in MCP's answers: the guest need not report it.
+    p.req.notify_start = false;
+    Ok(p)
 }
 
 fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -927,25 +930,24 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     if created {
         (ctx.created)(&id);
     }
-    let (req, timeout) = exec_request(ctx, a, &s, false)?;
-    let _activity = s.activity();
+    let prepared = exec_spec(ctx, a, false)?;
+    let timeout = prepared.timeout;
     let t0 = Instant::now();
-    let mut call = s.call(Request::Exec(req), wait(ctx)).map_err(msg)?;
+    let mut running = ctx.host.ops.exec_in(&s, prepared).map_err(op_msg)?.running;
+    running.set_what("execute");
     let deadline = Instant::now() + timeout + Duration::from_secs(30);
     // Kept well inside one message (clients bound what they buffer).
-    let max = ctx.host.cfg.max_output.min(super::MAX_MESSAGE / 2);
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let mut truncated = false;
+    let mut output = Captured::new(ctx.host.cfg.max_output.min(super::MAX_MESSAGE / 2));
     let mut seen = 0u64;
     let status = loop {
         if (ctx.stop)() {
             // Cancel in the guest and wait (briefly) for the process to be
             // gone, so a cancelled command never outlives its call.
-            let _ = call.cancel();
+            running.cancel();
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end {
-                match call.recv_timeout(Duration::from_millis(50)) {
-                    Ok(Some(Inbound::Response(_) | Inbound::Error(_))) | Err(_) => break,
+                match running.poll(Duration::from_millis(50)) {
+                    Ok(Some(ExecEvent::Exited(_) | ExecEvent::Background { .. })) | Err(_) => break,
                     _ => {}
                 }
             }
@@ -955,63 +957,60 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         if Instant::now() > deadline {
             return Err(format!("no answer from the sandbox within {timeout:?}"));
         }
-        match call.recv_timeout(Duration::from_millis(100)) {
-            Ok(None) => {}
-            Ok(Some(Inbound::Data { channel: ch, bytes })) => {
+        match running.poll(Duration::from_millis(100)) {
+            Ok(Some(ExecEvent::Output { stream, bytes })) => {
                 seen += bytes.len() as u64;
                 if let Some(p) = ctx.progress {
                     let text: String = String::from_utf8_lossy(&bytes).chars().take(2000).collect();
                     p(seen as f64, text);
                 }
-                // The cap covers both streams together.
-                let room = max.saturating_sub(stdout.len() + stderr.len());
-                let buf = if ch == channel::STDERR {
-                    &mut stderr
-                } else {
-                    &mut stdout
-                };
-                if bytes.len() > room {
-                    truncated = true;
-                }
-                buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                output.push(stream, &bytes);
             }
-            Ok(Some(Inbound::Response(Response::Exited(st)))) => break st,
-            Ok(Some(Inbound::Response(r))) => return Err(format!("unexpected agent answer {r:?}")),
-            Ok(Some(Inbound::Error(e))) => return Err(agent_err(ClientError::Agent(e), "execute")),
-            Ok(Some(_)) => {}
-            Err(e) => return Err(agent_err(e, "execute")),
+            Ok(Some(ExecEvent::Exited(st))) => break st,
+            Ok(Some(ExecEvent::Background { proc, pid })) => {
+                return Err(format!(
+                    "unexpected agent answer {:?}",
+                    Response::Started { proc, pid }
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(op_msg(e)),
         }
     };
     let took = t0.elapsed();
     ctx.host
         .mgr
         .metrics
-        .exec_done(crate::api::exec::outcome(&status), took);
-    let (code, signal) = exit_fields(&status);
+        .exec_done(ops_exec::outcome(&status), took);
     let mut v = json!({
         "sessionId": id,
-        "exitCode": code,
-        "signal": signal,
+        "exitCode": ops_exec::exit_code(&status),
+        "signal": status.signal.map(Signal::name_of),
         "timedOut": status.timed_out,
-        "stdout": String::from_utf8_lossy(&stdout),
-        "stderr": String::from_utf8_lossy(&stderr),
-        "truncated": truncated,
+        "stdout": String::from_utf8_lossy(&output.stdout),
+        "stderr": String::from_utf8_lossy(&output.stderr),
+        "truncated": output.truncated,
         "duration": took.as_millis() as u64,
     });
-    for (k, x) in crate::api::exec::usage_fields(&status) {
+    for (k, x) in ops_exec::usage_fields(&status) {
         v[k] = x;
     }
     Ok(v.into())
 }
 
 fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
-    use crate::api::run;
     let cfg = &ctx.host.cfg;
-    let r = run::RunRequest::parse(&Value::Object(a.clone()), cfg).map_err(msg)?;
+    let r = crate::ops::run::RunRequest::parse(&Value::Object(a.clone()), cfg)
+        .map_err(|e| e.message())?;
     // Kept well inside one message (clients bound what they buffer).
     let max = cfg.max_output.min(super::MAX_MESSAGE / 2);
-    let v = run::run(&ctx.host.mgr, &ctx.caller.owner, r, max, ctx.stop).map_err(msg)?;
-    Ok(v.into())
+    let p = principal(ctx.caller);
+    let r = ctx
+        .host
+        .ops
+        .run(&p, r, max, ctx.stop)
+        .map_err(|e| e.message())?;
+    Ok(r.json().into())
 }
 
 fn list_templates(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -1023,7 +1022,7 @@ fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &write_file_in())?;
     let id = session_id(a)?;
     let path = req_str(a, "path")?;
-    validate::path(&path, "path").map_err(op_err)?;
+    validate::path(&path, "path").map_err(op_msg)?;
     let content = req_str(a, "content")?;
     let data = match opt_str(a, "encoding")?.as_deref() {
         None | Some("utf8") => content.into_bytes(),
@@ -1034,7 +1033,7 @@ fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     };
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let n = files::write(&s, &path, &data, None, wait(ctx)).map_err(op_err)?;
+    let n = files::write(&s, &path, &data, None, wait(ctx)).map_err(op_msg)?;
     Ok(json!({"sessionId": id, "path": path, "bytes": n}).into())
 }
 
@@ -1042,18 +1041,18 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &path_in())?;
     let id = session_id(a)?;
     let path = req_str(a, "path")?;
-    validate::path(&path, "path").map_err(op_err)?;
+    validate::path(&path, "path").map_err(op_msg)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
     let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
     // Base64 grows 4/3 and must fit in one message.
     let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
-    let data = files::read(&s, &mut lease, &path, max, wait(ctx)).map_err(op_err)?;
+    let data = files::read(&s, &mut lease, &path, max, wait(ctx)).map_err(op_msg)?;
     // Text that JSON escapes to more than its base64 (control bytes take
     // six bytes each) goes as base64 too: the answer stays within 4/3.
     let as_text = std::str::from_utf8(&data)
         .is_ok_and(|t| crate::budget::json_len(t) <= files::base64_len(t.len()) + 2);
-    let c = files::content(&mut lease, &path, data, !as_text).map_err(op_err)?;
+    let c = files::content(&mut lease, &path, data, !as_text).map_err(op_msg)?;
     // The structured copy and the one in the text block.
     lease
         .grow(2 * c.content.len() as u64)
@@ -1076,12 +1075,12 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &list_files_in())?;
     let id = session_id(a)?;
     let path = opt_str(a, "path")?.unwrap_or_else(|| ".".into());
-    validate::path(&path, "path").map_err(op_err)?;
+    validate::path(&path, "path").map_err(op_msg)?;
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
     let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
-    let l = files::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(op_err)?;
+    let l = files::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(op_msg)?;
     // Sized before it becomes a `Value` (ten times the bytes).
     let len = crate::budget::json_len(&l);
     if len > super::MAX_MESSAGE / 2 {
@@ -1104,10 +1103,10 @@ fn ping(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     match opt_str(a, "sessionId")? {
         None => Ok(json!({"ok": true, "version": version}).into()),
         Some(id) => {
-            validate::session_id(&id).map_err(op_err)?;
+            validate::session_id(&id).map_err(op_msg)?;
             let s = own_session(ctx, &id)?;
             let t = Instant::now();
-            ctx.host.ops.ping(&s).map_err(op_err)?;
+            ctx.host.ops.ping(&s).map_err(op_msg)?;
             Ok(json!({"ok": true, "sessionId": id, "version": version,
                       "latencyMs": t.elapsed().as_secs_f64() * 1000.0})
             .into())
@@ -1119,9 +1118,9 @@ fn reset_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &session_id_in())?;
     let id = session_id(a)?;
     let old = own_session(ctx, &id)?;
-    let s = ctx.host.ops.reset(old, "reset by MCP").map_err(op_err)?;
+    let s = ctx.host.ops.reset(old, "reset by MCP").map_err(op_msg)?;
     (ctx.created)(&id);
-    ctx.host.ops.ready(&s).map_err(op_err)?;
+    ctx.host.ops.ready(&s).map_err(op_msg)?;
     Ok(session_json(&SessionView::of(&s)).into())
 }
 
@@ -1130,7 +1129,7 @@ fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let v: Vec<Value> = ctx
         .host
         .ops
-        .list(&principal(ctx), false)
+        .list(&principal(ctx.caller), false)
         .iter()
         .map(session_json)
         .collect();
@@ -1154,18 +1153,22 @@ fn start_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &start_process_in())?;
     let id = session_id(a)?;
     let s = own_session(ctx, &id)?;
-    let (req, _) = exec_request(ctx, a, &s, true)?;
-    let _a = s.activity();
-    let r = s
-        .call(Request::Exec(req), wait(ctx))
-        .map_err(msg)?
-        .finish()
-        .map_err(|e| agent_err(e, "start process"))?;
-    match r {
-        Response::Started { proc, pid } => {
-            Ok(json!({"sessionId": id, "procId": proc, "pid": pid}).into())
+    let prepared = exec_spec(ctx, a, true)?;
+    let mut running = ctx.host.ops.exec_in(&s, prepared).map_err(op_msg)?.running;
+    running.set_what("start process");
+    loop {
+        match running.next(None).map_err(op_msg)? {
+            ExecEvent::Background { proc, pid } => {
+                return Ok(json!({"sessionId": id, "procId": proc, "pid": pid}).into())
+            }
+            ExecEvent::Exited(st) => {
+                return Err(format!(
+                    "unexpected agent answer {:?}",
+                    Response::Exited(st)
+                ))
+            }
+            _ => {}
         }
-        other => Err(format!("unexpected agent answer {other:?}")),
     }
 }
 
@@ -1182,19 +1185,14 @@ fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let offset = opt_u64(a, "offset")?.unwrap_or(0);
     let wait_ms = opt_u64(a, "waitMs")?.unwrap_or(200).min(60_000);
     let s = own_session(ctx, &id)?;
-    let _a = s.activity();
     // The agent replays a background process's buffer from its absolute
     // start; we skip what the caller already has.
-    let mut call = s
-        .call(
-            Request::Attach {
-                proc,
-                stdin: false,
-                replay: true,
-            },
-            wait(ctx),
-        )
-        .map_err(msg)?;
+    let mut running = ctx
+        .host
+        .ops
+        .attach(&s, proc, false, true)
+        .map_err(|e| e.message())?;
+    running.set_what(format!("process {proc}"));
     let end = Instant::now() + Duration::from_millis(wait_ms);
     let mut pos = 0u64;
     let mut dropped = 0u64;
@@ -1209,26 +1207,25 @@ fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         if left.is_zero() {
             break;
         }
-        match call.recv_timeout(left.min(Duration::from_millis(100))) {
+        match running.poll(left.min(Duration::from_millis(100))) {
             Ok(None) => {}
-            Ok(Some(Inbound::Event(Event::Dropped { bytes }))) => {
+            Ok(Some(ExecEvent::Dropped { bytes })) => {
                 let lost_end = pos + bytes;
                 if lost_end > offset {
                     dropped += lost_end - offset.max(pos);
                 }
                 pos = lost_end;
             }
-            Ok(Some(Inbound::Data { channel: ch, bytes })) => {
+            Ok(Some(ExecEvent::Output { stream, bytes })) => {
                 let n = bytes.len() as u64;
                 if pos + n > offset {
                     let start = pos.max(offset);
                     let piece = &bytes[(start - pos) as usize..];
                     let total = (out.len() + err.len()) as u64;
                     let take = (piece.len() as u64).min(cap.saturating_sub(total)) as usize;
-                    let buf = if ch == channel::STDERR {
-                        &mut err
-                    } else {
-                        &mut out
+                    let buf = match stream {
+                        ops_exec::Stream::Stderr => &mut err,
+                        ops_exec::Stream::Stdout => &mut out,
                     };
                     buf.extend_from_slice(&piece[..take]);
                     if take < piece.len() {
@@ -1239,24 +1236,21 @@ fn read_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
                 }
                 pos += n;
             }
-            Ok(Some(Inbound::Response(Response::Exited(st)))) => {
+            Ok(Some(ExecEvent::Exited(st))) => {
                 exit = Some(st);
                 break;
             }
-            Ok(Some(Inbound::Response(_))) => break,
-            Ok(Some(Inbound::Error(e))) => {
-                return Err(agent_err(ClientError::Agent(e), &format!("process {proc}")))
-            }
-            Ok(Some(_)) => {}
-            Err(e) => return Err(agent_err(e, &format!("process {proc}"))),
+            Ok(Some(ExecEvent::Background { .. })) | Err(OpsError::UnexpectedAnswer(_)) => break,
+            Ok(Some(ExecEvent::Started { .. })) => {}
+            Err(e) => return Err(e.message()),
         }
     }
-    drop(call);
+    drop(running);
     let (code, signal) = match &exit {
-        Some(st) => {
-            let (c, s) = exit_fields(st);
-            (json!(c), s)
-        }
+        Some(st) => (
+            json!(ops_exec::exit_code(st)),
+            json!(st.signal.map(Signal::name_of)),
+        ),
         None => (Value::Null, Value::Null),
     };
     Ok(json!({
@@ -1279,23 +1273,20 @@ fn write_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let input = opt_str(a, "input")?.unwrap_or_default();
     let eof = opt_bool(a, "eof")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
-    let _a = s.activity();
-    let mut call = s
-        .call(
-            Request::Attach {
-                proc,
-                stdin: true,
-                replay: false,
-            },
-            wait(ctx),
-        )
-        .map_err(msg)?;
-    call.send_all(input.as_bytes())
-        .and_then(|_| if eof { call.send_eof() } else { Ok(()) })
-        .map_err(|e| agent_err(e, "write stdin"))?;
+    let mut running = ctx
+        .host
+        .ops
+        .attach(&s, proc, true, false)
+        .map_err(|e| e.message())?;
+    running.set_what("write stdin");
+    running
+        .send_input(input.as_bytes(), eof)
+        .map_err(|e| e.message())?;
     // An unknown process fails at once.
-    if let Ok(Some(Inbound::Error(e))) = call.recv_timeout(Duration::from_millis(20)) {
-        return Err(agent_err(ClientError::Agent(e), &format!("process {proc}")));
+    if let Err(e) = running.poll(Duration::from_millis(20)) {
+        if e.is_agent_refusal() {
+            return Err(e.with_what(format!("process {proc}")).message());
+        }
     }
     Ok(json!({"procId": proc, "bytes": input.len(), "eof": eof}).into())
 }
@@ -1313,33 +1304,33 @@ fn kill_all_processes(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &session_id_in())?;
     let id = session_id(a)?;
     let s = own_session(ctx, &id)?;
-    let _a = s.activity();
-    let r = s
-        .call(Request::KillAll, wait(ctx))
-        .map_err(msg)?
-        .finish()
-        .map_err(|e| agent_err(e, "kill all processes"))?;
-    match r {
-        Response::Killed {
-            processes,
-            remaining,
-        } => Ok(json!({"killed": processes, "remaining": remaining}).into()),
-        other => Err(format!("unexpected answer {other:?}")),
-    }
+    // REST's wording throughout, an odd answer too ("unexpected answer").
+    let k = ctx.host.ops.kill_all(&s).map_err(|e| e.message())?;
+    Ok(json!({"killed": k.processes, "remaining": k.remaining}).into())
 }
 
 fn kill_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &kill_process_in())?;
     let id = session_id(a)?;
     let proc = req_proc(a)?;
-    let sig = signal_arg(a.get("signal"))?.number();
+    let sig = signal_arg(a.get("signal"))?;
     let s = own_session(ctx, &id)?;
-    let _a = s.activity();
-    s.call(Request::Signal { proc, signal: sig }, wait(ctx))
-        .map_err(msg)?
-        .finish()
-        .map_err(|e| agent_err(e, &format!("signal process {proc}")))?;
-    Ok(json!({"procId": proc, "signal": sig, "success": true}).into())
+    ctx.host
+        .ops
+        .signal(&s, proc, sig)
+        .map_err(|e| e.with_what(format!("signal process {proc}")).message())?;
+    Ok(json!({"procId": proc, "signal": sig.number(), "success": true}).into())
+}
+
+fn get_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &get_process_in())?;
+    let s = own_session(ctx, &session_id(a)?)?;
+    let p = ctx
+        .host
+        .ops
+        .proc_info(&s, req_proc(a)?)
+        .map_err(|e| e.message())?;
+    Ok(procs::proc_json(&p).into())
 }
 
 #[cfg(test)]

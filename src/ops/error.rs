@@ -23,6 +23,18 @@ pub enum OpsError {
     /// A request field with a bad value (the message names the field).
     #[error("{0}")]
     BadRequest(String),
+    /// A command's timeout over the configured maximum.
+    #[error("timeout {ms} ms exceeds the maximum of {max} ms")]
+    TimeoutTooLong { ms: u64, max: u64 },
+    /// No process `proc` in the session's sandbox.
+    #[error("no process {proc} in session {session:?}")]
+    ProcessNotFound { proc: u64, session: String },
+    /// The caller (or its client going away) stopped the operation.
+    #[error("{0}")]
+    Cancelled(String),
+    /// The guest did not answer in time (the message says what).
+    #[error("{0}")]
+    Timeout(String),
     /// What the caller's key may not do.
     #[error("{0}")]
     Forbidden(String),
@@ -38,9 +50,10 @@ pub enum OpsError {
     /// The agent refused or failed `what` (its own error code is kept).
     #[error("{what}: {}", agent_detail(source))]
     Agent { what: String, source: ClientError },
-    /// The agent answered with a response of the wrong kind.
-    #[error("unexpected answer {answer}")]
-    UnexpectedAnswer { answer: String },
+    /// The agent answered with a response that does not fit the request
+    /// (its debug form).
+    #[error("unexpected answer {0}")]
+    UnexpectedAnswer(String),
     /// Our fault: a thread that did not start, a reply that did not
     /// serialize.
     #[error("{0}")]
@@ -66,18 +79,51 @@ fn session_message(e: &SessionError) -> String {
     }
 }
 
+/// What a client is told of an agent failure of `what`.
+pub fn agent_message(e: &ClientError, what: &str) -> String {
+    format!("{what}: {}", agent_detail(e))
+}
+
 impl OpsError {
     /// An answer of the wrong kind from the agent.
     pub fn unexpected(answer: impl std::fmt::Debug) -> OpsError {
-        OpsError::UnexpectedAnswer {
-            answer: format!("{answer:?}"),
-        }
+        OpsError::UnexpectedAnswer(format!("{answer:?}"))
+    }
+
+    /// What a client is told: REST's `message`, MCP's tool error text (the
+    /// error's Display, which words agent failures the front ends' way).
+    pub fn message(&self) -> String {
+        self.to_string()
     }
 
     /// The agent's failure of `what`.
     pub fn agent(what: impl Into<String>) -> impl FnOnce(ClientError) -> OpsError {
         let what = what.into();
         move |source| OpsError::Agent { what, source }
+    }
+
+    /// The same error, an agent failure named `what` instead (a front
+    /// end that words its steps its own way).
+    pub fn with_what(self, what: impl Into<String>) -> OpsError {
+        match self {
+            OpsError::Agent { source, .. } => OpsError::Agent {
+                what: what.into(),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// The guest refused the request (an error answer), as opposed to a
+    /// connection or time failure.
+    pub fn is_agent_refusal(&self) -> bool {
+        matches!(
+            self,
+            OpsError::Agent {
+                source: ClientError::Agent(_),
+                ..
+            }
+        )
     }
 
     /// The transport-neutral error code (REST `code`; the front ends add
@@ -89,11 +135,15 @@ impl OpsError {
             OpsError::InvalidSessionId { .. } => "invalid_session_id",
             OpsError::InvalidPath { .. } => "invalid_path",
             OpsError::BadRequest(_) => "bad_request",
+            OpsError::TimeoutTooLong { .. } => "bad_request",
+            OpsError::ProcessNotFound { .. } => "process_not_found",
+            OpsError::Cancelled(_) => "cancelled",
+            OpsError::Timeout(_) => "timeout",
             OpsError::Forbidden(_) => "forbidden",
             OpsError::FileTooLarge { .. } => "file_too_large",
             OpsError::Session(e) => e.code(),
             OpsError::Budget(e) => e.code(),
-            OpsError::Agent { .. } | OpsError::UnexpectedAnswer { .. } => "agent_error",
+            OpsError::Agent { .. } | OpsError::UnexpectedAnswer(_) => "agent_error",
             OpsError::Internal(_) => "internal",
         }
     }

@@ -5,8 +5,11 @@
 //! ownership checks live here once.
 
 pub mod error;
+pub mod exec;
 pub mod files;
 pub mod network;
+pub mod procs;
+pub mod run;
 pub mod sessions;
 pub mod validate;
 

@@ -22,6 +22,7 @@ EXPECTED_TOOLS = [
     "create_session", "execute", "run_code", "list_templates", "write_file", "read_file",
     "list_files", "ping", "reset_session", "list_sessions", "destroy_session",
     "start_process", "read_process", "write_process", "kill_process", "kill_all_processes",
+    "get_process",
 ]
 checks = 0
 

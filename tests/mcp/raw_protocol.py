@@ -170,7 +170,7 @@ tool_outputs = {}
 
 def check_tools(version, result):
     names = [t["name"] for t in result["tools"]]
-    check(names[:2] == ["create_session", "execute"] and len(names) == 16, f"tools {names}")
+    check(names[:2] == ["create_session", "execute"] and len(names) == 17, f"tools {names}")
     for t in result["tools"]:
         jsonschema.Draft202012Validator.check_schema(t["inputSchema"])
         jsonschema.Draft202012Validator.check_schema(t["outputSchema"])
@@ -270,6 +270,17 @@ def stdio_main(cmd):
         for sig, want in [("9", "unknown signal"), (65, "out of range"), ("SIGBOGUS", "unknown signal")]:
             r = s.tool(version, 61, "kill_process", {"sessionId": sid, "procId": 1, "signal": sig})
             check(r["isError"] and want in r["content"][0]["text"], f"kill_process signal {sig!r}: {r}")
+        # One process, as REST's GET .../processes/:proc shows it.
+        r = s.tool(version, 62, "start_process", {"sessionId": sid, "command": "sleep", "args": ["30"],
+                                                   "tag": "napper"})
+        proc = r["structuredContent"]["procId"]
+        r = s.tool(version, 63, "get_process", {"sessionId": sid, "procId": proc})
+        p = r["structuredContent"]
+        check(not r["isError"] and p["procId"] == proc and p["argv"] == ["sleep", "30"]
+              and p["tag"] == "napper" and p["running"] and p["background"], f"get_process: {r}")
+        r = s.tool(version, 64, "get_process", {"sessionId": sid, "procId": 999})
+        check(r["isError"] and "no process 999" in r["content"][0]["text"], f"get_process unknown: {r}")
+        s.tool(version, 65, "kill_process", {"sessionId": sid, "procId": proc, "signal": "KILL"})
         # Protocol errors.
         s.send_raw(b'{"jsonrpc": "2.0", "id": 7, "method": \n')
         m = s.recv(lambda m: "error" in m and "id" not in m)

@@ -1,16 +1,15 @@
 //! `POST /v1/run` and the MCP tool `run_code`: one program in a fresh
 //! sandbox under limits, the sandbox destroyed after (the seed guide's
 //! `executeScript(language, code, limits)`). Both share the validation
-//! ([`RunRequest::parse`]) and the run ([`run`]), so they answer alike.
+//! ([`RunRequest::parse`]) and the run ([`Ops::run`]), so they answer alike.
 
-use super::errors::{ApiError, ApiResult};
-use crate::agent::{ClientError, Inbound};
-use crate::proto::{channel, limits::CPU_PERIOD_US, ExecRequest, Request, Response, Signal};
+use super::exec::{self, Captured, ExecEvent};
+use super::{Ops, OpsError, OpsResult, Principal};
+use crate::proto::{limits::CPU_PERIOD_US, ExecRequest, ExitStatus, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{MEM_MIB, VCPUS};
 use crate::session::{Manager, SessionOptions};
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const DEFAULT_TIMEOUT_MS: u64 = 15_000;
@@ -90,12 +89,12 @@ pub struct RunRequest {
     pub limits: RunLimits,
 }
 
-fn field_error(field: &str, why: impl std::fmt::Display) -> ApiError {
-    ApiError::bad_request(format!("{field}: {why}"))
+fn field_error(field: &str, why: impl std::fmt::Display) -> OpsError {
+    OpsError::BadRequest(format!("{field}: {why}"))
 }
 
 /// Keys of `m` outside `known` are an error naming the first.
-fn known_keys(m: &Map<String, Value>, known: &[&str], prefix: &str) -> ApiResult<()> {
+fn known_keys(m: &Map<String, Value>, known: &[&str], prefix: &str) -> OpsResult<()> {
     match m.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(field_error(
             &format!("{prefix}{k}"),
@@ -115,9 +114,11 @@ pub fn max_code(cfg: &crate::config::Config) -> usize {
 impl RunRequest {
     /// Validates a request body (REST) or tool arguments (MCP); every
     /// error is a 400 naming its field.
-    pub fn parse(v: &Value, cfg: &crate::config::Config) -> ApiResult<RunRequest> {
+    pub fn parse(v: &Value, cfg: &crate::config::Config) -> OpsResult<RunRequest> {
         let Some(m) = v.as_object() else {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
+            return Err(OpsError::BadRequest(
+                "the body must be a JSON object".into(),
+            ));
         };
         known_keys(m, &["language", "code", "limits"], "")?;
         let language = match m.get("language") {
@@ -156,7 +157,7 @@ impl RunRequest {
             &["timeoutMs", "maxMemoryMb", "cpuCores", "allowNetwork"],
             "limits.",
         )?;
-        let int = |k: &str, default: u64, min: u64, max: u64| -> ApiResult<u64> {
+        let int = |k: &str, default: u64, min: u64, max: u64| -> OpsResult<u64> {
             let name = format!("limits.{k}");
             match l.get(k) {
                 None | Some(Value::Null) => Ok(default),
@@ -238,126 +239,131 @@ impl Drop for Destroy<'_> {
     }
 }
 
-/// Runs `r` in a new session of `owner` and answers with its result.
-/// Output is kept up to `max_output` bytes (both streams together; more is
-/// dropped and `truncated` set). `stop` is polled while the program runs:
-/// true cancels it (an MCP client's cancel).
-pub fn run(
-    mgr: &Arc<Manager>,
-    owner: &str,
-    r: RunRequest,
-    max_output: usize,
-    stop: &dyn Fn() -> bool,
-) -> ApiResult<Value> {
-    let cfg = mgr.cfg.clone();
-    let rnd = crate::agent::random_u64()
-        .map_err(|e| ApiError::internal(format!("making a session id: {e}")))?;
-    let id = format!("run-{:012x}", rnd & 0xffff_ffff_ffff);
-    // No network: mode none. Allowed: the daemon's default policy.
-    let egress = (!r.limits.allow_network).then(|| EgressPolicy {
-        mode: EgressMode::None,
-        ..Default::default()
-    });
-    let opts = SessionOptions {
-        template: Some(r.language.template().to_string()),
-        egress,
-        ..Default::default()
-    };
-    let (session, _) = mgr.get_or_create(owner, &id, opts, true)?;
-    let _destroy = Destroy {
-        mgr,
-        owner,
-        id: id.clone(),
-    };
-    let _activity = session.activity();
-    let wait = cfg.create_timeout;
-    session
-        .call(Request::Ping, wait)?
-        .finish()
-        .map_err(|e| ApiError::from_agent(e, "start the sandbox"))?;
-    let (interp, file) = r.language.program();
-    let path = format!("{CODE_DIR}/{file}");
-    crate::ops::files::write(&session, &path, r.code.as_bytes(), Some(0o644), wait)?;
-    let req = ExecRequest {
-        argv: vec![interp.to_string(), path],
-        env: session.env_for(&Default::default()),
-        cwd: None,
-        timeout_ms: Some(r.limits.timeout_ms),
-        memory_max: Some(r.limits.max_memory_mb << 20),
-        cpu_max_us: Some((r.limits.cpu_cores * CPU_PERIOD_US as f64).round() as u64),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let mut call = session.call(Request::Exec(req), wait)?;
-    // The guest kills the program at its timeout; this only guards
-    // against a guest that never answers.
-    let deadline = t0 + Duration::from_millis(r.limits.timeout_ms) + Duration::from_secs(30);
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let mut truncated = false;
-    let status = loop {
-        if stop() {
-            let _ = call.cancel();
-            mgr.metrics.exec_done("cancelled", t0.elapsed());
-            return Err(ApiError::new(409, "cancelled", "the run was cancelled"));
+/// What a run answers (the same JSON on every front end, [`RunResult::json`]).
+pub struct RunResult {
+    /// The session made for the run (already destroyed).
+    pub sandbox_id: String,
+    pub language: Language,
+    pub template: String,
+    pub status: ExitStatus,
+    pub output: Captured,
+}
+
+impl RunResult {
+    pub fn json(&self) -> Value {
+        let st = &self.status;
+        let mut v = json!({
+            "sandboxId": self.sandbox_id,
+            "language": self.language.name(),
+            "template": self.template,
+            "exitCode": exec::exit_code(st),
+            "signal": st.signal.map(Signal::name_of),
+            "stdout": String::from_utf8_lossy(&self.output.stdout),
+            "stderr": String::from_utf8_lossy(&self.output.stderr),
+            "truncated": self.output.truncated,
+            "timedOut": st.timed_out,
+        });
+        for (k, x) in exec::usage_fields(st) {
+            v[k] = x;
         }
-        if Instant::now() > deadline {
-            return Err(ApiError::new(
-                504,
-                "timeout",
-                format!(
+        v
+    }
+}
+
+impl Ops {
+    /// Runs `r` in a new session of the caller and answers with its
+    /// result. Output is kept up to `max_output` bytes (both streams
+    /// together; more is dropped and `truncated` set). `stop` is polled
+    /// while the program runs: true cancels it (an MCP client's cancel).
+    pub fn run(
+        &self,
+        p: &Principal,
+        r: RunRequest,
+        max_output: usize,
+        stop: &dyn Fn() -> bool,
+    ) -> OpsResult<RunResult> {
+        let owner = self.owner_for(p, None)?;
+        let mgr = &self.mgr;
+        let rnd = crate::agent::random_u64()
+            .map_err(|e| OpsError::Internal(format!("making a session id: {e}")))?;
+        let id = format!("run-{:012x}", rnd & 0xffff_ffff_ffff);
+        // No network: mode none. Allowed: the daemon's default policy.
+        let egress = (!r.limits.allow_network).then(|| EgressPolicy {
+            mode: EgressMode::None,
+            ..Default::default()
+        });
+        let opts = SessionOptions {
+            template: Some(r.language.template().to_string()),
+            egress,
+            ..Default::default()
+        };
+        let (session, _) = mgr.get_or_create(&owner, &id, opts, true)?;
+        let _destroy = Destroy {
+            mgr,
+            owner: &owner,
+            id: id.clone(),
+        };
+        let _activity = session.activity();
+        let wait = self.cfg.create_timeout;
+        session
+            .call(Request::Ping, wait)?
+            .finish()
+            .map_err(OpsError::agent("start the sandbox"))?;
+        let (interp, file) = r.language.program();
+        let path = format!("{CODE_DIR}/{file}");
+        super::files::write(&session, &path, r.code.as_bytes(), Some(0o644), wait)?;
+        let req = ExecRequest {
+            argv: vec![interp.to_string(), path],
+            env: session.env_for(&Default::default()),
+            cwd: None,
+            timeout_ms: Some(r.limits.timeout_ms),
+            memory_max: Some(r.limits.max_memory_mb << 20),
+            cpu_max_us: Some((r.limits.cpu_cores * CPU_PERIOD_US as f64).round() as u64),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let call = session.call(Request::Exec(req), wait)?;
+        let mut running = exec::Running::new(call, "run", None);
+        // The guest kills the program at its timeout; this only guards
+        // against a guest that never answers.
+        let deadline = t0 + Duration::from_millis(r.limits.timeout_ms) + Duration::from_secs(30);
+        let mut output = Captured::new(max_output);
+        let status = loop {
+            if stop() {
+                running.cancel();
+                mgr.metrics.exec_done("cancelled", t0.elapsed());
+                return Err(OpsError::Cancelled("the run was cancelled".into()));
+            }
+            if Instant::now() > deadline {
+                return Err(OpsError::Timeout(format!(
                     "no answer from the sandbox {:?} after the program's timeout",
                     id
-                ),
-            ));
-        }
-        match call.recv_timeout(Duration::from_millis(100)) {
-            Ok(None) => {}
-            Ok(Some(Inbound::Data { channel: ch, bytes })) => {
-                let room = max_output.saturating_sub(stdout.len() + stderr.len());
-                let buf = if ch == channel::STDERR {
-                    &mut stderr
-                } else {
-                    &mut stdout
-                };
-                if bytes.len() > room {
-                    truncated = true;
+                )));
+            }
+            match running.poll(Duration::from_millis(100)) {
+                Ok(Some(ExecEvent::Output { stream, bytes })) => output.push(stream, &bytes),
+                Ok(Some(ExecEvent::Exited(st))) => break st,
+                Ok(Some(ExecEvent::Background { proc, pid })) => {
+                    return Err(OpsError::UnexpectedAnswer(format!(
+                        "{:?}",
+                        Response::Started { proc, pid }
+                    )))
                 }
-                buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                Ok(_) => {}
+                Err(e @ OpsError::Agent { .. }) => {
+                    mgr.metrics.exec_done("error", t0.elapsed());
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
             }
-            Ok(Some(Inbound::Response(Response::Exited(st)))) => break st,
-            Ok(Some(Inbound::Response(other))) => {
-                return Err(ApiError::new(
-                    502,
-                    "agent_error",
-                    format!("unexpected answer {other:?}"),
-                ))
-            }
-            Ok(Some(Inbound::Error(e))) => {
-                mgr.metrics.exec_done("error", t0.elapsed());
-                return Err(ApiError::from_agent(ClientError::Agent(e), "run"));
-            }
-            Ok(Some(_)) => {}
-            Err(e) => {
-                mgr.metrics.exec_done("error", t0.elapsed());
-                return Err(ApiError::from_agent(e, "run"));
-            }
-        }
-    };
-    mgr.metrics
-        .exec_done(super::exec::outcome(&status), t0.elapsed());
-    let mut v = json!({
-        "sandboxId": id,
-        "language": r.language.name(),
-        "template": session.spec.template,
-        "exitCode": super::exec::exit_code(&status),
-        "signal": status.signal.map(Signal::name_of),
-        "stdout": String::from_utf8_lossy(&stdout),
-        "stderr": String::from_utf8_lossy(&stderr),
-        "truncated": truncated,
-        "timedOut": status.timed_out,
-    });
-    for (k, x) in super::exec::usage_fields(&status) {
-        v[k] = x;
+        };
+        mgr.metrics.exec_done(exec::outcome(&status), t0.elapsed());
+        Ok(RunResult {
+            sandbox_id: id,
+            language: r.language,
+            template: session.spec.template.clone(),
+            status,
+            output,
+        })
     }
-    Ok(v)
 }

@@ -1,0 +1,496 @@
+//! Running commands: the one validation of a command (argv or shell line,
+//! env, cwd, timeout against the configured maximum, stdin, PTY, tag), its
+//! start on a session, and the typed stream of the running call
+//! ([`Running`], [`ExecEvent`]) that every front end consumes: REST as a
+//! buffered answer or NDJSON/SSE, MCP as progress and a result.
+
+use super::{validate, Ops, OpsError, OpsResult, Principal};
+use crate::agent::{Call, ClientError, Inbound};
+use crate::config::Config;
+use crate::proto::{channel, Event, ExecRequest, ExitStatus, PtySize, Request, Response};
+use crate::session::{Activity, Session};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A command as a client asks for it (the body of `POST
+/// /exec/:id/execute` and `POST /v1/sessions/:id/exec`; MCP fills the
+/// fields its arguments name).
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecSpec {
+    pub template: Option<String>,
+    /// With `args`: the program. Alone: a `/bin/sh -c` command line.
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    /// Program and arguments, instead of `command`.
+    pub argv: Option<Vec<String>>,
+    pub cwd: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    /// Milliseconds; the process group is killed after it.
+    pub timeout: Option<u64>,
+    /// Text fed to stdin, then EOF.
+    pub stdin: Option<String>,
+    pub stdin_base64: Option<String>,
+    pub pty: Option<PtySize>,
+    pub background: Option<bool>,
+    pub tag: Option<String>,
+    /// `utf8` (default; invalid bytes replaced) or `base64`.
+    pub encoding: Option<String>,
+}
+
+/// How output (and file content) is handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Utf8,
+    Base64,
+}
+
+pub fn encoding(s: Option<&str>) -> OpsResult<Encoding> {
+    match s {
+        None | Some("utf8") | Some("utf-8") => Ok(Encoding::Utf8),
+        Some("base64") => Ok(Encoding::Base64),
+        Some(o) => Err(OpsError::BadRequest(format!(
+            "encoding {o:?}: want utf8 or base64"
+        ))),
+    }
+}
+
+/// A validated command, ready to start.
+pub struct Prepared {
+    pub req: ExecRequest,
+    pub stdin: Option<Vec<u8>>,
+    pub encoding: Encoding,
+    pub timeout: Duration,
+}
+
+fn bad(m: impl Into<String>) -> OpsError {
+    OpsError::BadRequest(m.into())
+}
+
+impl ExecSpec {
+    /// Checks the command against the protocol's and the daemon's limits.
+    pub fn prepare(self, cfg: &Config) -> OpsResult<Prepared> {
+        let (argv, shell) = match (self.argv, self.command, self.args) {
+            (Some(_), Some(_), _) => return Err(bad("give either argv or command, not both")),
+            (Some(argv), None, None) => {
+                if argv.is_empty() {
+                    return Err(bad("argv must not be empty"));
+                }
+                (argv, None)
+            }
+            (Some(_), None, Some(_)) => return Err(bad("args goes with command, not argv")),
+            (None, Some(cmd), Some(args)) => {
+                let mut argv = vec![cmd];
+                argv.extend(args);
+                (argv, None)
+            }
+            (None, Some(cmd), None) => (Vec::new(), Some(cmd)),
+            (None, None, _) => return Err(bad("command (or argv) is required")),
+        };
+        if argv.first().is_some_and(|a| a.is_empty()) || shell.as_deref() == Some("") {
+            return Err(bad("command must not be empty"));
+        }
+        if argv.len() > crate::proto::limits::MAX_ARGS {
+            return Err(bad("too many arguments"));
+        }
+        for a in argv.iter().chain(shell.iter()) {
+            if a.contains('\0') {
+                return Err(bad("arguments must not contain NUL bytes"));
+            }
+        }
+        let env = validate::env(self.env.unwrap_or_default())?;
+        if let Some(cwd) = &self.cwd {
+            validate::path(cwd, "cwd")?;
+        }
+        let timeout_ms = match self.timeout {
+            Some(0) => return Err(bad("timeout must be at least 1 ms")),
+            Some(t) => t,
+            None => cfg.default_exec_timeout.as_millis() as u64,
+        };
+        let max = cfg.max_exec_timeout.as_millis() as u64;
+        if timeout_ms > max {
+            return Err(OpsError::TimeoutTooLong {
+                ms: timeout_ms,
+                max,
+            });
+        }
+        let stdin = match (self.stdin, self.stdin_base64) {
+            (Some(_), Some(_)) => return Err(bad("give stdin or stdinBase64, not both")),
+            (Some(s), None) => Some(s.into_bytes()),
+            (None, Some(b)) => Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b.as_bytes())
+                    .map_err(|e| bad(format!("stdinBase64: {e}")))?,
+            ),
+            (None, None) => None,
+        };
+        if let Some(p) = &self.pty {
+            if p.rows == 0 || p.cols == 0 {
+                return Err(bad("pty rows and cols must be positive"));
+            }
+        }
+        if let Some(t) = &self.tag {
+            if t.len() > 256 {
+                return Err(bad("tag longer than 256 bytes"));
+            }
+        }
+        let background = self.background.unwrap_or(false);
+        #[allow(clippy::needless_update)] // see `..Default::default()` below
+        let req = ExecRequest {
+            argv,
+            shell,
+            env,
+            clear_env: false,
+            cwd: self.cwd,
+            uid: None,
+            gid: None,
+            stdin: stdin.is_some() || background,
+            pty: self.pty,
+            timeout_ms: if background && self.timeout.is_none() {
+                None
+            } else {
+                Some(timeout_ms)
+            },
+            background,
+            tag: self.tag,
+            // Streams and answers report the process id.
+            notify_start: true,
+            memory_max: None,
+            cpu_max_us: None,
+        };
+        Ok(Prepared {
+            req,
+            stdin,
+            encoding: encoding(self.encoding.as_deref())?,
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+}
+
+impl Ops {
+    /// Starts a prepared command in `session` (its session-wide env under
+    /// the command's own) and feeds its stdin; see [`Running`].
+    pub fn exec_in(&self, session: &Arc<Session>, mut p: Prepared) -> OpsResult<Started> {
+        p.req.env = session.env_for(&p.req.env);
+        let activity = session.activity();
+        let call = session.call(Request::Exec(p.req.clone()), self.cfg.create_timeout)?;
+        if let Some(data) = &p.stdin {
+            let tx = call.sender();
+            let data = data.clone();
+            // Fed from its own thread: a process that does not read its
+            // stdin must not stop us from reading its output.
+            let _ = std::thread::Builder::new()
+                .name("exec-stdin".into())
+                .spawn(move || {
+                    if tx.send_all(&data).is_ok() {
+                        let _ = tx.send_eof();
+                    }
+                });
+        }
+        Ok(Started {
+            running: Running::new(call, "exec", Some(activity)),
+            encoding: p.encoding,
+            timeout: p.timeout,
+            background: p.req.background,
+        })
+    }
+
+    /// [`Ops::exec_in`] on the caller's existing session `id`.
+    pub fn exec(
+        &self,
+        p: &Principal,
+        owner: Option<&str>,
+        id: &str,
+        prepared: Prepared,
+    ) -> OpsResult<Started> {
+        let s = self.find(p, owner, id)?;
+        self.exec_in(&s, prepared)
+    }
+}
+
+/// A command that runs, and what its answer needs of its request.
+pub struct Started {
+    pub running: Running,
+    pub encoding: Encoding,
+    /// The command's timeout (the default when it named none).
+    pub timeout: Duration,
+    pub background: bool,
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn of(ch: u16) -> Stream {
+        if ch == channel::STDERR {
+            Stream::Stderr
+        } else {
+            Stream::Stdout
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// What a running call (a command, or an attach to a process) reports.
+#[derive(Debug)]
+pub enum ExecEvent {
+    Output {
+        stream: Stream,
+        bytes: Vec<u8>,
+    },
+    /// The process is up (commands prepared here ask for it).
+    Started {
+        proc: u64,
+        pid: i32,
+    },
+    /// Output the guest's buffer lost before it was read.
+    Dropped {
+        bytes: u64,
+    },
+    /// Final: the command ended.
+    Exited(ExitStatus),
+    /// Final: a background command started and runs on.
+    Background {
+        proc: u64,
+        pid: i32,
+    },
+}
+
+/// A call in flight. Dropping it cancels it in the guest (a foreground
+/// command dies with its client); an attach only detaches.
+pub struct Running {
+    call: Call,
+    /// Names the call in its errors (`exec: ...`).
+    what: String,
+    _activity: Option<Activity>,
+}
+
+impl Running {
+    pub(super) fn new(call: Call, what: impl Into<String>, activity: Option<Activity>) -> Running {
+        Running {
+            call,
+            what: what.into(),
+            _activity: activity,
+        }
+    }
+
+    /// Renames the call for the errors that follow.
+    pub fn set_what(&mut self, what: impl Into<String>) {
+        self.what = what.into();
+    }
+
+    /// The call's id on the agent connection (for logs).
+    pub fn id(&self) -> u64 {
+        self.call.id
+    }
+
+    fn err(&self, source: ClientError) -> OpsError {
+        OpsError::Agent {
+            what: self.what.clone(),
+            source,
+        }
+    }
+
+    /// `None` for what no front end shows (EOF marks, other events).
+    fn event(&self, m: Inbound) -> OpsResult<Option<ExecEvent>> {
+        Ok(Some(match m {
+            Inbound::Data { channel, bytes } => ExecEvent::Output {
+                stream: Stream::of(channel),
+                bytes,
+            },
+            Inbound::Event(Event::Started { proc, pid }) => ExecEvent::Started { proc, pid },
+            Inbound::Event(Event::Dropped { bytes }) => ExecEvent::Dropped { bytes },
+            Inbound::Response(Response::Exited(st)) => ExecEvent::Exited(st),
+            Inbound::Response(Response::Started { proc, pid }) => {
+                ExecEvent::Background { proc, pid }
+            }
+            Inbound::Response(r) => return Err(OpsError::UnexpectedAnswer(format!("{r:?}"))),
+            Inbound::Error(e) => return Err(self.err(ClientError::Agent(e))),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The next event, waiting until `deadline` (none: for ever); past it,
+    /// an agent timeout error.
+    pub fn next(&mut self, deadline: Option<Instant>) -> OpsResult<ExecEvent> {
+        loop {
+            let m = match deadline {
+                Some(d) => self.call.recv_deadline(d),
+                None => self.call.recv(),
+            };
+            let m = m.map_err(|e| self.err(e))?;
+            if let Some(ev) = self.event(m)? {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// Whatever arrives within `t`: `None` when nothing (worth showing)
+    /// did, so a caller can look at its own stop conditions in between.
+    pub fn poll(&mut self, t: Duration) -> OpsResult<Option<ExecEvent>> {
+        match self.call.recv_timeout(t) {
+            Ok(Some(m)) => self.event(m),
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Input for the process (an attach with stdin), then EOF if `eof`.
+    pub fn send_input(&self, data: &[u8], eof: bool) -> OpsResult<()> {
+        self.call
+            .send_all(data)
+            .and_then(|_| if eof { self.call.send_eof() } else { Ok(()) })
+            .map_err(|e| self.err(e))
+    }
+
+    /// Asks the guest to end the call (the command is killed); events up
+    /// to its end still arrive.
+    pub fn cancel(&self) {
+        let _ = self.call.cancel();
+    }
+}
+
+/// Output kept up to `max` bytes, both streams together; what goes over
+/// is dropped and `truncated` set.
+pub struct Captured {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub truncated: bool,
+    max: usize,
+}
+
+impl Captured {
+    pub fn new(max: usize) -> Captured {
+        Captured {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            truncated: false,
+            max,
+        }
+    }
+
+    pub fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let room = self
+            .max
+            .saturating_sub(self.stdout.len() + self.stderr.len());
+        let buf = match stream {
+            Stream::Stderr => &mut self.stderr,
+            Stream::Stdout => &mut self.stdout,
+        };
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+/// The metrics' name for how a command ended.
+pub fn outcome(st: &ExitStatus) -> &'static str {
+    if st.timed_out {
+        "timeout"
+    } else if st.signal.is_some() {
+        "signal"
+    } else if st.code == Some(0) {
+        "ok"
+    } else {
+        "nonzero"
+    }
+}
+
+/// The exit code a shell would show: 128 + the signal for a killed command.
+pub fn exit_code(st: &ExitStatus) -> i32 {
+    st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1)
+}
+
+/// `durationMs` (the command's run time in the guest, spawn to exit),
+/// `resourceUsage: {memoryMb, cpuPercent}` (null from an agent that does
+/// not measure) and `oomKilled`: every API's exec result carries these.
+/// `memoryMb` is the peak in MiB; `cpuPercent` is CPU time over run time
+/// (above 100 for a command using more than one core).
+pub fn usage_fields(st: &ExitStatus) -> [(&'static str, Value); 3] {
+    let usage = st.usage.map(|u| {
+        let mb = u.memory_peak_bytes as f64 / (1024.0 * 1024.0);
+        let pct = u.cpu_usec as f64 * 100.0 / st.duration_us.max(1) as f64;
+        json!({
+            "memoryMb": (mb * 10.0).round() / 10.0,
+            "cpuPercent": (pct * 10.0).round() / 10.0,
+            "source": u.source,
+        })
+    });
+    [
+        ("durationMs", json!(st.duration_us / 1000)),
+        ("resourceUsage", usage.unwrap_or(Value::Null)),
+        ("oomKilled", json!(st.oom_killed)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(v: Value) -> ExecSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// REST's bodies and MCP's arguments (command + args) meet in one
+    /// request; the limits are the config's.
+    #[test]
+    fn one_validation_for_every_front_end() {
+        let cfg = Config::default();
+        let a = spec(json!({"argv": ["ls", "-l"]})).prepare(&cfg).unwrap();
+        let b = spec(json!({"command": "ls", "args": ["-l"]}))
+            .prepare(&cfg)
+            .unwrap();
+        assert_eq!((&a.req.argv, &a.req.shell), (&b.req.argv, &b.req.shell));
+        let max = cfg.max_exec_timeout.as_millis() as u64;
+        assert!(matches!(
+            spec(json!({"command": "x", "timeout": max + 1})).prepare(&cfg),
+            Err(OpsError::TimeoutTooLong { ms, max: m }) if ms == max + 1 && m == max
+        ));
+        let bg = spec(json!({"command": "x", "background": true}))
+            .prepare(&cfg)
+            .unwrap();
+        assert_eq!((bg.req.timeout_ms, bg.req.stdin), (None, true));
+        let fg = spec(json!({"command": "x"})).prepare(&cfg).unwrap();
+        assert_eq!(
+            fg.req.timeout_ms,
+            Some(cfg.default_exec_timeout.as_millis() as u64)
+        );
+        for bad in [
+            json!({}),
+            json!({"command": ""}),
+            json!({"argv": []}),
+            json!({"command": "x", "timeout": 0}),
+            json!({"command": "x", "env": {"A=B": "c"}}),
+            json!({"command": "x", "cwd": ""}),
+            json!({"command": "x", "tag": "t".repeat(257)}),
+        ] {
+            assert!(spec(bad.clone()).prepare(&cfg).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn captured_caps_both_streams_together() {
+        let mut c = Captured::new(5);
+        c.push(Stream::Stdout, b"abc");
+        c.push(Stream::Stderr, b"defg");
+        assert_eq!(
+            (&c.stdout[..], &c.stderr[..], c.truncated),
+            (&b"abc"[..], &b"de"[..], true)
+        );
+    }
+}
