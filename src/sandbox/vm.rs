@@ -458,9 +458,9 @@ impl Sandbox for VmSandbox {
         }
     }
 
-    fn timings(&self) -> Vec<(&'static str, Duration)> {
-        let net = self.net_took.map(|d| ("network", d));
-        let standby = self.standby.map(|d| ("standby_vmm", d));
+    fn timings(&self) -> Vec<(super::Phase, Duration)> {
+        let net = self.net_took.map(|d| (super::Phase::Network, d));
+        let standby = self.standby.map(|d| (super::Phase::StandbyVmm, d));
         net.into_iter().chain(standby).collect()
     }
 }
