@@ -16,6 +16,7 @@
 pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
 
 pub mod local;
+pub mod parts;
 pub mod standby;
 pub mod vm;
 pub mod wiring;
