@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The VM backends `serve` knows (see `crate::sandbox::build_factory`).
-pub const BACKENDS: &[&str] = &["qemu", "firecracker", "local-process"];
+/// What `backend` names (see `crate::sandbox::build_factory`); here for
+/// the front ends, which reach the backend kinds through their config.
+pub use crate::vm::BackendKind;
 
 /// Failed authentications one client address may make in a burst (the
 /// default of `auth_fail_burst`), and how many per second it earns back.
@@ -105,7 +106,9 @@ pub struct Config {
     /// isolated NICs); with networking on, `network.prefix` rules.
     pub net_prefix: Option<String>,
     /// Sandbox backend: `qemu`, `firecracker`, or `local-process`
-    /// (development only: no isolation).
+    /// (development only: no isolation). Kept as given (file, flag, env)
+    /// so `validate` reports a bad name with its key; [`Config::backend_kind`]
+    /// parses it.
     pub backend: String,
     /// Guest agent binary for the local-process backend.
     pub agent_bin: Option<PathBuf>,
@@ -256,16 +259,21 @@ impl Config {
             .saturating_add(64 << 10)
     }
 
+    /// `backend` parsed; the error names the key.
+    pub fn backend_kind(&self) -> Result<BackendKind, String> {
+        self.backend.parse().map_err(|_| {
+            format!(
+                "backend {:?}: one of {}",
+                self.backend,
+                BackendKind::names()
+            )
+        })
+    }
+
     /// Checks what the types cannot: ranges, combinations, the network
     /// section. Messages name the config key.
     pub fn validate(&self) -> Result<(), String> {
-        if !BACKENDS.contains(&self.backend.as_str()) {
-            return Err(format!(
-                "backend {:?}: one of {}",
-                self.backend,
-                BACKENDS.join(", ")
-            ));
-        }
+        self.backend_kind()?;
         if !self.auth && !self.listen.ip().is_loopback() {
             return Err(format!(
                 "auth: false (--no-auth) is only allowed on a loopback address, not {}",

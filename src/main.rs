@@ -3,7 +3,7 @@
 use agent_sandbox::api::auth::{self, validate_scopes, KeyStore};
 use agent_sandbox::api::Server;
 use agent_sandbox::config::seed_env::EnvLayer;
-use agent_sandbox::config::{parse_duration, Config, FileConfig};
+use agent_sandbox::config::{parse_duration, BackendKind, Config, FileConfig};
 use agent_sandbox::sandbox;
 use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
@@ -416,7 +416,7 @@ fn serve_config_with(a: &ServeArgs, env: &EnvLayer) -> Result<Config, String> {
         c.allow_unlimited_vmms = true;
     }
     c.net_prefix = a.net_prefix.clone();
-    c.network = if c.backend == "local-process" {
+    c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {
         None
     } else {
         network_config(a, c.network.take(), &env.dns_upstreams)?
@@ -582,7 +582,8 @@ fn image_gc(dry_run: bool) -> Result<(), String> {
 }
 
 fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
-    let agent_bin = (cfg.backend == "local-process").then(|| {
+    let backend = cfg.backend_kind()?;
+    let agent_bin = (backend == BackendKind::LocalProcess).then(|| {
         let b = cfg
             .agent_bin
             .clone()
@@ -593,16 +594,16 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     // The images this daemon restores from stay ours while it runs: `image
     // gc` skips them even once a newer build replaced them.
     // The registry is given the same paths, read once.
-    let pins = (cfg.backend != "local-process").then(|| wiring::pinned_images(&cfg));
+    let pins = (backend != BackendKind::LocalProcess).then(|| wiring::pinned_images(&cfg));
     let _images = pins
         .as_ref()
         .map(|p| agent_sandbox::admin::lock_images(p.paths()));
     // Still single-threaded here: nothing before this starts a thread
     // (`up` runs its builds in a child process).
-    let mut host = harden_daemon(&cfg.backend, agent_bin.as_deref(), &cfg)?;
+    let mut host = harden_daemon(backend, agent_bin.as_deref(), &cfg)?;
     host.images = pins;
-    let factory = sandbox::build_factory_on(&cfg.backend, agent_bin, &cfg, &host)
-        .map_err(|e| e.to_string())?;
+    let factory =
+        sandbox::build_factory_on(backend, agent_bin, &cfg, &host).map_err(|e| e.to_string())?;
     let auth = cfg.auth;
     let server = Server::start(cfg, factory)?;
     let keys = &server.ctx.keys;
@@ -647,7 +648,7 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
 /// `AGENT_SANDBOX_SECCOMP=enforce|log|off` chooses the filter mode
 /// (default enforce); capabilities and no_new_privs apply in every mode.
 fn harden_daemon(
-    backend: &str,
+    backend: BackendKind,
     agent_bin: Option<&std::path::Path>,
     cfg: &Config,
 ) -> Result<wiring::Host, String> {
@@ -660,7 +661,7 @@ fn harden_daemon(
     let mut programs = Vec::new();
     let mut cgroup_parents = Vec::new();
     match backend {
-        "local-process" => {
+        BackendKind::LocalProcess => {
             // No isolation in this backend: the agent runs as the daemon's
             // own uid, as it would without the spawner.
             if let Some(b) = agent_bin {
@@ -670,7 +671,7 @@ fn harden_daemon(
                 });
             }
         }
-        _ => {
+        BackendKind::Qemu | BackendKind::Firecracker => {
             let q = wiring::qemu_config(cfg).binary;
             let q = agent_sandbox::vm::qemu::find_in_path(&q).unwrap_or(q);
             programs.push(spawner::Program {
@@ -885,7 +886,7 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
 /// The builds run in a child process: `serve` must start single-threaded
 /// and unhardened, and the builds start threads and processes of their own.
 fn up(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
-    if cfg.backend != "local-process" {
+    if cfg.backend_kind()? != BackendKind::LocalProcess {
         in_child("image build and snapshot", || {
             // Into the cache the daemon will read its images from.
             let cache = cfg

@@ -16,12 +16,14 @@
 pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
 
 pub mod local;
+pub mod parts;
 pub mod standby;
 pub mod vm;
 pub mod wiring;
 
 use crate::agent::AgentClient;
 use crate::config::Config;
+use crate::vm::BackendKind;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -219,11 +221,21 @@ pub trait Sandbox: Send {
             self.id()
         )))
     }
-    /// How long the phases of creation took, e.g. `("network", 3 ms)`;
+    /// How long the phases of creation took, e.g. `(Phase::Network, 3 ms)`;
     /// exported as metrics by the session layer.
-    fn timings(&self) -> Vec<(&'static str, std::time::Duration)> {
+    fn timings(&self) -> Vec<(Phase, std::time::Duration)> {
         Vec::new()
     }
+}
+
+/// A phase of a sandbox's creation that [`Sandbox::timings`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Its network (namespace, veth, TAP, rules) was set up.
+    Network,
+    /// It restored into a VMM started ahead (`standby_vmms`); the time is
+    /// how long that VMM had waited.
+    StandbyVmm,
 }
 
 pub trait SandboxFactory: Send + Sync {
@@ -254,13 +266,10 @@ pub trait SandboxFactory: Send + Sync {
     }
 }
 
-/// Backend names `serve --backend` accepts.
-pub const BACKENDS: &[&str] = &["local-process", "qemu", "firecracker"];
-
 /// The factory `serve` (and an in-process `mcp`) runs with.
 /// `agent_bin` is only used by `local-process`.
 pub fn build_factory(
-    backend: &str,
+    backend: BackendKind,
     agent_bin: Option<std::path::PathBuf>,
     cfg: &Config,
 ) -> Result<Arc<dyn SandboxFactory>> {
@@ -270,13 +279,13 @@ pub fn build_factory(
 /// [`build_factory`] for the hardened daemon: processes start through
 /// `host.spawner`, VMs get cgroups under `host.cgroup_parents`.
 pub fn build_factory_on(
-    backend: &str,
+    backend: BackendKind,
     agent_bin: Option<std::path::PathBuf>,
     cfg: &Config,
     host: &wiring::Host,
 ) -> Result<Arc<dyn SandboxFactory>> {
     match backend {
-        "local-process" => {
+        BackendKind::LocalProcess => {
             log::warn!(
                 "backend local-process: commands run on this host WITHOUT isolation \
                  (development and testing only)"
@@ -288,11 +297,7 @@ pub fn build_factory_on(
                 None => f,
             }))
         }
-        b if BACKENDS.contains(&b) => wiring::factory_on(b, cfg, host),
-        b => Err(SandboxError::Other(format!(
-            "unknown backend {b:?} (one of {})",
-            BACKENDS.join(", ")
-        ))),
+        vmm @ (BackendKind::Qemu | BackendKind::Firecracker) => wiring::factory_on(vmm, cfg, host),
     }
 }
 
@@ -301,7 +306,7 @@ pub fn build_factory_on(
 /// branches land, construct a [`vm::VmSandboxFactory`] here from the chosen
 /// `crate::vm::Backend`, a [`vm::TemplateSource`] over the template registry
 /// and (optionally) a [`vm::NetProvider`] over `crate::net`.
-pub fn production_factory(backend: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
+pub fn production_factory(backend: BackendKind, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
     wiring::factory(backend, cfg)
 }
 

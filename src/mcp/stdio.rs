@@ -7,7 +7,7 @@
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
 use super::{Caller, Host, MAX_MESSAGE};
-use crate::config::{default_state_dir, parse_duration, Config};
+use crate::config::{default_state_dir, parse_duration, BackendKind, Config};
 use crate::metrics::Metrics;
 use crate::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
 use crate::session::{reaper, Manager};
@@ -74,8 +74,12 @@ pub fn main(a: McpArgs) -> Result<(), String> {
         default_exec_timeout: a.exec_timeout,
         ..Config::default()
     };
-    let factory: Arc<dyn SandboxFactory> = match a.backend.as_str() {
-        "local-process" => {
+    let backend = a
+        .backend
+        .parse::<BackendKind>()
+        .map_err(|e| e.to_string())?;
+    let factory: Arc<dyn SandboxFactory> = match backend {
+        BackendKind::LocalProcess => {
             log::warn!("backend local-process: commands run on this host WITHOUT isolation");
             let bin = a
                 .agent_bin
@@ -85,14 +89,8 @@ pub fn main(a: McpArgs) -> Result<(), String> {
                 LocalProcessFactory::new(bin, state_dir.join("run")).map_err(|e| e.to_string())?,
             )
         }
-        b if sandbox::BACKENDS.contains(&b) => {
-            sandbox::production_factory(b, &cfg).map_err(|e| e.to_string())?
-        }
-        b => {
-            return Err(format!(
-                "unknown backend {b:?} (one of {})",
-                sandbox::BACKENDS.join(", ")
-            ))
+        vmm @ (BackendKind::Qemu | BackendKind::Firecracker) => {
+            sandbox::production_factory(vmm, &cfg).map_err(|e| e.to_string())?
         }
     };
     let cfg = Arc::new(cfg);

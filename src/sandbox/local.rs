@@ -72,7 +72,7 @@ impl LocalProcessFactory {
 
 impl SandboxFactory for LocalProcessFactory {
     fn backend(&self) -> &'static str {
-        "local-process"
+        crate::vm::BackendKind::LocalProcess.as_str()
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {

@@ -15,6 +15,7 @@ use crate::vm::launch::{self, Launcher};
 use crate::vm::qemu::{QemuBackend, QemuConfig};
 use crate::vm::templates::{Registry, RegistryConfig, DEFAULT_TEMPLATE};
 use crate::vm::Backend;
+use crate::vm::BackendKind;
 use crate::vm::NetAttachment;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -348,14 +349,19 @@ pub fn wanted_controllers(cfg: &Config) -> Vec<&'static str> {
         .collect()
 }
 
+/// The VM backend `name` (`qemu`, `firecracker`), as the admin commands
+/// and tools name it.
 pub fn backend(name: &str, cfg: &Config) -> Result<Arc<dyn Backend>> {
-    backend_on(name, cfg, &Host::default())
+    let kind = name
+        .parse()
+        .map_err(|_| SandboxError::Other(format!("unknown VM backend {name:?}")))?;
+    backend_on(kind, cfg, &Host::default())
 }
 
 /// A VM backend that starts its processes the way `host` says.
-pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backend>> {
-    match name {
-        "qemu" => {
+pub fn backend_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dyn Backend>> {
+    match kind {
+        BackendKind::Qemu => {
             // Settled now, on the start-up thread (see kvm_device_usable).
             let _ = crate::vm::qemu::kvm_device_usable();
             let qc = QemuConfig {
@@ -365,7 +371,7 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
             };
             Ok(Arc::new(QemuBackend::new(qc)))
         }
-        "firecracker" => {
+        BackendKind::Firecracker => {
             let spawner: Arc<dyn crate::vm::launch::Spawner> = match &host.spawner {
                 Some(s) => Arc::new(s.clone()),
                 None => Arc::new(DirectSpawner),
@@ -375,7 +381,11 @@ pub fn backend_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn Backe
                 spawner,
             )))
         }
-        other => Err(SandboxError::Other(format!("unknown VM backend {other:?}"))),
+        // Not a VMM: the agent runs as a host process (`sandbox::local`).
+        BackendKind::LocalProcess => Err(SandboxError::Other(format!(
+            "unknown VM backend {:?}",
+            kind.as_str()
+        ))),
     }
 }
 
@@ -592,13 +602,13 @@ fn sweep_network(n: &NetConfig, on: bool) {
     }
 }
 
-pub fn factory(name: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
-    factory_on(name, cfg, &Host::default())
+pub fn factory(kind: BackendKind, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
+    factory_on(kind, cfg, &Host::default())
 }
 
-pub fn factory_on(name: &str, cfg: &Config, host: &Host) -> Result<Arc<dyn SandboxFactory>> {
+pub fn factory_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dyn SandboxFactory>> {
     let run_root = prepare_run_root(cfg)?;
-    let be = backend_on(name, cfg, host)?;
+    let be = backend_on(kind, cfg, host)?;
     let n = net_config(cfg);
     sweep_network(&n, cfg.network.is_some());
     let net: Arc<dyn NetProvider> = match &cfg.network {

@@ -88,15 +88,14 @@ fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
     for (phase, took) in sandbox.timings() {
         let template = vec![("template", spec.template.clone())];
         match phase {
-            "network" => mgr
+            crate::sandbox::Phase::Network => mgr
                 .metrics
                 .net_setup
                 .get_or_create(&template)
                 .observe(took.as_secs_f64()),
-            "standby_vmm" => {
+            crate::sandbox::Phase::StandbyVmm => {
                 mgr.metrics.standby_used.get_or_create(&template).inc();
             }
-            _ => {}
         }
     }
     {

@@ -20,7 +20,7 @@ use super::launch::{Pidfd, Spawner};
 use super::snapshot::{self, Manifest};
 use super::{Backend, PreparedRestore, Result, Vm, VmConfig, VmError};
 
-const NAME: &str = "firecracker";
+const NAME: &str = super::BackendKind::Firecracker.as_str();
 
 /// Snapshot file names inside a snapshot directory.
 pub const SNAP_STATE_FILE: &str = "vmstate";

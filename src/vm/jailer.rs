@@ -31,7 +31,7 @@ use std::time::Instant;
 use super::launch::{validate_id, Pidfd};
 use super::{Result, VmError};
 
-const BACKEND: &str = "firecracker";
+const BACKEND: &str = super::BackendKind::Firecracker.as_str();
 
 /// Paths as the jailed VMM sees them (relative to its chroot).
 pub mod in_jail {

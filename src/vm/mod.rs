@@ -9,12 +9,15 @@ pub mod firecracker;
 pub mod http;
 pub mod ids;
 pub mod jailer;
+pub mod kind;
 pub mod launch;
 pub mod qemu;
 pub mod qmp;
 pub mod shape;
 pub mod snapshot;
 pub mod templates;
+
+pub use kind::{BackendKind, UnknownBackend};
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

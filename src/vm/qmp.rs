@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::{Result, VmError};
 
-const BACKEND: &str = "qemu";
+const BACKEND: &str = super::BackendKind::Qemu.as_str();
 /// A QMP line longer than this is not something we asked for.
 const MAX_LINE: usize = 1 << 20;
 

@@ -2,7 +2,7 @@
 //! sleeps in poll(2) on the process's pipes and an eventfd that the
 //! connection reader and the reaper use to wake it.
 
-use super::conn::{Grant, Mailbox, Msg, Req};
+use super::mailbox::{Grant, Mailbox, Msg, Req};
 use super::procs::{exit_status, Proc, ProcState, Ring};
 use super::spawn::{resolve_program, spawn, SpawnSpec};
 use super::sys::{self, kill_group, read_nb, write_nb, Waker};

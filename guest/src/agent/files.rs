@@ -2,7 +2,7 @@
 //! paths are taken as they are (the VM boundary is the isolation, not path
 //! checks inside it).
 
-use super::conn::{Msg, Req};
+use super::mailbox::{Msg, Req};
 use super::Agent;
 use crate::proto::{
     channel, fill_data_header, limits, DirEntry, ErrorBody, ErrorCode, Event, FileStat, FileType,

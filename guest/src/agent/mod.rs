@@ -5,12 +5,13 @@ pub mod conn;
 mod exec;
 mod files;
 pub mod init;
+pub mod mailbox;
 mod procs;
 mod spawn;
 pub mod sys;
 
 use crate::proto::{self, limits, ErrorBody, ErrorCode, Request, Response};
-use conn::{Mailbox, Req};
+use mailbox::{Mailbox, Req};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -418,11 +419,11 @@ pub fn handle(
             })
         }
         Request::Resize { proc, rows, cols } => with_running(agent, &mut req, proc, |p| {
-            p.mailbox.send(conn::Msg::Resize { rows, cols });
+            p.mailbox.send(mailbox::Msg::Resize { rows, cols });
             Ok(())
         }),
         Request::CloseStdin { proc } => with_running(agent, &mut req, proc, |p| {
-            p.mailbox.send(conn::Msg::CloseStdin);
+            p.mailbox.send(mailbox::Msg::CloseStdin);
             Ok(())
         }),
         Request::ReadFile { path, offset, len } => files::read_file(agent, req, &path, offset, len),

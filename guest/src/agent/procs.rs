@@ -1,7 +1,7 @@
 //! Process table, the single reaper, background output buffers, and the
 //! worker pool.
 
-use super::conn::{Mailbox, Msg};
+use super::mailbox::{Mailbox, Msg};
 use crate::proto::{limits, ExitStatus, ProcInfo, ResourceUsage};
 use crate::sync::lock;
 use crossbeam_channel::{Receiver, Sender};

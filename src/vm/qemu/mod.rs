@@ -53,7 +53,7 @@ use super::{Backend, NetAttachment, PreparedRestore, Result, Vm, VmConfig, VmErr
 use crate::harden::spawner::Bind;
 use crate::net;
 
-const NAME: &str = "qemu";
+const NAME: &str = super::BackendKind::Qemu.as_str();
 
 /// Snapshot file names inside a snapshot directory.
 pub const SNAP_STATE_FILE: &str = "state";
