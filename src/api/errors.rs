@@ -146,6 +146,16 @@ impl From<crate::session::SessionError> for ApiError {
     }
 }
 
+/// 401 for no valid key, 429 with `Retry-After` for too many attempts.
+impl From<crate::ops::auth::AuthError> for ApiError {
+    fn from(e: crate::ops::auth::AuthError) -> ApiError {
+        let status = if e.is_throttle() { 429 } else { 401 };
+        let mut a = ApiError::new(status, e.code(), e.to_string());
+        a.retry_after = e.retry_after();
+        a
+    }
+}
+
 impl From<crate::budget::BudgetError> for ApiError {
     fn from(e: crate::budget::BudgetError) -> ApiError {
         use crate::budget::BudgetError;

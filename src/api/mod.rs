@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::sandbox::SandboxFactory;
 use crate::session::{reaper, Manager};
-use auth::{AuthThrottle, KeyStore, Principal, RateLimiter};
+use auth::{Auth, Principal};
 use errors::ApiError;
 use http::{respond, Reply, StreamWriter};
 use std::net::SocketAddr;
@@ -34,10 +34,8 @@ use std::time::{Duration, Instant};
 pub struct Ctx {
     pub cfg: Arc<Config>,
     pub mgr: Arc<Manager>,
-    pub keys: Arc<KeyStore>,
-    pub limiter: RateLimiter,
-    /// Failed authentications per client address.
-    pub auth_throttle: AuthThrottle,
+    /// Keys, rate limits, failed-auth throttle.
+    pub auth: Auth,
     pub metrics: Arc<Metrics>,
     pub started: Instant,
     closing: AtomicBool,
@@ -71,7 +69,7 @@ impl Server {
             ));
         }
         let cfg = Arc::new(cfg);
-        let keys = Arc::new(KeyStore::open_with_prefix(&cfg.key_file, &cfg.key_prefix)?);
+        let auth = Auth::from_config(&cfg)?;
         match factory.sweep_orphans() {
             Ok(0) => {}
             Ok(n) => log::warn!("orphan sweep removed {n} leftover resource(s) of an earlier run"),
@@ -90,11 +88,9 @@ impl Server {
             .map_err(|e| format!("listening socket {}: {e}", cfg.listen))?;
         let http = Arc::new(httpd::Server::new(addr, metrics.http_conn.clone()));
         let ctx = Arc::new(Ctx {
-            limiter: RateLimiter::new(cfg.rate_per_sec, cfg.rate_burst),
-            auth_throttle: AuthThrottle::new(cfg.auth_fail_burst),
+            auth,
             cfg: cfg.clone(),
             mgr: mgr.clone(),
-            keys,
             metrics,
             started: Instant::now(),
             closing: AtomicBool::new(false),
@@ -164,7 +160,7 @@ fn watch_keys(ctx: &Ctx) {
     while !ctx.is_closing() {
         std::thread::sleep(Duration::from_secs(1));
         for s in ctx.mgr.list(None) {
-            if !ctx.keys.is_usable(&s.owner) {
+            if !ctx.auth.keys.is_usable(&s.owner) {
                 log::info!(
                     "session {}/{}: its key is revoked or gone; ending it",
                     s.owner,
@@ -306,12 +302,11 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
         None => Principal::anonymous(),
         Some(scope) => {
             let p = authenticate(ctx, req)?;
-            // Admin keys may do everything.
-            if !p.has(scope) && !p.is_admin() {
+            if !p.may(scope) {
                 return Err(ApiError::new(
                     403,
                     "forbidden",
-                    format!("this key lacks the {scope:?} scope"),
+                    format!("this key lacks the {:?} scope", scope.as_str()),
                 ));
             }
             p
@@ -321,36 +316,6 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
 }
 
 fn authenticate(ctx: &Ctx, req: &httpd::Request) -> Result<Principal, ApiError> {
-    if !ctx.cfg.auth {
-        return Ok(Principal::anonymous());
-    }
-    let ip = req.peer().map(|p| p.ip());
-    if let Some(ip) = ip {
-        ctx.auth_throttle.check(ip)?;
-    }
-    let failed = |e: ApiError| {
-        if let Some(ip) = ip {
-            ctx.auth_throttle.failed(ip);
-        }
-        e
-    };
-    let Some(token) = auth::token_from_headers(req.headers()) else {
-        return Err(failed(ApiError::new(
-            401,
-            "unauthorized",
-            "an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)",
-        )));
-    };
-    let rec = ctx.keys.verify(&token).map_err(|r| {
-        let code = match r {
-            auth::KeyRefusal::Expired { .. } => "key_expired",
-            auth::KeyRefusal::Invalid => "unauthorized",
-        };
-        failed(ApiError::new(401, code, auth::refusal_message(&r)))
-    })?;
-    ctx.limiter.check(&rec)?;
-    Ok(Principal {
-        id: rec.id,
-        scopes: rec.scopes,
-    })
+    let token = auth::token_from_headers(req.headers().iter().map(|h| (&*h.name, &*h.value)));
+    Ok(ctx.auth.authenticate(req.peer().map(|p| p.ip()), token)?)
 }

@@ -700,7 +700,7 @@ pub fn list_keys(
     _: &Params,
 ) -> ApiResult<Reply> {
     let d = rate_defaults(ctx);
-    let keys: Vec<Value> = ctx.keys.list().iter().map(|k| k.public(d)).collect();
+    let keys: Vec<Value> = ctx.auth.keys.list().iter().map(|k| k.public(d)).collect();
     ok_json(json!({"keys": keys}))
 }
 
@@ -764,6 +764,7 @@ pub fn create_key(
         Some(v) => rate_limit(v)?,
     };
     let (rec, token) = ctx
+        .auth
         .keys
         .create(&body.name, scopes, rate, burst, body.expires_at)
         .map_err(ApiError::bad_request)?;
@@ -799,7 +800,7 @@ pub fn revoke_key(
     params: &Params,
 ) -> ApiResult<Reply> {
     let id = key_id(params)?;
-    let rec = ctx.keys.revoke(id).map_err(|_| key_missing(id))?;
+    let rec = ctx.auth.keys.revoke(id).map_err(|_| key_missing(id))?;
     drop_sessions_of(ctx, id);
     ok_json(with_record(ctx, &rec, json!({"revoked": true})))
 }
@@ -811,7 +812,7 @@ pub fn rotate_key(
     params: &Params,
 ) -> ApiResult<Reply> {
     let id = key_id(params)?;
-    let (rec, token) = ctx.keys.rotate(id).map_err(|_| key_missing(id))?;
+    let (rec, token) = ctx.auth.keys.rotate(id).map_err(|_| key_missing(id))?;
     ok_json(with_record(ctx, &rec, json!({"key": token})))
 }
 
@@ -822,7 +823,7 @@ pub fn delete_key(
     params: &Params,
 ) -> ApiResult<Reply> {
     let id = key_id(params)?;
-    ctx.keys.delete(id).map_err(|_| key_missing(id))?;
+    ctx.auth.keys.delete(id).map_err(|_| key_missing(id))?;
     drop_sessions_of(ctx, id);
     ok_json(json!({"deleted": true, "id": id}))
 }

@@ -17,12 +17,13 @@
 
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
-use super::{is_modern, Caller, Host, ALL_VERSIONS, MAX_MESSAGE, META_VERSION};
-use crate::api::auth;
+use super::{is_modern, Host, ALL_VERSIONS, MAX_MESSAGE, META_VERSION};
 use crate::api::http::{header, StreamWriter};
 use crate::api::httpd::Request;
 use crate::api::Ctx;
 use crate::config::Config;
+use crate::ops::auth;
+use crate::ops::{Principal, Scope};
 use crate::session::Manager;
 use crate::sync::lock;
 use serde_json::Value;
@@ -116,43 +117,21 @@ fn status_for(resp: &Value, modern: bool) -> u16 {
     }
 }
 
-fn authenticate(ctx: &Ctx, req: &Request) -> Result<Caller, (u16, String, Option<u64>)> {
-    if !ctx.cfg.auth {
-        return Ok(Caller {
-            owner: "anonymous".into(),
-            admin: true,
-        });
-    }
-    let ip = req.peer().map(|p| p.ip());
-    if let Some(ip) = ip {
-        ctx.auth_throttle
-            .check(ip)
-            .map_err(|e| (e.status, e.message, e.retry_after))?;
-    }
-    let failed = |m: &str| {
-        if let Some(ip) = ip {
-            ctx.auth_throttle.failed(ip);
-        }
-        (401, m.to_string(), None)
-    };
-    let token = auth::token_from_headers(req.headers()).ok_or_else(|| {
-        failed("an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)")
-    })?;
-    let rec = ctx
-        .keys
-        .verify(&token)
-        .map_err(|r| failed(&auth::refusal_message(&r)))?;
-    ctx.limiter
-        .check(&rec)
-        .map_err(|e| (e.status, e.message, e.retry_after))?;
-    let admin = rec.scopes.iter().any(|s| s == "admin");
-    if !admin && !rec.scopes.iter().any(|s| s == "exec") {
+/// The caller, by the daemon's one authentication; MCP needs `exec`.
+/// Refusals as (status, message, Retry-After).
+fn authenticate(ctx: &Ctx, req: &Request) -> Result<Principal, (u16, String, Option<u64>)> {
+    let token = auth::token_from_headers(req.headers().iter().map(|h| (&*h.name, &*h.value)));
+    let p = ctx
+        .auth
+        .authenticate(req.peer().map(|p| p.ip()), token)
+        .map_err(|e| {
+            let status = if e.is_throttle() { 429 } else { 401 };
+            (status, e.to_string(), e.retry_after())
+        })?;
+    if !p.may(Scope::Exec) {
         return Err((403, "this key lacks the \"exec\" scope".into(), None));
     }
-    Ok(Caller {
-        owner: rec.id,
-        admin,
-    })
+    Ok(p)
 }
 
 /// Entry point from the API router for `/mcp`.
@@ -216,7 +195,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
         let s = {
             let mut m = lock(&st.sessions);
             match m.get(&sid) {
-                Some(s) if s.conn.caller.owner == caller.owner => m.remove(&sid),
+                Some(s) if s.conn.caller.id == caller.id => m.remove(&sid),
                 _ => None,
             }
         };
@@ -325,7 +304,7 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
             );
         }
         let mut b = [0u8; 16];
-        if let Err(e) = crate::agent::secure_random(&mut b) {
+        if let Err(e) = crate::harden::random::secure_random(&mut b) {
             return fail(
                 req,
                 500,
@@ -341,14 +320,14 @@ pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
     } else if modern || sid.is_none() && id.is_none() {
         // Stateless requests, and session-less notifications (a
         // cancellation from a stateless client), share one scope per key.
-        Arc::new(Conn::new(format!("key:{}", caller.owner), caller.clone()))
+        Arc::new(Conn::new(format!("key:{}", caller.id), caller.clone()))
     } else {
         let Some(sid) = &sid else {
             return fail(req, 400, id.as_ref(), RpcError::invalid_request(
                 "missing Mcp-Session-Id header: send initialize first (or use protocol version 2026-07-28 with _meta)"), &[]);
         };
         match lock(&st.sessions).get(sid) {
-            Some(s) if s.conn.caller.owner == caller.owner => {
+            Some(s) if s.conn.caller.id == caller.id => {
                 *lock(&s.last) = Instant::now();
                 s.conn.clone()
             }

@@ -6,9 +6,10 @@
 
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
-use super::{Caller, Host, MAX_MESSAGE};
+use super::{Host, MAX_MESSAGE};
 use crate::config::{default_state_dir, parse_duration, Config};
 use crate::metrics::Metrics;
+use crate::ops::Principal;
 use crate::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
 use crate::session::{reaper, Manager};
 use crossbeam_channel::{Receiver, Sender};
@@ -106,9 +107,10 @@ pub fn main(a: McpArgs) -> Result<(), String> {
         mgr: mgr.clone(),
         cfg,
     });
-    let caller = Caller {
-        owner: "local".into(),
-        admin: true,
+    // The local user: every scope, as before keys existed.
+    let caller = Principal {
+        id: "local".into(),
+        ..Principal::anonymous()
     };
     // SIGTERM/SIGINT (blocked in every thread by main) end us like EOF.
     let mgr2 = mgr.clone();
@@ -227,7 +229,7 @@ pub fn read_line<R: BufRead>(
 /// stops the calls still running and ends the sessions it created.
 pub fn serve<R: Read, W: Write + Send + 'static>(
     engine: Arc<Engine>,
-    caller: Caller,
+    caller: Principal,
     input: R,
     output: W,
 ) -> std::io::Result<()> {

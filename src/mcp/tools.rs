@@ -5,10 +5,11 @@
 //! `args`, `cwd`, `timeout`, `template`, `path`, `content`) so existing agent
 //! configs keep working.
 
-use super::{Caller, Host};
+use super::Host;
 use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
 use crate::api::{rest, validate};
+use crate::ops::Principal;
 use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
 use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 /// Everything a handler may use besides its arguments.
 pub struct ToolCtx<'a> {
     pub host: &'a Host,
-    pub caller: &'a Caller,
+    pub caller: &'a Principal,
     /// True once the call should stop (cancelled, or the client is gone).
     pub stop: &'a dyn Fn() -> bool,
     /// Progress notification (`progress` must grow); `None` without a
@@ -725,7 +726,7 @@ fn session_id(a: &Map<String, Value>) -> Result<String, String> {
 }
 
 fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
-    ctx.host.mgr.get(&ctx.caller.owner, id).ok_or_else(|| {
+    ctx.host.mgr.get(&ctx.caller.id, id).ok_or_else(|| {
         format!(
             "no session {id:?} (create one with create_session, or list them with list_sessions)"
         )
@@ -833,7 +834,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let (s, _) = ctx
         .host
         .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, true)
+        .get_or_create(&ctx.caller.id, &id, opts, true)
         .map_err(msg)?;
     (ctx.created)(&id);
     ready(ctx, &s)?;
@@ -923,7 +924,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let (s, created) = ctx
         .host
         .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, false)
+        .get_or_create(&ctx.caller.id, &id, opts, false)
         .map_err(msg)?;
     if created {
         (ctx.created)(&id);
@@ -1011,7 +1012,7 @@ fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let r = run::RunRequest::parse(&Value::Object(a.clone()), cfg).map_err(msg)?;
     // Kept well inside one message (clients bound what they buffer).
     let max = cfg.max_output.min(super::MAX_MESSAGE / 2);
-    let v = run::run(&ctx.host.mgr, &ctx.caller.owner, r, max, ctx.stop).map_err(msg)?;
+    let v = run::run(&ctx.host.mgr, &ctx.caller.id, r, max, ctx.stop).map_err(msg)?;
     Ok(v.into())
 }
 
@@ -1140,11 +1141,11 @@ fn reset_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     drop(old);
     ctx.host
         .mgr
-        .remove(&ctx.caller.owner, &id, "reset by MCP", true);
+        .remove(&ctx.caller.id, &id, "reset by MCP", true);
     let (s, _) = ctx
         .host
         .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, true)
+        .get_or_create(&ctx.caller.id, &id, opts, true)
         .map_err(msg)?;
     (ctx.created)(&id);
     ready(ctx, &s)?;
@@ -1156,7 +1157,7 @@ fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let v: Vec<Value> = ctx
         .host
         .mgr
-        .list(Some(&ctx.caller.owner))
+        .list(Some(&ctx.caller.id))
         .iter()
         .map(|s| session_json(s))
         .collect();
@@ -1169,7 +1170,7 @@ fn destroy_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     if !ctx
         .host
         .mgr
-        .remove(&ctx.caller.owner, &id, "destroyed by MCP", true)
+        .remove(&ctx.caller.id, &id, "destroyed by MCP", true)
     {
         return Err(format!("no session {id:?}"));
     }

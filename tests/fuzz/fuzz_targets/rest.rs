@@ -30,6 +30,7 @@ fn target() -> &'static Target {
             Server::start(fake::config(), Arc::new(fake::NoSandboxes)).expect("start the server");
         let (_, token) = server
             .ctx
+            .auth
             .keys
             .create(
                 "fuzz",
