@@ -5,7 +5,7 @@
 
 use crate::agent::ClientError;
 use crate::proto::ErrorCode;
-use serde_json::json;
+pub use crate::server::http::Shape;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -171,36 +171,6 @@ impl From<crate::budget::BudgetError> for ApiError {
     }
 }
 
-/// The error shape of an API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// `{"error": {"code", "message"}}`: `/v1` and any other path.
-    Nested,
-    /// `{"error": "<message>", "code"}`: the seed's routes.
-    Seed,
-}
-
-impl Shape {
-    /// The shape for a request target (path, with or without a query):
-    /// the seed's routes are `/exec[/...]`, `/admin[/...]`, `/health` and
-    /// `/ready`, whatever the method and whether the route exists.
-    pub fn for_target(target: &str) -> Shape {
-        let path = target.split(['?', '#']).next().unwrap_or("");
-        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
-        match first {
-            "exec" | "admin" | "health" | "ready" => Shape::Seed,
-            _ => Shape::Nested,
-        }
-    }
-
-    pub fn body(self, code: &str, message: &str) -> serde_json::Value {
-        match self {
-            Shape::Nested => json!({"error": {"code": code, "message": message}}),
-            Shape::Seed => json!({"error": message, "code": code}),
-        }
-    }
-}
-
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}: {}", self.status, self.code, self.message)
@@ -214,6 +184,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn seed_paths_get_the_seed_shape() {

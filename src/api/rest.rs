@@ -28,9 +28,9 @@ pub fn health(
         "status": "ok",
         "uptime": up.as_millis() as f64 / 1000.0,
         "version": env!("CARGO_PKG_VERSION"),
-        "backend": ctx.mgr.factory.backend(),
+        "backend": ctx.ops.mgr.factory.backend(),
         "uptimeSeconds": up.as_secs(),
-        "sessions": ctx.mgr.count(),
+        "sessions": ctx.ops.mgr.count(),
     }))
 }
 
@@ -48,12 +48,12 @@ pub fn ready(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let sessions = ctx.mgr.count();
+    let sessions = ctx.ops.mgr.count();
     let max = ctx.cfg.max_sessions;
     let checks = [
         (
             "accepting",
-            !(ctx.is_closing() || ctx.mgr.is_closing()),
+            !(ctx.is_closing() || ctx.ops.mgr.is_closing()),
             "shutting down".to_string(),
         ),
         (
@@ -63,7 +63,7 @@ pub fn ready(
         ),
         (
             "images",
-            !ctx.mgr.factory.templates().is_empty(),
+            !ctx.ops.mgr.factory.templates().is_empty(),
             "no templates available".to_string(),
         ),
         (
@@ -114,13 +114,13 @@ pub fn templates(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(json!({"templates": ctx.mgr.templates()}))
+    ok_json(json!({"templates": ctx.ops.mgr.templates()}))
 }
 
 /// The sessions a caller sees (an admin key: all), each as `view` shows it.
 pub fn sessions_json(ctx: &Ctx, p: &Principal, view: impl Fn(&Session) -> Value) -> Reply {
     let owner = (!p.is_admin()).then_some(p.id.as_str());
-    let sessions: Vec<Value> = ctx.mgr.list(owner).iter().map(|s| view(s)).collect();
+    let sessions: Vec<Value> = ctx.ops.mgr.list(owner).iter().map(|s| view(s)).collect();
     Reply::Json(200, json!({"sessions": sessions}))
 }
 
@@ -165,12 +165,14 @@ pub fn session(
                 template,
                 ..Default::default()
             };
-            ctx.mgr
+            ctx.ops
+                .mgr
                 .get_or_create(&p.id, id, opts, false)
                 .map(|(s, _)| s)
                 .map_err(ApiError::from)
         }
         None => ctx
+            .ops
             .mgr
             .get(&p.id, id)
             .ok_or_else(|| ApiError::session_not_found(id)),
@@ -393,7 +395,7 @@ pub fn read(
     let session = session(ctx, p, params.get("session"), None)?;
     // Before the request waits for anything: a full budget is a 503 with
     // Retry-After now, not a failure half-way.
-    let mut lease = ctx.mgr.replies.admit()?;
+    let mut lease = ctx.ops.mgr.replies.admit()?;
     let activity = session.activity();
     let max = ctx.cfg.max_file as u64;
     let max_reply = ctx.cfg.max_json_reply();
@@ -589,7 +591,7 @@ pub fn files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let session = session(ctx, p, params.get("session"), None)?;
-    let lease = ctx.mgr.replies.admit()?;
+    let lease = ctx.ops.mgr.replies.admit()?;
     let activity = session.activity();
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();
@@ -644,11 +646,11 @@ pub fn delete_session(
             json!({"destroyed": false, "success": false, "sessionId": id}),
         )
     };
-    if ctx.mgr.get(&owner, id).is_none() {
+    if ctx.ops.mgr.get(&owner, id).is_none() {
         return Ok(gone(id));
     }
     // Destroying a VM can take a moment: not on an API worker thread.
-    let mgr = ctx.mgr.clone();
+    let mgr = ctx.ops.mgr.clone();
     let id = id.to_string();
     Ok(Reply::Later(Box::new(move || {
         if mgr.remove(&owner, &id, "deleted by request", true) {
@@ -788,8 +790,8 @@ fn key_missing(id: &str) -> ApiError {
 
 /// Ends every session a key owns (its access is gone).
 fn drop_sessions_of(ctx: &Ctx, key: &str) {
-    for s in ctx.mgr.list(Some(key)) {
-        ctx.mgr.remove(&s.owner, &s.id, "key revoked", false);
+    for s in ctx.ops.mgr.list(Some(key)) {
+        ctx.ops.mgr.remove(&s.owner, &s.id, "key revoked", false);
     }
 }
 

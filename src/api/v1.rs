@@ -25,7 +25,8 @@ fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<
     let id = params.get("session");
     validate::session_id(id)?;
     let owner = owner_for(p, params)?;
-    ctx.mgr
+    ctx.ops
+        .mgr
         .get(&owner, id)
         .ok_or_else(|| ApiError::session_not_found(id))
 }
@@ -113,9 +114,9 @@ pub fn create_session(
         env: validate::env(b.env.unwrap_or_default())?,
         egress: b.egress,
     };
-    let (session, _) = ctx.mgr.get_or_create(&p.id, &id, opts, true)?;
+    let (session, _) = ctx.ops.mgr.get_or_create(&p.id, &id, opts, true)?;
     let wait = ctx.cfg.create_timeout;
-    let mgr = ctx.mgr.clone();
+    let mgr = ctx.ops.mgr.clone();
     // Answer once the sandbox is up, so start failures are reported here.
     Ok(Reply::Later(Box::new(move || {
         let r = session
@@ -244,7 +245,7 @@ pub fn run(
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
     let r = super::run::RunRequest::parse(&v, &ctx.cfg)?;
-    let (mgr, owner, max) = (ctx.mgr.clone(), p.id.clone(), ctx.cfg.max_output);
+    let (mgr, owner, max) = (ctx.ops.mgr.clone(), p.id.clone(), ctx.cfg.max_output);
     Ok(Reply::Later(Box::new(move || {
         match super::run::run(&mgr, &owner, r, max, &|| false) {
             Ok(v) => Reply::Json(200, v),
@@ -521,7 +522,7 @@ pub fn download(
 ) -> ApiResult<Reply> {
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
-    let mut lease = ctx.mgr.replies.admit()?;
+    let mut lease = ctx.ops.mgr.replies.admit()?;
     let max = ctx.cfg.max_file as u64;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
@@ -648,7 +649,7 @@ pub fn list_files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let s = own_session(ctx, p, params)?;
-    let lease = ctx.mgr.replies.admit()?;
+    let lease = ctx.ops.mgr.replies.admit()?;
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {

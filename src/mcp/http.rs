@@ -18,12 +18,12 @@
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
 use super::{is_modern, Host, ALL_VERSIONS, MAX_MESSAGE, META_VERSION};
-use crate::api::http::{header, StreamWriter};
-use crate::api::httpd::Request;
-use crate::api::Ctx;
 use crate::config::Config;
 use crate::ops::auth;
 use crate::ops::{Principal, Scope};
+use crate::server::http::{header, StreamWriter};
+use crate::server::httpd::Request;
+use crate::server::{Ctx, Endpoint};
 use crate::session::Manager;
 use crate::sync::lock;
 use serde_json::Value;
@@ -78,9 +78,21 @@ impl McpHttp {
 }
 
 /// True for the request targets this module serves.
-pub fn is_mcp_path(url: &str) -> bool {
-    let path = url.split('?').next().unwrap_or("");
-    path == "/mcp" || path == "/mcp/"
+pub use crate::server::is_mcp_path;
+
+/// The endpoint the composition root hands the server for `/mcp`.
+pub fn endpoint(ctx: &Arc<Ctx>) -> Arc<dyn Endpoint> {
+    Arc::new(McpHttp::new(ctx.ops.mgr.clone(), ctx.cfg.clone()))
+}
+
+impl Endpoint for McpHttp {
+    fn handle(&self, ctx: &Arc<Ctx>, req: Request) {
+        handle(self, ctx, req)
+    }
+
+    fn max_body(&self, _: &Config) -> usize {
+        MAX_MESSAGE
+    }
 }
 
 /// Answers with a status, optional JSON body and extra headers.
@@ -134,9 +146,8 @@ fn authenticate(ctx: &Ctx, req: &Request) -> Result<Principal, (u16, String, Opt
     Ok(p)
 }
 
-/// Entry point from the API router for `/mcp`.
-pub fn handle(ctx: &Arc<Ctx>, mut req: Request) {
-    let st = &ctx.mcp;
+/// Answers one request for `/mcp`.
+fn handle(st: &McpHttp, ctx: &Arc<Ctx>, mut req: Request) {
     if let Some(origin) = header(&req, "origin").map(str::to_string) {
         if !st.origins.iter().any(|o| *o == origin || o == "*") {
             log::warn!("mcp: refused a request from origin {origin:?}");
