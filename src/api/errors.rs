@@ -106,7 +106,7 @@ impl From<crate::ops::OpsError> for ApiError {
         use crate::ops::OpsError as E;
         let status = match &e {
             E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
-            E::SessionNotFound { .. } => 404,
+            E::SessionNotFound { .. } | E::KeyNotFound { .. } => 404,
             E::InvalidSessionId { .. } | E::InvalidPath { .. } | E::BadRequest(_) => 400,
             E::Forbidden(_) => 403,
             E::Internal(_) => 500,

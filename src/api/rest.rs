@@ -1,6 +1,6 @@
 //! Seed-compatible routes (`/exec/...`), health, metrics and admin keys.
 
-use super::auth::{validate_scopes, KeyRecord, Principal, RateDefaults};
+use super::auth::{KeyRecord, Principal};
 use super::errors::{ApiError, ApiResult};
 use super::exec::{self, ExecBody, StreamFormat};
 use super::http::{header, json_body, ok_json, Reply};
@@ -8,6 +8,7 @@ use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::ClientError;
 use crate::budget::Lease;
+use crate::ops::keys;
 use crate::proto::{DirEntry, FileType};
 use crate::session::{Session, SessionOptions};
 use base64::Engine;
@@ -676,17 +677,10 @@ pub fn owner_for(p: &Principal, params: &Params) -> ApiResult<String> {
 
 // ---- admin keys -----------------------------------------------------------
 
-fn rate_defaults(ctx: &Ctx) -> RateDefaults {
-    RateDefaults {
-        rate: ctx.cfg.rate_per_sec,
-        burst: ctx.cfg.rate_burst,
-    }
-}
-
 /// `{record, ...record}`: the seed reads `record`; our earlier clients
 /// read the same fields at the top level.
 fn with_record(ctx: &Ctx, rec: &KeyRecord, extra: Value) -> Value {
-    let public = rec.public(rate_defaults(ctx));
+    let public = rec.public(keys::rate_defaults(&ctx.cfg));
     let mut v = public.clone();
     v["record"] = public;
     if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
@@ -701,9 +695,12 @@ pub fn list_keys(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let d = rate_defaults(ctx);
-    let keys: Vec<Value> = ctx.auth.keys.list().iter().map(|k| k.public(d)).collect();
-    ok_json(json!({"keys": keys}))
+    let d = keys::rate_defaults(&ctx.cfg);
+    let list: Vec<Value> = keys::list(&ctx.auth.keys)
+        .iter()
+        .map(|k| k.public(d))
+        .collect();
+    ok_json(json!({"keys": list}))
 }
 
 /// `rateLimit` as an object.
@@ -754,8 +751,7 @@ pub fn create_key(
     _: &Params,
 ) -> ApiResult<Reply> {
     let body: CreateKey = json_body(req, ctx.cfg.max_body)?;
-    let scopes = body.scopes.unwrap_or_else(|| vec!["exec".into()]);
-    validate_scopes(&scopes).map_err(ApiError::bad_request)?;
+    let scopes = keys::scopes(body.scopes)?;
     let (rate, burst) = match body.rate_limit {
         None => (body.rate, body.burst),
         Some(_) if body.rate.is_some() || body.burst.is_some() => {
@@ -765,34 +761,18 @@ pub fn create_key(
         }
         Some(v) => rate_limit(v)?,
     };
-    let (rec, token) = ctx
-        .auth
-        .keys
-        .create(&body.name, scopes, rate, burst, body.expires_at)
-        .map_err(ApiError::bad_request)?;
+    let new = keys::NewKey {
+        name: body.name,
+        scopes,
+        rate,
+        burst,
+        expires_at: body.expires_at,
+    };
+    let k = keys::create(&ctx.auth.keys, new)?;
     Ok(Reply::Json(
         201,
-        with_record(ctx, &rec, json!({"key": token})),
+        with_record(ctx, &k.record, json!({"key": k.token})),
     ))
-}
-
-fn key_id(params: &Params) -> ApiResult<&str> {
-    let id = params.get("key");
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(ApiError::bad_request(format!("invalid key id {id:?}")));
-    }
-    Ok(id)
-}
-
-fn key_missing(id: &str) -> ApiError {
-    ApiError::new(404, "key_not_found", format!("no key {id:?}"))
-}
-
-/// Ends every session a key owns (its access is gone).
-fn drop_sessions_of(ctx: &Ctx, key: &str) {
-    for s in ctx.ops.mgr.list(Some(key)) {
-        ctx.ops.mgr.remove(&s.owner, &s.id, "key revoked", false);
-    }
 }
 
 pub fn revoke_key(
@@ -801,9 +781,7 @@ pub fn revoke_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    let rec = ctx.auth.keys.revoke(id).map_err(|_| key_missing(id))?;
-    drop_sessions_of(ctx, id);
+    let rec = keys::revoke(&ctx.auth.keys, &ctx.ops, params.get("key"))?;
     ok_json(with_record(ctx, &rec, json!({"revoked": true})))
 }
 
@@ -813,9 +791,8 @@ pub fn rotate_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    let (rec, token) = ctx.auth.keys.rotate(id).map_err(|_| key_missing(id))?;
-    ok_json(with_record(ctx, &rec, json!({"key": token})))
+    let k = keys::rotate(&ctx.auth.keys, params.get("key"))?;
+    ok_json(with_record(ctx, &k.record, json!({"key": k.token})))
 }
 
 pub fn delete_key(
@@ -824,8 +801,7 @@ pub fn delete_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    ctx.auth.keys.delete(id).map_err(|_| key_missing(id))?;
-    drop_sessions_of(ctx, id);
+    let id = params.get("key");
+    keys::delete(&ctx.auth.keys, &ctx.ops, id)?;
     ok_json(json!({"deleted": true, "id": id}))
 }

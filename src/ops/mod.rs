@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod keys;
 pub mod validate;
 
 pub use auth::Scope;
