@@ -43,9 +43,6 @@ impl Scope {
     }
 }
 
-/// The scope names, as key files and requests spell them.
-pub const SCOPES: &[&str] = &["exec", "admin", "metrics"];
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct KeyRecord {
     pub id: String,
@@ -229,7 +226,7 @@ pub fn validate_scopes(scopes: &[String]) -> Result<(), String> {
         return Err("at least one scope is needed (exec, admin, metrics)".into());
     }
     for s in scopes {
-        if !SCOPES.contains(&s.as_str()) {
+        if Scope::parse(s).is_none() {
             return Err(format!("unknown scope {s:?} (exec, admin, metrics)"));
         }
     }
@@ -940,6 +937,82 @@ mod tests {
         }
         assert!(KeyStore::open_with_prefix(&p, "bad prefix").is_err());
         assert!(validate_prefix(&"x".repeat(33)).is_err());
+    }
+
+    #[test]
+    fn scopes_are_spelled_as_before() {
+        for (s, want) in [
+            ("exec", Some(Scope::Exec)),
+            ("admin", Some(Scope::Admin)),
+            ("metrics", Some(Scope::Metrics)),
+            ("Exec", None),
+            ("root", None),
+        ] {
+            assert_eq!(Scope::parse(s), want, "{s}");
+            assert_eq!(want.map(Scope::as_str).unwrap_or(s), s);
+        }
+        let rec = KeyRecord {
+            id: "k1".into(),
+            name: String::new(),
+            hash: String::new(),
+            scopes: vec!["metrics".into(), "root".into()],
+            created: 0,
+            revoked: false,
+            prefix: None,
+            rate: None,
+            burst: None,
+            expires_at: None,
+        };
+        let p = Principal::of_key(&rec);
+        assert_eq!(
+            p.scopes,
+            vec![Scope::Metrics],
+            "an unknown scope grants nothing"
+        );
+        assert!(!p.may(Scope::Exec));
+        assert!(Principal::anonymous().may(Scope::Admin));
+    }
+
+    #[test]
+    fn one_authentication_throttles_refuses_and_rate_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = Arc::new(KeyStore::open(&dir.path().join("keys.json")).unwrap());
+        let (rec, tok) = keys
+            .create("a", vec!["exec".into()], Some(1.0), Some(1.0), None)
+            .unwrap();
+        let auth = Auth {
+            required: true,
+            keys,
+            limiter: RateLimiter::new(10.0, 10.0),
+            throttle: AuthThrottle::new(2.0),
+        };
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let e = auth.authenticate(Some(ip), None).unwrap_err();
+        assert_eq!((e.code(), e.retry_after()), ("unauthorized", None));
+        assert!(e.to_string().starts_with("an API key is required"));
+        let e = auth
+            .authenticate(Some(ip), Some("asbx_k1_x".into()))
+            .unwrap_err();
+        assert_eq!(e, AuthError::Refused(KeyRefusal::Invalid));
+        assert_eq!(e.to_string(), "invalid or revoked API key");
+        // Two failures spent the address's burst: even a good key waits.
+        let e = auth.authenticate(Some(ip), Some(tok.clone())).unwrap_err();
+        assert_eq!(e.code(), "auth_throttled");
+        assert!(e.is_throttle() && e.retry_after().is_some());
+        let other: IpAddr = "192.0.2.2".parse().unwrap();
+        let p = auth.authenticate(Some(other), Some(tok.clone())).unwrap();
+        assert_eq!(
+            (p.id.as_str(), p.scopes.as_slice()),
+            (rec.id.as_str(), &[Scope::Exec][..])
+        );
+        let e = auth.authenticate(Some(other), Some(tok)).unwrap_err();
+        assert_eq!(e.code(), "rate_limited");
+        assert_eq!(e.retry_after(), Some(1));
+        let off = Auth {
+            required: false,
+            ..auth
+        };
+        assert_eq!(off.authenticate(None, None).unwrap().id, "anonymous");
     }
 
     #[test]
