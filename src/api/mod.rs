@@ -163,16 +163,7 @@ impl Server {
 fn watch_keys(ctx: &Ctx) {
     while !ctx.is_closing() {
         std::thread::sleep(Duration::from_secs(1));
-        for s in ctx.ops.mgr.list(None) {
-            if !ctx.auth.keys.is_usable(&s.owner) {
-                log::info!(
-                    "session {}/{}: its key is revoked or gone; ending it",
-                    s.owner,
-                    s.id
-                );
-                ctx.ops.mgr.remove(&s.owner, &s.id, "key revoked", false);
-            }
-        }
+        crate::ops::keys::end_sessions_of_unusable(&ctx.auth.keys, &ctx.ops);
     }
 }
 

@@ -96,3 +96,18 @@ fn end_sessions_of(ops: &Ops, key: &str) {
         ops.mgr.remove(&s.owner, &s.id, "key revoked", false);
     }
 }
+
+/// Ends the sessions of keys that are revoked, expired or gone, also
+/// behind the API's back (`agent-sandbox keys revoke` edits the key file).
+pub fn end_sessions_of_unusable(store: &KeyStore, ops: &Ops) {
+    for s in ops.mgr.list(None) {
+        if !store.is_usable(&s.owner) {
+            log::info!(
+                "session {}/{}: its key is revoked or gone; ending it",
+                s.owner,
+                s.id
+            );
+            ops.mgr.remove(&s.owner, &s.id, "key revoked", false);
+        }
+    }
+}
