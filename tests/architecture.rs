@@ -128,7 +128,7 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("api", "agent", "ClientError/Inbound/Call (api/{errors,exec,rest,v1}.rs)"),
     ("api", "sandbox", "SandboxFactory in Server::new (api/mod.rs); EgressPolicy (api/v1.rs)"),
     ("mcp", "api", "rest::*, validate, ApiError, exec::signal_name (mcp/tools.rs)"),
-    ("mcp", "session", "tools call Session/Manager directly (mcp/{tools,server,http,forward,stdio}.rs)"),
+    ("mcp", "session", "tools call Session/Manager directly (mcp/{mod,tools,stdio}.rs)"),
     ("mcp", "agent", "ClientError/Inbound, random_u64 (mcp/tools.rs)"),
     ("mcp", "sandbox", "in-process host builds a factory (mcp/stdio.rs); EgressPolicy (mcp/tools.rs)"),
     ("mcp", "net", "NetConfig in policy validation (mcp/tools.rs)"),

@@ -20,11 +20,10 @@ use super::server::{Conn, Engine, Sink};
 use super::{is_modern, Host, ALL_VERSIONS, MAX_MESSAGE, META_VERSION};
 use crate::config::Config;
 use crate::ops::auth;
-use crate::ops::{Principal, Scope};
+use crate::ops::{Ops, Principal, Scope};
 use crate::server::http::{header, StreamWriter};
 use crate::server::httpd::Request;
 use crate::server::{Ctx, Endpoint};
-use crate::session::Manager;
 use crate::sync::lock;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -50,11 +49,16 @@ pub struct McpHttp {
 }
 
 impl McpHttp {
-    pub fn new(mgr: Arc<Manager>, cfg: Arc<Config>) -> McpHttp {
+    /// The endpoint over the daemon's operations.
+    pub fn new(ops: &Ops) -> McpHttp {
+        let cfg = &ops.cfg;
         McpHttp {
             origins: cfg.mcp_allowed_origins.clone(),
             idle: cfg.idle_timeout,
-            engine: Engine::new(Host { mgr, cfg }),
+            engine: Engine::new(Host {
+                mgr: ops.mgr.clone(),
+                cfg: cfg.clone(),
+            }),
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -82,7 +86,7 @@ pub use crate::server::is_mcp_path;
 
 /// The endpoint the composition root hands the server for `/mcp`.
 pub fn endpoint(ctx: &Arc<Ctx>) -> Arc<dyn Endpoint> {
-    Arc::new(McpHttp::new(ctx.ops.mgr.clone(), ctx.cfg.clone()))
+    Arc::new(McpHttp::new(&ctx.ops))
 }
 
 impl Endpoint for McpHttp {
