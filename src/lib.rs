@@ -16,5 +16,16 @@ pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod sandbox;
+pub mod server;
 pub mod session;
 pub mod vm;
+
+/// The daemon's HTTP server: the REST API and, when config `mcp_http` is
+/// on, MCP at `/mcp` (the composition root wires the front ends, which do
+/// not know each other, to the server below both).
+pub fn start_daemon(
+    cfg: config::Config,
+    factory: std::sync::Arc<dyn sandbox::SandboxFactory>,
+) -> Result<api::Server, String> {
+    api::Server::start_with(cfg, factory, Some(mcp::http::endpoint))
+}

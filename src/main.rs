@@ -1,9 +1,8 @@
 //! `agent-sandbox`: the host daemon and its administration commands.
 
-use agent_sandbox::api::auth::{self, validate_scopes, KeyStore};
-use agent_sandbox::api::Server;
 use agent_sandbox::config::seed_env::EnvLayer;
 use agent_sandbox::config::{parse_duration, BackendKind, Config, FileConfig};
+use agent_sandbox::ops::auth::{self, validate_scopes, KeyStore};
 use agent_sandbox::sandbox;
 use agent_sandbox::sandbox::wiring;
 use clap::{Parser, Subcommand};
@@ -605,8 +604,8 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     let factory =
         sandbox::build_factory_on(backend, agent_bin, &cfg, &host).map_err(|e| e.to_string())?;
     let auth = cfg.auth;
-    let server = Server::start(cfg, factory)?;
-    let keys = &server.ctx.keys;
+    let server = agent_sandbox::start_daemon(cfg, factory)?;
+    let keys = &server.ctx.auth.keys;
     println!("agent-sandbox: key file {}", keys.path().display());
     if auth && keys.is_empty() {
         let (rec, token) = keys.create(

@@ -201,7 +201,7 @@ impl Metrics {
     }
 }
 
-/// The HTTP server's connection counters (`api::httpd` counts, this
+/// The HTTP server's connection counters (`server::httpd` counts, this
 /// module exports).
 #[derive(Default, Clone)]
 pub struct HttpConnStats {

@@ -1258,33 +1258,9 @@ pub fn restore_fixup(warm_up: bool) -> io::Result<RestoreFixup> {
     })
 }
 
-/// Fills `buf` from getrandom(2), the kernel's CSPRNG (it blocks only
-/// until the pool is seeded at boot). There is no fallback: keys, nonces
-/// and ids made from a guessable source would be worse than an error.
-pub fn secure_random(buf: &mut [u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: writes at most rest.len() bytes into rest.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(std::io::Error::new(e.kind(), format!("getrandom(2): {e}")));
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
-/// A random u64 from [`secure_random`].
-pub fn random_u64() -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    secure_random(&mut b)?;
-    Ok(u64::from_le_bytes(b))
-}
+/// Key material, nonces and ids: one CSPRNG reader, in `harden`, that
+/// every layer may use.
+pub use crate::harden::random::{random_u64, secure_random};
 
 impl From<DecodeError> for ClientError {
     fn from(e: DecodeError) -> Self {

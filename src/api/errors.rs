@@ -5,7 +5,7 @@
 
 use crate::agent::ClientError;
 use crate::proto::ErrorCode;
-use serde_json::json;
+pub use crate::server::http::Shape;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -99,7 +99,7 @@ impl From<crate::ops::OpsError> for ApiError {
         use crate::ops::OpsError as E;
         let status = match &e {
             E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
-            E::SessionNotFound { .. } | E::ProcessNotFound { .. } => 404,
+            E::SessionNotFound { .. } | E::ProcessNotFound { .. } | E::KeyNotFound { .. } => 404,
             E::InvalidSessionId { .. }
             | E::InvalidPath { .. }
             | E::BadRequest(_)
@@ -146,6 +146,16 @@ impl From<crate::session::SessionError> for ApiError {
     }
 }
 
+/// 401 for no valid key, 429 with `Retry-After` for too many attempts.
+impl From<crate::ops::auth::AuthError> for ApiError {
+    fn from(e: crate::ops::auth::AuthError) -> ApiError {
+        let status = if e.is_throttle() { 429 } else { 401 };
+        let mut a = ApiError::new(status, e.code(), e.to_string());
+        a.retry_after = e.retry_after();
+        a
+    }
+}
+
 impl From<crate::budget::BudgetError> for ApiError {
     fn from(e: crate::budget::BudgetError) -> ApiError {
         use crate::budget::BudgetError;
@@ -158,36 +168,6 @@ impl From<crate::budget::BudgetError> for ApiError {
             a.retry_after = Some(1);
         }
         a
-    }
-}
-
-/// The error shape of an API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// `{"error": {"code", "message"}}`: `/v1` and any other path.
-    Nested,
-    /// `{"error": "<message>", "code"}`: the seed's routes.
-    Seed,
-}
-
-impl Shape {
-    /// The shape for a request target (path, with or without a query):
-    /// the seed's routes are `/exec[/...]`, `/admin[/...]`, `/health` and
-    /// `/ready`, whatever the method and whether the route exists.
-    pub fn for_target(target: &str) -> Shape {
-        let path = target.split(['?', '#']).next().unwrap_or("");
-        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
-        match first {
-            "exec" | "admin" | "health" | "ready" => Shape::Seed,
-            _ => Shape::Nested,
-        }
-    }
-
-    pub fn body(self, code: &str, message: &str) -> serde_json::Value {
-        match self {
-            Shape::Nested => json!({"error": {"code": code, "message": message}}),
-            Shape::Seed => json!({"error": message, "code": code}),
-        }
     }
 }
 
@@ -204,6 +184,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// MCP words an operation's error with `OpsError::message`: the same
     /// text REST puts in `message`.

@@ -1,11 +1,14 @@
-//! HTTP plumbing over our server (`httpd`): URL and query parsing, bounded
-//! bodies, replies, and chunked streaming written straight to the socket.
+//! REST plumbing over our server (`httpd`): URL and query parsing, bounded
+//! bodies, replies. Chunked streaming and headers are the server's
+//! ([`crate::server::http`]), re-exported here for the handlers.
 
 use super::errors::{ApiError, ApiResult, Shape};
 use super::httpd::Request;
 use crate::budget::{self, Lease};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
+
+pub use crate::server::http::{header, StreamWriter};
 
 /// What a handler answers.
 pub enum Reply {
@@ -111,10 +114,6 @@ pub fn parse_target(url: &str) -> ApiResult<Target> {
     })
 }
 
-pub fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
-    req.header(name)
-}
-
 /// Reads the whole body, refusing more than `max` bytes (413).
 pub fn read_body(req: &mut Request, max: usize) -> ApiResult<Vec<u8>> {
     if req.body_length().is_some_and(|n| n > max) {
@@ -207,67 +206,6 @@ pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>, allow: Opti
         headers.push(("Allow", a));
     }
     req.respond(status, &headers, &body);
-}
-
-/// Chunked transfer encoding over the raw connection, flushed per write so
-/// output reaches the client as soon as the guest produced it.
-pub struct StreamWriter {
-    out: Box<dyn Write + Send>,
-    chunked: bool,
-    pub failed: bool,
-    /// The error shape of the API the stream answers (for its error line).
-    pub shape: Shape,
-}
-
-impl StreamWriter {
-    pub fn start(req: Request, content_type: &str) -> StreamWriter {
-        let chunked = !req.is_http10();
-        let shape = Shape::for_target(req.url());
-        let mut out = req.into_writer();
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
-             X-Accel-Buffering: no\r\nConnection: close\r\n{}\r\n",
-            if chunked {
-                "Transfer-Encoding: chunked\r\n"
-            } else {
-                ""
-            }
-        );
-        let failed = out
-            .write_all(head.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err();
-        StreamWriter {
-            out,
-            chunked,
-            failed,
-            shape,
-        }
-    }
-
-    /// Writes one piece; returns false once the client is gone.
-    pub fn send(&mut self, data: &[u8]) -> bool {
-        if self.failed || data.is_empty() {
-            return !self.failed;
-        }
-        let r = if self.chunked {
-            write!(self.out, "{:x}\r\n", data.len())
-                .and_then(|_| self.out.write_all(data))
-                .and_then(|_| self.out.write_all(b"\r\n"))
-        } else {
-            self.out.write_all(data)
-        }
-        .and_then(|_| self.out.flush());
-        self.failed = r.is_err();
-        !self.failed
-    }
-
-    pub fn finish(mut self) {
-        if !self.failed && self.chunked {
-            let _ = self.out.write_all(b"0\r\n\r\n");
-        }
-        let _ = self.out.flush();
-    }
 }
 
 /// Serializes `v` as the JSON body of a reply: refused (413) beyond `max`

@@ -10,47 +10,40 @@ pub mod auth;
 pub mod errors;
 pub mod exec;
 pub mod http;
-pub mod httpd;
 pub mod rest;
 pub mod routes;
 pub mod v1;
 pub mod validate;
 
+/// The HTTP server is the `server` module's; these paths stay for the
+/// handlers that name them.
+pub use crate::server::{httpd, Ctx};
+
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::ops::Ops;
 use crate::sandbox::SandboxFactory;
+use crate::server::{Endpoint, Endpoints, LongGuard, MakeEndpoint};
 use crate::session::{reaper, Manager};
-use auth::{AuthThrottle, KeyStore, Principal, RateLimiter};
+use auth::{Auth, Principal};
 use errors::ApiError;
 use http::{respond, Reply, StreamWriter};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Everything a handler needs.
-pub struct Ctx {
-    pub cfg: Arc<Config>,
-    pub mgr: Arc<Manager>,
-    pub keys: Arc<KeyStore>,
-    pub limiter: RateLimiter,
-    /// Failed authentications per client address.
-    pub auth_throttle: AuthThrottle,
-    pub metrics: Arc<Metrics>,
-    pub started: Instant,
-    closing: AtomicBool,
-    /// Deferred/streaming requests running now.
-    long_running: AtomicUsize,
-    /// The MCP endpoint (`/mcp`).
-    pub mcp: crate::mcp::http::McpHttp,
-    /// The operations handlers call.
-    pub ops: Arc<crate::ops::Ops>,
-}
+/// The REST front end as the server's endpoint: the route table.
+pub struct Rest;
 
-impl Ctx {
-    pub fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+impl Endpoint for Rest {
+    fn handle(&self, ctx: &Arc<Ctx>, req: httpd::Request) {
+        handle(ctx, req)
+    }
+
+    /// Bodies of JSON requests and file uploads.
+    fn max_body(&self, cfg: &Config) -> usize {
+        cfg.max_body.max(cfg.max_file)
     }
 }
 
@@ -62,8 +55,19 @@ pub struct Server {
 }
 
 impl Server {
-    /// Sweeps orphans, opens the key file, binds and starts serving.
+    /// [`start_with`](Self::start_with) the REST front end alone (`/mcp`
+    /// answers 404); the daemon adds MCP (`crate::start_daemon`).
     pub fn start(cfg: Config, factory: Arc<dyn SandboxFactory>) -> Result<Server, String> {
+        Self::start_with(cfg, factory, None)
+    }
+
+    /// Sweeps orphans, opens the key file, binds and starts serving REST
+    /// and, given `mcp` (made once the shared state exists), `/mcp`.
+    pub fn start_with(
+        cfg: Config,
+        factory: Arc<dyn SandboxFactory>,
+        mcp: Option<MakeEndpoint>,
+    ) -> Result<Server, String> {
         if !cfg.auth && !cfg.listen.ip().is_loopback() {
             return Err(format!(
                 "refusing to run without authentication on {}: --no-auth is only allowed on a \
@@ -72,7 +76,7 @@ impl Server {
             ));
         }
         let cfg = Arc::new(cfg);
-        let keys = Arc::new(KeyStore::open_with_prefix(&cfg.key_file, &cfg.key_prefix)?);
+        let auth = Auth::from_config(&cfg)?;
         match factory.sweep_orphans() {
             Ok(0) => {}
             Ok(n) => log::warn!("orphan sweep removed {n} leftover resource(s) of an earlier run"),
@@ -90,27 +94,20 @@ impl Server {
             .local_addr()
             .map_err(|e| format!("listening socket {}: {e}", cfg.listen))?;
         let http = Arc::new(httpd::Server::new(addr, metrics.http_conn.clone()));
-        let ctx = Arc::new(Ctx {
-            limiter: RateLimiter::new(cfg.rate_per_sec, cfg.rate_burst),
-            auth_throttle: AuthThrottle::new(cfg.auth_fail_burst),
-            cfg: cfg.clone(),
-            mgr: mgr.clone(),
-            keys,
-            metrics,
-            started: Instant::now(),
-            closing: AtomicBool::new(false),
-            long_running: AtomicUsize::new(0),
-            mcp: crate::mcp::http::McpHttp::new(mgr.clone(), cfg.clone()),
-            ops: crate::ops::Ops::new(mgr.clone(), cfg.clone()),
-        });
+        let ops = Ops::new(mgr.clone(), cfg.clone());
+        let ctx = Arc::new(Ctx::new(cfg.clone(), ops, auth, metrics));
+        let endpoints = Endpoints {
+            rest: Arc::new(Rest),
+            mcp: mcp.map(|make| make(&ctx)),
+        };
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let reaper = reaper::spawn(mgr, stop_rx).map_err(|e| format!("start reaper: {e}"))?;
         // On an Http thread: the connection threads it starts inherit its
         // seccomp filter.
         let acceptor = {
-            let (ctx, http) = (ctx.clone(), http.clone());
-            let limits = httpd::Limits::from_config(&cfg);
-            let handler: httpd::Handler = Arc::new(move |req| handle(&ctx, req));
+            let http = http.clone();
+            let limits = httpd::Limits::from_config(&cfg, endpoints.max_body(&cfg));
+            let handler = endpoints.handler(ctx.clone());
             crate::harden::thread::spawn(
                 crate::harden::ThreadKind::Http,
                 std::thread::Builder::new().name("http-accept".into()),
@@ -142,7 +139,7 @@ impl Server {
     /// Graceful stop: refuse new work, end every session (which cancels
     /// the commands still running in them), wait for the streams to close.
     pub fn shutdown(mut self) {
-        self.ctx.closing.store(true, Ordering::Release);
+        self.ctx.close();
         self.http.stop();
         if let Some(h) = self.acceptor.take() {
             let _ = h.join();
@@ -151,9 +148,9 @@ impl Server {
             let _ = tx.send(());
             let _ = h.join();
         }
-        self.ctx.mgr.shutdown();
+        self.ctx.ops.mgr.shutdown();
         let end = Instant::now() + Duration::from_secs(5);
-        while self.ctx.long_running.load(Ordering::Acquire) > 0 && Instant::now() < end {
+        while self.ctx.long_running() > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -165,16 +162,7 @@ impl Server {
 fn watch_keys(ctx: &Ctx) {
     while !ctx.is_closing() {
         std::thread::sleep(Duration::from_secs(1));
-        for s in ctx.mgr.list(None) {
-            if !ctx.keys.is_usable(&s.owner) {
-                log::info!(
-                    "session {}/{}: its key is revoked or gone; ending it",
-                    s.owner,
-                    s.id
-                );
-                ctx.mgr.remove(&s.owner, &s.id, "key revoked", false);
-            }
-        }
+        crate::ops::keys::end_sessions_of_unusable(&ctx.auth.keys, &ctx.ops);
     }
 }
 
@@ -204,10 +192,6 @@ fn handle(ctx: &Arc<Ctx>, mut req: httpd::Request) {
         let ra = e.retry_after;
         return respond(req, e.into(), ra, None);
     }
-    // With mcp_http off, /mcp falls through to the router: 404.
-    if ctx.cfg.mcp_http && crate::mcp::http::is_mcp_path(req.url()) {
-        return crate::mcp::http::handle(ctx, req);
-    }
     let (reply, retry_after, allow) = match route(ctx, &mut req) {
         Ok(r) => (r, None, None),
         Err(e) => {
@@ -228,14 +212,6 @@ fn count(ctx: &Ctx, status: u16) {
         .inc();
 }
 
-/// Decrements the long-running count when the thread's work ends.
-struct LongGuard(Arc<Ctx>);
-impl Drop for LongGuard {
-    fn drop(&mut self) {
-        self.0.long_running.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 fn finish(
     ctx: &Arc<Ctx>,
     req: httpd::Request,
@@ -245,8 +221,8 @@ fn finish(
 ) {
     match reply {
         r @ (Reply::Later(_) | Reply::Stream { .. }) => {
-            let n = ctx.long_running.fetch_add(1, Ordering::AcqRel);
-            let guard = LongGuard(ctx.clone());
+            // Counted until the thread's work ends.
+            let (guard, n) = LongGuard::start(ctx);
             if n >= ctx.cfg.max_streams {
                 drop(guard);
                 let e = ApiError::unavailable(format!(
@@ -308,12 +284,11 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
         None => Principal::anonymous(),
         Some(scope) => {
             let p = authenticate(ctx, req)?;
-            // Admin keys may do everything.
-            if !p.has(scope) && !p.is_admin() {
+            if !p.may(scope) {
                 return Err(ApiError::new(
                     403,
                     "forbidden",
-                    format!("this key lacks the {scope:?} scope"),
+                    format!("this key lacks the {:?} scope", scope.as_str()),
                 ));
             }
             p
@@ -323,36 +298,6 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
 }
 
 fn authenticate(ctx: &Ctx, req: &httpd::Request) -> Result<Principal, ApiError> {
-    if !ctx.cfg.auth {
-        return Ok(Principal::anonymous());
-    }
-    let ip = req.peer().map(|p| p.ip());
-    if let Some(ip) = ip {
-        ctx.auth_throttle.check(ip)?;
-    }
-    let failed = |e: ApiError| {
-        if let Some(ip) = ip {
-            ctx.auth_throttle.failed(ip);
-        }
-        e
-    };
-    let Some(token) = auth::token_from_headers(req.headers()) else {
-        return Err(failed(ApiError::new(
-            401,
-            "unauthorized",
-            "an API key is required (Authorization: Bearer <key> or X-API-Key: <key>)",
-        )));
-    };
-    let rec = ctx.keys.verify(&token).map_err(|r| {
-        let code = match r {
-            auth::KeyRefusal::Expired { .. } => "key_expired",
-            auth::KeyRefusal::Invalid => "unauthorized",
-        };
-        failed(ApiError::new(401, code, auth::refusal_message(&r)))
-    })?;
-    ctx.limiter.check(&rec)?;
-    Ok(Principal {
-        id: rec.id,
-        scopes: rec.scopes,
-    })
+    let token = auth::token_from_headers(req.headers().iter().map(|h| (&*h.name, &*h.value)));
+    Ok(ctx.auth.authenticate(req.peer().map(|p| p.ip()), token)?)
 }

@@ -1,12 +1,13 @@
 //! Seed-compatible routes (`/exec/...`), health, metrics and admin keys.
 
-use super::auth::{validate_scopes, KeyRecord, Principal, RateDefaults};
+use super::auth::{KeyRecord, Principal};
 use super::errors::{ApiError, ApiResult};
 use super::exec::{self, StreamFormat};
 use super::http::{header, json_body, ok_json, Reply};
 use super::routes::Params;
 use super::{validate, Ctx};
 use crate::budget::Lease;
+use crate::ops::keys;
 use crate::ops::{files, SessionView};
 use crate::session::{Session, State};
 use base64::Engine;
@@ -27,9 +28,9 @@ pub fn health(
         "status": "ok",
         "uptime": up.as_millis() as f64 / 1000.0,
         "version": env!("CARGO_PKG_VERSION"),
-        "backend": ctx.mgr.factory.backend(),
+        "backend": ctx.ops.mgr.factory.backend(),
         "uptimeSeconds": up.as_secs(),
-        "sessions": ctx.mgr.count(),
+        "sessions": ctx.ops.mgr.count(),
     }))
 }
 
@@ -47,12 +48,12 @@ pub fn ready(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let sessions = ctx.mgr.count();
+    let sessions = ctx.ops.mgr.count();
     let max = ctx.cfg.max_sessions;
     let checks = [
         (
             "accepting",
-            !(ctx.is_closing() || ctx.mgr.is_closing()),
+            !(ctx.is_closing() || ctx.ops.mgr.is_closing()),
             "shutting down".to_string(),
         ),
         (
@@ -62,7 +63,7 @@ pub fn ready(
         ),
         (
             "images",
-            !ctx.mgr.factory.templates().is_empty(),
+            !ctx.ops.mgr.factory.templates().is_empty(),
             "no templates available".to_string(),
         ),
         (
@@ -113,7 +114,7 @@ pub fn templates(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    ok_json(json!({"templates": ctx.mgr.templates()}))
+    ok_json(json!({"templates": ctx.ops.mgr.templates()}))
 }
 
 /// The sessions a caller sees (an admin key: all), each as `view` shows it.
@@ -298,7 +299,7 @@ pub fn read(
     let session = session(ctx, p, params.get("session"), None)?;
     // Before the request waits for anything: a full budget is a 503 with
     // Retry-After now, not a failure half-way.
-    let mut lease = ctx.mgr.replies.admit()?;
+    let mut lease = ctx.ops.mgr.replies.admit()?;
     let activity = session.activity();
     let max = ctx.cfg.max_file as u64;
     let max_reply = ctx.cfg.max_json_reply();
@@ -344,7 +345,7 @@ pub fn files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let session = session(ctx, p, params.get("session"), None)?;
-    let lease = ctx.mgr.replies.admit()?;
+    let lease = ctx.ops.mgr.replies.admit()?;
     let activity = session.activity();
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();
@@ -428,17 +429,10 @@ pub fn delete_session(
 
 // ---- admin keys -----------------------------------------------------------
 
-fn rate_defaults(ctx: &Ctx) -> RateDefaults {
-    RateDefaults {
-        rate: ctx.cfg.rate_per_sec,
-        burst: ctx.cfg.rate_burst,
-    }
-}
-
 /// `{record, ...record}`: the seed reads `record`; our earlier clients
 /// read the same fields at the top level.
 fn with_record(ctx: &Ctx, rec: &KeyRecord, extra: Value) -> Value {
-    let public = rec.public(rate_defaults(ctx));
+    let public = rec.public(keys::rate_defaults(&ctx.cfg));
     let mut v = public.clone();
     v["record"] = public;
     if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
@@ -453,9 +447,12 @@ pub fn list_keys(
     _: &Principal,
     _: &Params,
 ) -> ApiResult<Reply> {
-    let d = rate_defaults(ctx);
-    let keys: Vec<Value> = ctx.keys.list().iter().map(|k| k.public(d)).collect();
-    ok_json(json!({"keys": keys}))
+    let d = keys::rate_defaults(&ctx.cfg);
+    let list: Vec<Value> = keys::list(&ctx.auth.keys)
+        .iter()
+        .map(|k| k.public(d))
+        .collect();
+    ok_json(json!({"keys": list}))
 }
 
 /// `rateLimit` as an object.
@@ -506,8 +503,7 @@ pub fn create_key(
     _: &Params,
 ) -> ApiResult<Reply> {
     let body: CreateKey = json_body(req, ctx.cfg.max_body)?;
-    let scopes = body.scopes.unwrap_or_else(|| vec!["exec".into()]);
-    validate_scopes(&scopes).map_err(ApiError::bad_request)?;
+    let scopes = keys::scopes(body.scopes)?;
     let (rate, burst) = match body.rate_limit {
         None => (body.rate, body.burst),
         Some(_) if body.rate.is_some() || body.burst.is_some() => {
@@ -517,33 +513,18 @@ pub fn create_key(
         }
         Some(v) => rate_limit(v)?,
     };
-    let (rec, token) = ctx
-        .keys
-        .create(&body.name, scopes, rate, burst, body.expires_at)
-        .map_err(ApiError::bad_request)?;
+    let new = keys::NewKey {
+        name: body.name,
+        scopes,
+        rate,
+        burst,
+        expires_at: body.expires_at,
+    };
+    let k = keys::create(&ctx.auth.keys, new)?;
     Ok(Reply::Json(
         201,
-        with_record(ctx, &rec, json!({"key": token})),
+        with_record(ctx, &k.record, json!({"key": k.token})),
     ))
-}
-
-fn key_id(params: &Params) -> ApiResult<&str> {
-    let id = params.get("key");
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(ApiError::bad_request(format!("invalid key id {id:?}")));
-    }
-    Ok(id)
-}
-
-fn key_missing(id: &str) -> ApiError {
-    ApiError::new(404, "key_not_found", format!("no key {id:?}"))
-}
-
-/// Ends every session a key owns (its access is gone).
-fn drop_sessions_of(ctx: &Ctx, key: &str) {
-    for s in ctx.mgr.list(Some(key)) {
-        ctx.mgr.remove(&s.owner, &s.id, "key revoked", false);
-    }
 }
 
 pub fn revoke_key(
@@ -552,9 +533,7 @@ pub fn revoke_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    let rec = ctx.keys.revoke(id).map_err(|_| key_missing(id))?;
-    drop_sessions_of(ctx, id);
+    let rec = keys::revoke(&ctx.auth.keys, &ctx.ops, params.get("key"))?;
     ok_json(with_record(ctx, &rec, json!({"revoked": true})))
 }
 
@@ -564,9 +543,8 @@ pub fn rotate_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    let (rec, token) = ctx.keys.rotate(id).map_err(|_| key_missing(id))?;
-    ok_json(with_record(ctx, &rec, json!({"key": token})))
+    let k = keys::rotate(&ctx.auth.keys, params.get("key"))?;
+    ok_json(with_record(ctx, &k.record, json!({"key": k.token})))
 }
 
 pub fn delete_key(
@@ -575,8 +553,7 @@ pub fn delete_key(
     _: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let id = key_id(params)?;
-    ctx.keys.delete(id).map_err(|_| key_missing(id))?;
-    drop_sessions_of(ctx, id);
+    let id = params.get("key");
+    keys::delete(&ctx.auth.keys, &ctx.ops, id)?;
     ok_json(json!({"deleted": true, "id": id}))
 }

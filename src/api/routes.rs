@@ -1,7 +1,7 @@
 //! The route table: one list, used by the router and checked against
 //! `docs/openapi.yaml` by the tests.
 
-use super::auth::Principal;
+use super::auth::{Principal, Scope};
 use super::errors::{ApiError, ApiResult};
 use super::http::{Reply, Target};
 use super::{rest, v1, Ctx};
@@ -16,7 +16,7 @@ pub struct Route {
     /// `{name}` matches one path segment.
     pub pattern: &'static str,
     /// Scope required; `None` = no authentication.
-    pub scope: Option<&'static str>,
+    pub scope: Option<Scope>,
     pub handler: Handler,
 }
 
@@ -57,13 +57,13 @@ macro_rules! r {
     };
 }
 
-const EXEC: Option<&str> = Some("exec");
-const ADMIN: Option<&str> = Some("admin");
+const EXEC: Option<Scope> = Some(Scope::Exec);
+const ADMIN: Option<Scope> = Some(Scope::Admin);
 
 pub static ROUTES: &[Route] = &[
     r!("GET", "/health", None, rest::health),
     r!("GET", "/ready", None, rest::ready),
-    r!("GET", "/metrics", Some("metrics"), rest::metrics),
+    r!("GET", "/metrics", Some(Scope::Metrics), rest::metrics),
     // Seed-compatible API.
     r!("GET", "/exec", EXEC, rest::list_sessions),
     r!("GET", "/exec/templates", EXEC, rest::templates),

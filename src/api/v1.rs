@@ -353,7 +353,7 @@ pub fn download(
 ) -> ApiResult<Reply> {
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
-    let mut lease = ctx.mgr.replies.admit()?;
+    let mut lease = ctx.ops.mgr.replies.admit()?;
     let max = ctx.cfg.max_file as u64;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
@@ -464,7 +464,7 @@ pub fn list_files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let s = own_session(ctx, p, params)?;
-    let lease = ctx.mgr.replies.admit()?;
+    let lease = ctx.ops.mgr.replies.admit()?;
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {

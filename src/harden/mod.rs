@@ -12,6 +12,7 @@
 //!    [`seccomp::install_current`] first thing in its body).
 
 pub mod caps;
+pub mod random;
 pub mod seccomp;
 pub mod spawner;
 #[cfg(target_arch = "x86_64")]

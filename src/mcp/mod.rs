@@ -56,14 +56,6 @@ impl Host {
     }
 }
 
-/// Who calls: the API key's id owns the sessions it creates, exactly as
-/// in the REST API.
-#[derive(Clone, Debug)]
-pub struct Caller {
-    pub owner: String,
-    pub admin: bool,
-}
-
 pub fn is_modern(v: &str) -> bool {
     MODERN_VERSIONS.contains(&v)
 }

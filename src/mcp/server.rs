@@ -6,9 +6,10 @@
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::tools::{self, ToolCtx};
 use super::{
-    is_modern, Caller, Host, ALL_VERSIONS, HANDSHAKE_VERSIONS, LATEST_HANDSHAKE, MAX_INFLIGHT,
+    is_modern, Host, ALL_VERSIONS, HANDSHAKE_VERSIONS, LATEST_HANDSHAKE, MAX_INFLIGHT,
     META_SERVER_INFO, META_VERSION, V2026_07_28,
 };
+use crate::ops::Principal;
 use crate::sync::lock;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -30,7 +31,7 @@ pub trait Sink: Send + Sync {
 pub struct Conn {
     /// Unique per connection: scopes request ids for cancellation.
     pub key: String,
-    pub caller: Caller,
+    pub caller: Principal,
     /// Negotiated by `initialize`.
     pub version: Mutex<Option<String>>,
     /// Sandbox sessions created through this connection.
@@ -38,7 +39,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(key: impl Into<String>, caller: Caller) -> Conn {
+    pub fn new(key: impl Into<String>, caller: Principal) -> Conn {
         Conn {
             key: key.into(),
             caller,
@@ -288,7 +289,7 @@ impl Engine {
         lock(&self.inflight).remove(&key);
         log::info!(
             "mcp: {} {name} {} in {:?}",
-            conn.caller.owner,
+            conn.caller.id,
             if r.is_ok() { "ok" } else { "failed" },
             t0.elapsed()
         );
@@ -322,7 +323,7 @@ impl Engine {
             for id in ids {
                 self.host
                     .mgr
-                    .remove(&conn.caller.owner, &id, "MCP client went away", wait);
+                    .remove(&conn.caller.id, &id, "MCP client went away", wait);
             }
         }
     }

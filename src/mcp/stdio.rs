@@ -6,9 +6,10 @@
 
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
-use super::{Caller, Host, MAX_MESSAGE};
+use super::{Host, MAX_MESSAGE};
 use crate::config::{default_state_dir, parse_duration, BackendKind, Config};
 use crate::metrics::Metrics;
+use crate::ops::Principal;
 use crate::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
 use crate::session::{reaper, Manager};
 use crossbeam_channel::{Receiver, Sender};
@@ -101,9 +102,10 @@ pub fn main(a: McpArgs) -> Result<(), String> {
     let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
     let reaper = reaper::spawn(mgr.clone(), stop_rx).map_err(|e| format!("start reaper: {e}"))?;
     let engine = Engine::new(Host::new(mgr.clone(), cfg));
-    let caller = Caller {
-        owner: "local".into(),
-        admin: true,
+    // The local user: every scope, as before keys existed.
+    let caller = Principal {
+        id: "local".into(),
+        ..Principal::anonymous()
     };
     // SIGTERM/SIGINT (blocked in every thread by main) end us like EOF.
     let mgr2 = mgr.clone();
@@ -222,7 +224,7 @@ pub fn read_line<R: BufRead>(
 /// stops the calls still running and ends the sessions it created.
 pub fn serve<R: Read, W: Write + Send + 'static>(
     engine: Arc<Engine>,
-    caller: Caller,
+    caller: Principal,
     input: R,
     output: W,
 ) -> std::io::Result<()> {

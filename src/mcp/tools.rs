@@ -5,7 +5,7 @@
 //! `args`, `cwd`, `timeout`, `template`, `path`, `content`) so existing agent
 //! configs keep working.
 
-use super::{Caller, Host};
+use super::Host;
 use crate::api::errors::ApiError;
 use crate::ops::exec::{self as ops_exec, Captured, ExecEvent, ExecSpec, Prepared};
 use crate::ops::sessions::{self, Span};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// Everything a handler may use besides its arguments.
 pub struct ToolCtx<'a> {
     pub host: &'a Host,
-    pub caller: &'a Caller,
+    pub caller: &'a Principal,
     /// True once the call should stop (cancelled, or the client is gone).
     pub stop: &'a dyn Fn() -> bool,
     /// Progress notification (`progress` must grow); `None` without a
@@ -772,18 +772,6 @@ fn op_msg(e: impl Into<OpsError>) -> String {
     }
 }
 
-/// The caller as the operations layer knows it.
-fn principal(c: &Caller) -> Principal {
-    Principal {
-        id: c.owner.clone(),
-        scopes: if c.admin {
-            vec!["admin".into()]
-        } else {
-            Vec::new()
-        },
-    }
-}
-
 fn session_id(a: &Map<String, Value>) -> Result<String, String> {
     let id = req_str(a, "sessionId")?;
     validate::session_id(&id).map_err(op_msg)?;
@@ -791,10 +779,7 @@ fn session_id(a: &Map<String, Value>) -> Result<String, String> {
 }
 
 fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
-    ctx.host
-        .ops
-        .find(&principal(ctx.caller), None, id)
-        .map_err(op_msg)
+    ctx.host.ops.find(ctx.caller, None, id).map_err(op_msg)
 }
 
 fn wait(ctx: &ToolCtx) -> Duration {
@@ -870,11 +855,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         env: opt_env(a)?,
         egress: egress(a.get("egress"))?,
     };
-    let s = ctx
-        .host
-        .ops
-        .create(&principal(ctx.caller), spec)
-        .map_err(op_msg)?;
+    let s = ctx.host.ops.create(ctx.caller, spec).map_err(op_msg)?;
     (ctx.created)(&s.id);
     ctx.host.ops.ready(&s).map_err(op_msg)?;
     Ok(session_json(&SessionView::of(&s)).into())
@@ -925,7 +906,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let (s, created) = ctx
         .host
         .mgr
-        .get_or_create(&ctx.caller.owner, &id, opts, false)
+        .get_or_create(&ctx.caller.id, &id, opts, false)
         .map_err(msg)?;
     if created {
         (ctx.created)(&id);
@@ -1004,7 +985,7 @@ fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         .map_err(|e| e.message())?;
     // Kept well inside one message (clients bound what they buffer).
     let max = cfg.max_output.min(super::MAX_MESSAGE / 2);
-    let p = principal(ctx.caller);
+    let p = ctx.caller.clone();
     let r = ctx
         .host
         .ops
@@ -1129,7 +1110,7 @@ fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let v: Vec<Value> = ctx
         .host
         .ops
-        .list(&principal(ctx.caller), false)
+        .list(ctx.caller, false)
         .iter()
         .map(session_json)
         .collect();
@@ -1139,11 +1120,7 @@ fn list_sessions(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 fn destroy_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &session_id_in())?;
     let id = session_id(a)?;
-    if !ctx
-        .host
-        .ops
-        .delete(&ctx.caller.owner, &id, "destroyed by MCP")
-    {
+    if !ctx.host.ops.delete(&ctx.caller.id, &id, "destroyed by MCP") {
         return Err(format!("no session {id:?}"));
     }
     Ok(json!({"sessionId": id, "destroyed": true}).into())

@@ -14,6 +14,9 @@ pub enum OpsError {
     /// No session of that id among the caller's.
     #[error("no session {id:?}")]
     SessionNotFound { id: String },
+    /// No API key of that id.
+    #[error("no key {id:?}")]
+    KeyNotFound { id: String },
     #[error("session id {id:?} is invalid: use 1-64 characters of A-Z a-z 0-9 _ -")]
     InvalidSessionId { id: String },
     /// A guest path the daemon refuses before it reaches the guest (`path`
@@ -132,6 +135,7 @@ impl OpsError {
     pub fn code(&self) -> &'static str {
         match self {
             OpsError::SessionNotFound { .. } => "session_not_found",
+            OpsError::KeyNotFound { .. } => "key_not_found",
             OpsError::InvalidSessionId { .. } => "invalid_session_id",
             OpsError::InvalidPath { .. } => "invalid_path",
             OpsError::BadRequest(_) => "bad_request",

@@ -4,15 +4,18 @@
 //! answer and [`OpsError`] at their edge; validation, limits and
 //! ownership checks live here once.
 
+pub mod auth;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod keys;
 pub mod network;
 pub mod procs;
 pub mod run;
 pub mod sessions;
 pub mod validate;
 
+pub use auth::Scope;
 pub use error::{OpsError, OpsResult};
 pub use sessions::{SessionSpec, SessionView};
 
@@ -26,15 +29,19 @@ use std::sync::Arc;
 pub struct Principal {
     /// Key id, or `anonymous` when auth is off.
     pub id: String,
-    pub scopes: Vec<String>,
+    pub scopes: Vec<Scope>,
 }
 
 impl Principal {
-    pub fn has(&self, scope: &str) -> bool {
-        self.scopes.iter().any(|s| s == scope)
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(&scope)
     }
     pub fn is_admin(&self) -> bool {
-        self.has("admin")
+        self.has(Scope::Admin)
+    }
+    /// Whether it may do what `scope` allows: admin keys may do everything.
+    pub fn may(&self, scope: Scope) -> bool {
+        self.has(scope) || self.is_admin()
     }
 }
 

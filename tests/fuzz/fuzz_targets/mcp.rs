@@ -12,7 +12,8 @@ mod fake;
 use agent_sandbox::metrics::Metrics;
 use agent_sandbox::mcp::jsonrpc;
 use agent_sandbox::mcp::server::{Conn, Engine, Sink};
-use agent_sandbox::mcp::{Caller, Host};
+use agent_sandbox::mcp::Host;
+use agent_sandbox::ops::{Principal, Scope};
 use agent_sandbox::session::Manager;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -48,9 +49,9 @@ fuzz_target!(|data: &[u8]| {
     let e = engine();
     let conn = Conn::new(
         format!("fuzz-{}", N.fetch_add(1, Ordering::Relaxed)),
-        Caller {
-            owner: "fuzz".into(),
-            admin: false,
+        Principal {
+            id: "fuzz".into(),
+            scopes: vec![Scope::Exec],
         },
     );
     for line in data.split(|b| *b == b'\n') {

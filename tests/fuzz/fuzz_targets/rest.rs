@@ -11,6 +11,7 @@
 mod fake;
 
 use agent_sandbox::api::Server;
+use agent_sandbox::start_daemon;
 use libfuzzer_sys::fuzz_target;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -26,10 +27,11 @@ struct Target {
 fn target() -> &'static Target {
     static T: OnceLock<Target> = OnceLock::new();
     T.get_or_init(|| {
-        let server =
-            Server::start(fake::config(), Arc::new(fake::NoSandboxes)).expect("start the server");
+        let server = start_daemon(fake::config(), Arc::new(fake::NoSandboxes))
+            .expect("start the server");
         let (_, token) = server
             .ctx
+            .auth
             .keys
             .create(
                 "fuzz",

@@ -21,7 +21,7 @@
 //!   client address (503 beyond, written without waiting);
 //! - a handler that panics ends only its own connection.
 
-use super::errors::Shape;
+use super::http::Shape;
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -48,7 +48,7 @@ const DRAIN_MAX: u64 = 64 * 1024;
 const MAX_CHUNK_LINE: usize = 1024;
 
 /// Bounds of the server; [`Limits::from_config`] is the one place they
-/// are set from the daemon's configuration.
+/// are set from the daemon's configuration and its endpoints.
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// The largest body any route takes; a bigger `Content-Length` is
@@ -65,9 +65,11 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(cfg: &crate::config::Config) -> Limits {
+    /// `max_body`: the largest body any endpoint reads
+    /// ([`super::Endpoints::max_body`]).
+    pub fn from_config(cfg: &crate::config::Config, max_body: usize) -> Limits {
         Limits {
-            max_body: cfg.max_body.max(cfg.max_file).max(crate::mcp::MAX_MESSAGE) as u64,
+            max_body: max_body as u64,
             head_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(10),

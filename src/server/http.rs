@@ -1,0 +1,102 @@
+//! Transport pieces both front ends use: request headers, chunked
+//! streaming straight to the socket, and the error shape a target's API
+//! answers in (also what `httpd` writes for a request it refuses).
+
+use super::httpd::Request;
+use serde_json::json;
+use std::io::Write;
+
+pub fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
+    req.header(name)
+}
+
+/// The error shape of an API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `{"error": {"code", "message"}}`: `/v1` and any other path.
+    Nested,
+    /// `{"error": "<message>", "code"}`: the seed's routes.
+    Seed,
+}
+
+impl Shape {
+    /// The shape for a request target (path, with or without a query):
+    /// the seed's routes are `/exec[/...]`, `/admin[/...]`, `/health` and
+    /// `/ready`, whatever the method and whether the route exists.
+    pub fn for_target(target: &str) -> Shape {
+        let path = target.split(['?', '#']).next().unwrap_or("");
+        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        match first {
+            "exec" | "admin" | "health" | "ready" => Shape::Seed,
+            _ => Shape::Nested,
+        }
+    }
+
+    pub fn body(self, code: &str, message: &str) -> serde_json::Value {
+        match self {
+            Shape::Nested => json!({"error": {"code": code, "message": message}}),
+            Shape::Seed => json!({"error": message, "code": code}),
+        }
+    }
+}
+
+/// Chunked transfer encoding over the raw connection, flushed per write so
+/// output reaches the client as soon as the guest produced it.
+pub struct StreamWriter {
+    out: Box<dyn Write + Send>,
+    chunked: bool,
+    pub failed: bool,
+    /// The error shape of the API the stream answers (for its error line).
+    pub shape: Shape,
+}
+
+impl StreamWriter {
+    pub fn start(req: Request, content_type: &str) -> StreamWriter {
+        let chunked = !req.is_http10();
+        let shape = Shape::for_target(req.url());
+        let mut out = req.into_writer();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
+             X-Accel-Buffering: no\r\nConnection: close\r\n{}\r\n",
+            if chunked {
+                "Transfer-Encoding: chunked\r\n"
+            } else {
+                ""
+            }
+        );
+        let failed = out
+            .write_all(head.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err();
+        StreamWriter {
+            out,
+            chunked,
+            failed,
+            shape,
+        }
+    }
+
+    /// Writes one piece; returns false once the client is gone.
+    pub fn send(&mut self, data: &[u8]) -> bool {
+        if self.failed || data.is_empty() {
+            return !self.failed;
+        }
+        let r = if self.chunked {
+            write!(self.out, "{:x}\r\n", data.len())
+                .and_then(|_| self.out.write_all(data))
+                .and_then(|_| self.out.write_all(b"\r\n"))
+        } else {
+            self.out.write_all(data)
+        }
+        .and_then(|_| self.out.flush());
+        self.failed = r.is_err();
+        !self.failed
+    }
+
+    pub fn finish(mut self) {
+        if !self.failed && self.chunked {
+            let _ = self.out.write_all(b"0\r\n\r\n");
+        }
+        let _ = self.out.flush();
+    }
+}
