@@ -126,13 +126,11 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("api", "mcp", "Ctx holds McpHttp, /mcp dispatch (api/mod.rs); MAX_MESSAGE (api/httpd.rs)"),
     ("api", "session", "handlers call Session/Manager directly (api/{mod,exec,rest,v1}.rs)"),
     ("api", "agent", "ClientError/Inbound/Call (api/{errors,exec,rest,v1}.rs); secure_random (api/auth.rs)"),
-    ("api", "sandbox", "SandboxFactory in Server::new (api/mod.rs); EgressPolicy (api/v1.rs)"),
+    ("api", "sandbox", "SandboxFactory in Server::new (api/mod.rs); DEVELOPER_TEMPLATE (api/run.rs)"),
     ("mcp", "api", "Ctx, auth, httpd::Request (mcp/http.rs); rest::*, validate, ApiError, exec::signal_name (mcp/tools.rs)"),
     ("mcp", "session", "tools call Session/Manager directly (mcp/{tools,server,http,forward,stdio}.rs)"),
     ("mcp", "agent", "ClientError/Inbound, random_u64 (mcp/tools.rs); secure_random (mcp/http.rs)"),
-    ("mcp", "sandbox", "in-process host builds a factory (mcp/stdio.rs); EgressPolicy (mcp/tools.rs)"),
-    ("mcp", "net", "NetConfig in policy validation (mcp/tools.rs)"),
-    ("config", "sandbox", "EgressPolicy/EgressMode, a second type next to net's (config.rs, config/seed_env.rs)"),
+    ("mcp", "sandbox", "in-process host builds a factory (mcp/stdio.rs)"),
     ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 

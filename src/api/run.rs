@@ -6,8 +6,8 @@
 use super::errors::{ApiError, ApiResult};
 use super::rest;
 use crate::agent::{ClientError, Inbound};
+use crate::ops::{EgressMode, EgressPolicy};
 use crate::proto::{channel, limits::CPU_PERIOD_US, ExecRequest, Request, Response, Signal};
-use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{MEM_MIB, VCPUS};
 use crate::session::{Manager, SessionOptions};
 use serde_json::{json, Map, Value};

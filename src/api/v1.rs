@@ -10,8 +10,8 @@ use super::routes::Params;
 use super::{validate, Ctx};
 use crate::agent::{ClientError, Inbound};
 use crate::config::parse_duration;
+use crate::ops::EgressPolicy;
 use crate::proto::{FileType, Request, Response, Signal};
-use crate::sandbox::EgressPolicy;
 use crate::session::{Session, SessionOptions};
 use crate::sync::lock;
 use serde::Deserialize;
@@ -89,8 +89,7 @@ pub fn create_session(
     // The shape is checked (400 invalid_shape) by the session manager,
     // against the configured and host maxima, with the defaults filled in.
     if let Some(e) = &b.egress {
-        e.validate(ctx.cfg.network.as_ref())
-            .map_err(ApiError::bad_request)?;
+        crate::ops::validate::egress(e, &ctx.cfg)?;
     }
     if let Some(t) = &b.template {
         if t.is_empty() || t.len() > 64 {
@@ -194,9 +193,7 @@ pub fn set_network(
     params: &Params,
 ) -> ApiResult<Reply> {
     let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
-    policy
-        .validate(ctx.cfg.network.as_ref())
-        .map_err(ApiError::bad_request)?;
+    crate::ops::validate::egress(&policy, &ctx.cfg)?;
     let s = own_session(ctx, p, params)?;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {

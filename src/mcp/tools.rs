@@ -9,8 +9,8 @@ use super::{Caller, Host};
 use crate::agent::{ClientError, Inbound};
 use crate::api::errors::ApiError;
 use crate::api::{rest, validate};
+use crate::ops::{EgressMode, EgressPolicy};
 use crate::proto::{channel, signal, Event, ExecRequest, Request, Response, Signal};
-use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::session::{Session, SessionOptions};
 use base64::Engine as _;
@@ -776,10 +776,7 @@ fn new_id() -> Result<String, String> {
 
 // ---- handlers ---------------------------------------------------------------
 
-fn egress(
-    v: Option<&Value>,
-    net: Option<&crate::net::NetConfig>,
-) -> Result<Option<EgressPolicy>, String> {
+fn egress(v: Option<&Value>, cfg: &crate::config::Config) -> Result<Option<EgressPolicy>, String> {
     let p = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(m)) => {
@@ -792,7 +789,7 @@ fn egress(
         }
         Some(o) => serde_json::from_value(o.clone()).map_err(|e| format!("egress: {e}"))?,
     };
-    p.validate(net)?;
+    crate::ops::validate::egress(&p, cfg).map_err(|e| e.to_string())?;
     Ok(Some(p))
 }
 
@@ -828,7 +825,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
         ttl: opt_f64(limits, "ttl")?.map(Duration::from_secs_f64),
         idle_timeout: opt_f64(limits, "idleTimeout")?.map(Duration::from_secs_f64),
         env: opt_env(a)?,
-        egress: egress(a.get("egress"), ctx.host.cfg.network.as_ref())?,
+        egress: egress(a.get("egress"), &ctx.host.cfg)?,
     };
     let (s, _) = ctx
         .host

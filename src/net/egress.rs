@@ -1,5 +1,5 @@
-//! Egress policy data model (what the REST layer takes as JSON) and its
-//! compilation to nftables rules.
+//! The egress filter of a session (mode and `CIDR[:port[/proto]]` rules,
+//! part of a [`super::NetPolicy`]) and its compilation to nftables rules.
 //!
 //! JSON forms:
 //! `{"mode":"internet"}`, `{"mode":"none"}`,
@@ -213,7 +213,7 @@ impl From<EgressRule> for String {
 /// What a session may reach beyond the always-blocked set.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
-pub enum EgressPolicy {
+pub enum EgressFilter {
     /// The public internet.
     #[default]
     Internet,
@@ -228,10 +228,10 @@ pub enum EgressPolicy {
 /// Limit so a request cannot make us build a huge ruleset.
 pub const MAX_RULES: usize = 256;
 
-impl EgressPolicy {
+impl EgressFilter {
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            EgressPolicy::Allowlist { rules } | EgressPolicy::Denylist { rules }
+            EgressFilter::Allowlist { rules } | EgressFilter::Denylist { rules }
                 if rules.len() > MAX_RULES =>
             {
                 Err(format!("{} egress rules, at most {MAX_RULES}", rules.len()))
@@ -246,7 +246,7 @@ impl EgressPolicy {
     /// (A denylist rule there is merely redundant; `0.0.0.0/0:443` in an
     /// allowlist is fine: its public part is reachable.)
     pub fn check_reachable(&self, blocked: &[Cidr], exceptions: &[Cidr]) -> Result<(), String> {
-        let EgressPolicy::Allowlist { rules } = self else {
+        let EgressFilter::Allowlist { rules } = self else {
             return Ok(());
         };
         for r in rules {
@@ -298,10 +298,10 @@ impl EgressPolicy {
             out
         };
         match self {
-            EgressPolicy::Internet => vec![Rule::new(vec![], Verdict::Accept)],
-            EgressPolicy::None => vec![Rule::new(vec![], Verdict::Drop)],
-            EgressPolicy::Allowlist { rules } => list(rules, Verdict::Accept, Verdict::Drop),
-            EgressPolicy::Denylist { rules } => list(rules, Verdict::Drop, Verdict::Accept),
+            EgressFilter::Internet => vec![Rule::new(vec![], Verdict::Accept)],
+            EgressFilter::None => vec![Rule::new(vec![], Verdict::Drop)],
+            EgressFilter::Allowlist { rules } => list(rules, Verdict::Accept, Verdict::Drop),
+            EgressFilter::Denylist { rules } => list(rules, Verdict::Drop, Verdict::Accept),
         }
     }
 }
@@ -344,23 +344,23 @@ mod tests {
 
     #[test]
     fn policy_json() {
-        let p: EgressPolicy =
+        let p: EgressFilter =
             serde_json::from_str(r#"{"mode":"allowlist","rules":["1.2.3.0/24:53"]}"#).unwrap();
         assert_eq!(p.to_rules().len(), 3); // tcp, udp, final drop
-        let p: EgressPolicy = serde_json::from_str(r#"{"mode":"none"}"#).unwrap();
-        assert_eq!(p, EgressPolicy::None);
+        let p: EgressFilter = serde_json::from_str(r#"{"mode":"none"}"#).unwrap();
+        assert_eq!(p, EgressFilter::None);
         assert!(
-            serde_json::from_str::<EgressPolicy>(r#"{"mode":"allowlist","rules":["x"]}"#).is_err()
+            serde_json::from_str::<EgressFilter>(r#"{"mode":"allowlist","rules":["x"]}"#).is_err()
         );
         assert_eq!(
-            serde_json::to_string(&EgressPolicy::default()).unwrap(),
+            serde_json::to_string(&EgressFilter::default()).unwrap(),
             r#"{"mode":"internet"}"#
         );
     }
 
     #[test]
     fn unreachable_allowlist_rules_are_refused() {
-        let allow = |r: &str| EgressPolicy::Allowlist {
+        let allow = |r: &str| EgressFilter::Allowlist {
             rules: vec![r.parse().unwrap()],
         };
         for bad in [
@@ -407,7 +407,7 @@ mod tests {
             .check_reachable(&halves, &[])
             .is_ok());
         // Denylists may name anything.
-        let deny = EgressPolicy::Denylist {
+        let deny = EgressFilter::Denylist {
             rules: vec!["10.0.0.0/8".parse().unwrap()],
         };
         assert!(deny.check_reachable(ALWAYS_BLOCKED, &[]).is_ok());

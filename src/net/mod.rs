@@ -40,10 +40,10 @@ use crossbeam_channel::Sender;
 use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
 pub use config::NetConfig;
 use dnsfwd::{Forwarder, FwdConfig};
-pub use egress::{Cidr, EgressPolicy, EgressRule};
+pub use egress::{Cidr, EgressFilter, EgressRule};
 pub use isolated::Isolated;
 use nft::Nft;
-pub use policy::{Bandwidth, DnsNames, DomainPattern, NetPolicy};
+pub use policy::{Bandwidth, DnsNames, DomainPattern, EgressMode, EgressPolicy, NetPolicy};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -319,7 +319,7 @@ impl Net {
 
     /// Create the network of one session, NAT and policy installed and
     /// verified before it returns. On failure nothing of it remains.
-    /// Takes a [`NetPolicy`] or a bare [`EgressPolicy`] (by value or reference).
+    /// Takes a [`NetPolicy`] or a bare [`EgressFilter`] (by value or reference).
     pub fn create_session(&self, policy: impl Into<NetPolicy>) -> Result<SessionNet> {
         self.create_session_inner(&policy.into(), None, None)
     }

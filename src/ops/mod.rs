@@ -7,6 +7,9 @@
 pub mod error;
 pub mod validate;
 
+/// The one egress policy type, for the front ends (which do not import
+/// `net`).
+pub use crate::net::{EgressMode, EgressPolicy};
 pub use error::{OpsError, OpsResult};
 
 use crate::config::Config;

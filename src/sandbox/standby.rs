@@ -17,7 +17,7 @@
 //! whose VMM died, is removed instead.
 
 use super::vm::{NetLease, ResolvedTemplate};
-use super::EgressPolicy;
+use crate::net::EgressPolicy;
 use crate::sync::lock;
 use crate::vm::ids::IdLease;
 use crate::vm::PreparedRestore;

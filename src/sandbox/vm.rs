@@ -4,10 +4,9 @@
 //! does not depend on branches that have not landed yet.
 
 use super::standby::{Key, Provision, Ready, Standby};
-use super::{
-    EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
-};
+use super::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::agent::{AgentClient, Started};
+use crate::net::EgressPolicy;
 use crate::vm::ids::{IdLease, VmIds};
 use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
 use std::path::{Path, PathBuf};

@@ -17,8 +17,9 @@ pub mod registry;
 pub mod worker;
 
 use crate::agent::Call;
+use crate::net::EgressPolicy;
 use crate::proto::Request;
-use crate::sandbox::{EgressPolicy, SandboxSpec};
+use crate::sandbox::SandboxSpec;
 use crate::sync::lock;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use serde_json::json;
