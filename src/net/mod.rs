@@ -12,6 +12,7 @@
 //! namespace of their own whose only uplink leads to a test "internet".
 
 mod blocks;
+mod cidr;
 mod config;
 pub mod dns;
 mod dnsfwd;
@@ -38,9 +39,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
+pub use cidr::Cidr;
 pub use config::NetConfig;
 use dnsfwd::{Forwarder, FwdConfig};
-pub use egress::{Cidr, EgressFilter, EgressRule};
+pub use egress::{EgressFilter, EgressRule};
 pub use isolated::Isolated;
 use nft::Nft;
 pub use policy::{Bandwidth, DnsNames, DomainPattern, EgressMode, EgressPolicy, NetPolicy};
@@ -785,7 +787,7 @@ impl SessionNet {
             &firewall::policy_rules(to, ctl.generation),
         );
         if names_changed {
-            b.flush_set(&cfg.prefix, dnsfwd::SET);
+            b.flush_set(&cfg.prefix, firewall::SET);
         }
         ctl.nft.commit(b)?;
         verify(
