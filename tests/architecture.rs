@@ -130,7 +130,6 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("mcp", "api", "Ctx, auth, httpd::Request (mcp/http.rs); rest::*, validate, ApiError, exec::signal_name (mcp/tools.rs)"),
     ("mcp", "session", "tools call Session/Manager directly (mcp/{tools,server,http,forward,stdio}.rs)"),
     ("mcp", "agent", "ClientError/Inbound, random_u64 (mcp/tools.rs); secure_random (mcp/http.rs)"),
-    ("mcp", "sandbox", "in-process host builds a factory (mcp/stdio.rs)"),
     ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 
