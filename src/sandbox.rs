@@ -16,6 +16,7 @@
 pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
 
 pub mod local;
+pub mod seams;
 pub mod standby;
 pub mod vm;
 pub mod wiring;
@@ -220,8 +221,8 @@ pub fn build_factory_on(
 /// INTEGRATION POINT for the VM backends: build the production factory for
 /// `--backend qemu|firecracker`. When the QEMU/template and networking
 /// branches land, construct a [`vm::VmSandboxFactory`] here from the chosen
-/// `crate::vm::Backend`, a [`vm::TemplateSource`] over the template registry
-/// and (optionally) a [`vm::NetProvider`] over `crate::net`.
+/// `crate::vm::Backend`, a [`seams::TemplateSource`] over the template registry
+/// and (optionally) a [`seams::NetProvider`] over `crate::net`.
 pub fn production_factory(backend: &str, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
     wiring::factory(backend, cfg)
 }

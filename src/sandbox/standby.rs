@@ -16,7 +16,7 @@
 //! vCPUs, memory, egress policy); one whose snapshot was rebuilt since, or
 //! whose VMM died, is removed instead.
 
-use super::vm::{NetLease, ResolvedTemplate};
+use super::seams::{NetLease, ResolvedTemplate};
 use crate::net::EgressPolicy;
 use crate::sync::lock;
 use crate::vm::ids::IdLease;

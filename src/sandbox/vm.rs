@@ -1,66 +1,18 @@
 //! The production factory: a VM backend + templates + per-session network.
 //! Written against `crate::vm::{Backend, Vm}`; the template registry and the
-//! networking layer plug in through the two small traits below, so this file
-//! does not depend on branches that have not landed yet.
+//! networking layer plug in through the two small traits of
+//! [`super::seams`].
 
+use super::seams::{NetLease, NetProvider, ResolvedTemplate, TemplateSource};
 use super::standby::{Key, Provision, Ready, Standby};
 use super::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::agent::{AgentClient, Started};
 use crate::net::EgressPolicy;
 use crate::vm::ids::{IdLease, VmIds};
-use crate::vm::{Backend, NetAttachment, Vm, VmConfig};
+use crate::vm::{Backend, Vm, VmConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What a template resolves to for one boot.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResolvedTemplate {
-    pub kernel: PathBuf,
-    pub rootfs: PathBuf,
-    /// A snapshot made on this host for this template, if any: restored
-    /// instead of cold-booting.
-    pub snapshot_dir: Option<PathBuf>,
-    pub cmdline_extra: String,
-    /// The VM shape to boot with: a snapshot fixes it.
-    pub vcpus: u32,
-    pub mem_mib: u32,
-}
-
-/// The template/snapshot registry (implemented over `vm::templates`).
-pub trait TemplateSource: Send + Sync {
-    fn list(&self) -> Vec<TemplateInfo>;
-    fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate>;
-    /// Release what snapshot builds hold (at shutdown).
-    fn close(&self) {}
-}
-
-/// Per-session networking (implemented over `crate::net`).
-pub trait NetProvider: Send + Sync {
-    /// Namespace + links + firewall for sandbox `id`, fail-closed: returns
-    /// only once the rules are installed and verified. The TAP belongs to
-    /// `owner` (the VM's uid/gid).
-    fn setup(
-        &self,
-        id: &str,
-        egress: &EgressPolicy,
-        owner: (u32, u32),
-    ) -> Result<Box<dyn NetLease>>;
-    fn sweep_orphans(&self) -> Result<usize> {
-        Ok(0)
-    }
-    /// After the last session: remove host-wide state (tables, routes).
-    fn close(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-pub trait NetLease: Send {
-    fn attachment(&self) -> NetAttachment;
-    /// Live policy change (`PUT /v1/sessions/:id/network`).
-    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()>;
-    fn teardown(&mut self) -> Result<()>;
-}
 
 pub struct VmSandboxFactory {
     pub backend: Arc<dyn Backend>,

@@ -1,7 +1,8 @@
 //! Builds the production factory: a VM backend, the template/snapshot
 //! registry over the image cache, and per-session networking.
 
-use super::vm::{NetLease, NetProvider, ResolvedTemplate, TemplateSource, VmSandboxFactory};
+use super::seams::{NetLease, NetProvider, ResolvedTemplate, TemplateSource};
+use super::vm::VmSandboxFactory;
 use super::{Result, SandboxError, SandboxFactory, TemplateInfo};
 use crate::config::Config;
 use crate::harden::spawner::SpawnerClient;

@@ -1,0 +1,58 @@
+//! The seams the VM factory ([`super::vm::VmSandboxFactory`]) is built
+//! on: the template/snapshot registry and per-session networking, as small
+//! traits `wiring` implements over `vm::templates` and `net`. Here, below
+//! both the factory and its standby VMMs, which use them alike.
+
+use super::{Result, TemplateInfo};
+use crate::net::EgressPolicy;
+use crate::vm::NetAttachment;
+use std::path::PathBuf;
+
+/// What a template resolves to for one boot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedTemplate {
+    pub kernel: PathBuf,
+    pub rootfs: PathBuf,
+    /// A snapshot made on this host for this template, if any: restored
+    /// instead of cold-booting.
+    pub snapshot_dir: Option<PathBuf>,
+    pub cmdline_extra: String,
+    /// The VM shape to boot with: a snapshot fixes it.
+    pub vcpus: u32,
+    pub mem_mib: u32,
+}
+
+/// The template/snapshot registry (implemented over `vm::templates`).
+pub trait TemplateSource: Send + Sync {
+    fn list(&self) -> Vec<TemplateInfo>;
+    fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate>;
+    /// Release what snapshot builds hold (at shutdown).
+    fn close(&self) {}
+}
+
+/// Per-session networking (implemented over `crate::net`).
+pub trait NetProvider: Send + Sync {
+    /// Namespace + links + firewall for sandbox `id`, fail-closed: returns
+    /// only once the rules are installed and verified. The TAP belongs to
+    /// `owner` (the VM's uid/gid).
+    fn setup(
+        &self,
+        id: &str,
+        egress: &EgressPolicy,
+        owner: (u32, u32),
+    ) -> Result<Box<dyn NetLease>>;
+    fn sweep_orphans(&self) -> Result<usize> {
+        Ok(0)
+    }
+    /// After the last session: remove host-wide state (tables, routes).
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+pub trait NetLease: Send {
+    fn attachment(&self) -> NetAttachment;
+    /// Live policy change (`PUT /v1/sessions/:id/network`).
+    fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()>;
+    fn teardown(&mut self) -> Result<()>;
+}
