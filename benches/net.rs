@@ -12,7 +12,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_sandbox::net::{firewall, EgressPolicy, Net, NetConfig, NetPolicy};
+use agent_sandbox::net::{firewall, EgressFilter, Net, NetConfig, NetPolicy};
 use netns::{is_root, sh, SweepGuard, Topology};
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -88,14 +88,14 @@ fn main() {
     let mut down = Vec::with_capacity(n);
     let mut pol = Vec::with_capacity(n);
     let mut sessions = Vec::with_capacity(n);
-    let allow: EgressPolicy = serde_json::from_str(
+    let allow: EgressFilter = serde_json::from_str(
         r#"{"mode":"allowlist","rules":["198.51.100.0/24:443/tcp","203.0.113.0/24"]}"#,
     )
     .unwrap();
     for _ in 0..n {
         let t = Instant::now();
         let s = net
-            .create_session(&EgressPolicy::Internet)
+            .create_session(&EgressFilter::Internet)
             .expect("create session");
         up.push(t.elapsed());
         let t = Instant::now();
@@ -121,7 +121,7 @@ fn main() {
     for _ in 0..n {
         let t = Instant::now();
         let mut s = net
-            .create_session(&EgressPolicy::Internet)
+            .create_session(&EgressFilter::Internet)
             .expect("create session");
         cu.push(t.elapsed());
         let t = Instant::now();

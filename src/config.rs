@@ -4,8 +4,7 @@
 
 pub mod seed_env;
 
-use crate::net::NetConfig;
-use crate::sandbox::EgressPolicy;
+use crate::net::{EgressPolicy, NetConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

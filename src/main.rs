@@ -508,7 +508,7 @@ fn main() -> ExitCode {
                 },
         } => admin_config(config.as_deref(), state_dir, backend)
             .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
-        Cmd::Mcp(a) => agent_sandbox::mcp::stdio::main(a),
+        Cmd::Mcp(a) => mcp(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -952,4 +952,41 @@ fn in_child(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), St
     } else {
         Err(format!("{what} failed (wait status {status:#x})"))
     }
+}
+
+/// `agent-sandbox mcp`: forward to a daemon's `/mcp` (`--url`), or host
+/// sessions in this process with the `--backend` factory.
+fn mcp(a: agent_sandbox::mcp::stdio::McpArgs) -> Result<(), String> {
+    use agent_sandbox::mcp::{forward, stdio};
+    use agent_sandbox::metrics::Metrics;
+    use agent_sandbox::sandbox::{local::LocalProcessFactory, SandboxFactory};
+    use agent_sandbox::session::Manager;
+    use std::sync::Arc;
+    if let Some(url) = &a.url {
+        let key = forward::key_from(a.key_file.as_deref())?;
+        return forward::run(url, key.as_deref(), std::io::stdin(), std::io::stdout());
+    }
+    let cfg = stdio::in_process_config(&a);
+    let backend = a
+        .backend
+        .parse::<BackendKind>()
+        .map_err(|e| e.to_string())?;
+    let factory: Arc<dyn SandboxFactory> = match backend {
+        BackendKind::LocalProcess => {
+            log::warn!("backend local-process: commands run on this host WITHOUT isolation");
+            let bin = a
+                .agent_bin
+                .clone()
+                .unwrap_or_else(LocalProcessFactory::default_agent_bin);
+            Arc::new(
+                LocalProcessFactory::new(bin, cfg.state_dir.join("run"))
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        vmm @ (BackendKind::Qemu | BackendKind::Firecracker) => {
+            sandbox::production_factory(vmm, &cfg).map_err(|e| e.to_string())?
+        }
+    };
+    let mgr = Manager::new(Arc::new(cfg), factory, Arc::new(Metrics::new()));
+    stdio::main(a, mgr)
 }

@@ -16,15 +16,16 @@
 pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
 
 pub mod local;
-pub mod parts;
+pub mod seams;
 pub mod standby;
 pub mod vm;
 pub mod wiring;
 
 use crate::agent::AgentClient;
 use crate::config::Config;
+use crate::net::EgressPolicy;
 use crate::vm::BackendKind;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -47,86 +48,6 @@ pub enum SandboxError {
 }
 
 pub type Result<T> = std::result::Result<T, SandboxError>;
-
-/// Egress policy of a session, enforced by the networking layer. Parsed and
-/// validated here so the API contract is fixed before `net/` lands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct EgressPolicy {
-    #[serde(default)]
-    pub mode: EgressMode,
-    /// `CIDR[:port[/proto]]` rules for `allowlist` / `denylist`.
-    #[serde(default)]
-    pub rules: Vec<String>,
-    /// Domain names (`*.pypi.org`) resolvable and reachable under `allowlist`.
-    #[serde(default)]
-    pub domains: Vec<String>,
-    /// Domain names the session's resolver refuses, answering every other
-    /// (`internet` / `denylist`); exclusive with `domains`.
-    #[serde(
-        default,
-        rename = "deniedDomains",
-        alias = "denied_domains",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub denied_domains: Vec<String>,
-    /// Bandwidth cap in kbit/s.
-    #[serde(default, rename = "bandwidthKbps", alias = "bandwidth_kbps")]
-    pub bandwidth_kbps: Option<u64>,
-    /// Token bucket size of that cap in kbit (default: 20 ms of the rate).
-    #[serde(
-        default,
-        rename = "bandwidthBurstKbit",
-        alias = "bandwidth_burst_kbit",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bandwidth_burst_kbit: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum EgressMode {
-    #[default]
-    Internet,
-    None,
-    Allowlist,
-    Denylist,
-}
-
-impl EgressPolicy {
-    /// Checks the policy the way the networking layer will apply it, so a
-    /// bad one is a 400 at create time, not a failed start: also refuses
-    /// an allowlist rule that `net` (the daemon's network configuration)
-    /// always blocks.
-    pub fn validate(&self, net: Option<&crate::net::NetConfig>) -> std::result::Result<(), String> {
-        self.to_net()?.check_reachable(net)
-    }
-
-    /// The networking layer's form: `bandwidthKbps` limits both ways.
-    pub fn to_net(&self) -> std::result::Result<crate::net::NetPolicy, String> {
-        if self.rules.len() > 256 || self.domains.len() > 256 || self.denied_domains.len() > 256 {
-            return Err("at most 256 egress rules and 256 domains".into());
-        }
-        let mut v = serde_json::json!({
-            "mode": self.mode,
-            "domains": self.domains,
-            "denied_domains": self.denied_domains,
-        });
-        if !self.rules.is_empty()
-            || matches!(self.mode, EgressMode::Allowlist | EgressMode::Denylist)
-        {
-            v["rules"] = serde_json::json!(self.rules);
-        }
-        match (self.bandwidth_kbps, self.bandwidth_burst_kbit) {
-            (Some(k), b) => {
-                v["bandwidth"] = serde_json::json!({"down_kbit": k, "up_kbit": k, "burst_kbit": b})
-            }
-            (None, Some(_)) => return Err("bandwidthBurstKbit needs bandwidthKbps".into()),
-            (None, None) => {}
-        }
-        serde_json::from_value(v).map_err(|e| format!("egress: {e}"))
-    }
-}
 
 /// What to make.
 #[derive(Debug, Clone)]
@@ -304,8 +225,8 @@ pub fn build_factory_on(
 /// INTEGRATION POINT for the VM backends: build the production factory for
 /// `--backend qemu|firecracker`. When the QEMU/template and networking
 /// branches land, construct a [`vm::VmSandboxFactory`] here from the chosen
-/// `crate::vm::Backend`, a [`vm::TemplateSource`] over the template registry
-/// and (optionally) a [`vm::NetProvider`] over `crate::net`.
+/// `crate::vm::Backend`, a [`seams::TemplateSource`] over the template registry
+/// and (optionally) a [`seams::NetProvider`] over `crate::net`.
 pub fn production_factory(backend: BackendKind, cfg: &Config) -> Result<Arc<dyn SandboxFactory>> {
     wiring::factory(backend, cfg)
 }

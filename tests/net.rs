@@ -8,7 +8,7 @@ mod skip;
 
 use std::net::Ipv4Addr;
 
-use agent_sandbox::net::{Cidr, EgressPolicy, Net, NetConfig};
+use agent_sandbox::net::{Cidr, EgressFilter, Net, NetConfig};
 use netns::*;
 
 fn config(topo: &Topology, prefix: &str) -> NetConfig {
@@ -72,10 +72,10 @@ fn two_sessions_nat_isolation_policy_teardown() {
 
     let net = Net::new(cfg.clone()).expect("net setup");
     let mut s1 = net
-        .create_session(&EgressPolicy::Internet)
+        .create_session(&EgressFilter::Internet)
         .expect("session 1");
     let mut s2 = net
-        .create_session(&EgressPolicy::Internet)
+        .create_session(&EgressFilter::Internet)
         .expect("session 2");
 
     // Names, addresses, routes, TAP.
@@ -203,13 +203,13 @@ fn two_sessions_nat_isolation_policy_teardown() {
     blocked(&g1.ns, s2.peer_addr());
 
     // Live policy changes.
-    s1.set_policy(&EgressPolicy::None).unwrap();
+    s1.set_policy(&EgressFilter::None).unwrap();
     blocked(&g1.ns, INTERNET);
     assert!(
         tcp_probe(&g2.ns, INTERNET).is_some(),
         "session 2 unaffected"
     );
-    let allow: EgressPolicy =
+    let allow: EgressFilter =
         serde_json::from_str(r#"{"mode":"allowlist","rules":["198.51.100.0/24:7007/udp"]}"#)
             .unwrap();
     s1.set_policy(&allow).unwrap();
@@ -217,18 +217,18 @@ fn two_sessions_nat_isolation_policy_teardown() {
     assert_eq!(tcp_probe(&g1.ns, INTERNET), None);
     // An allowlist cannot open the always-blocked set.
     s1.set_policy(
-        serde_json::from_str::<EgressPolicy>(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#)
+        serde_json::from_str::<EgressFilter>(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#)
             .unwrap(),
     )
     .unwrap();
     blocked(&g1.ns, METADATA);
     assert!(tcp_probe(&g1.ns, INTERNET).is_some());
-    let deny: EgressPolicy =
+    let deny: EgressFilter =
         serde_json::from_str(r#"{"mode":"denylist","rules":["198.51.100.1:7007/tcp"]}"#).unwrap();
     s1.set_policy(&deny).unwrap();
     assert_eq!(tcp_probe(&g1.ns, INTERNET), None);
     assert!(udp_probe(&g1.ns, INTERNET).is_some());
-    s1.set_policy(&EgressPolicy::Internet).unwrap();
+    s1.set_policy(&EgressFilter::Internet).unwrap();
     assert!(tcp_probe(&g1.ns, INTERNET).is_some());
 
     // Fail closed: with the session's NAT gone, guest-sourced packets still
@@ -298,7 +298,7 @@ fn sweep_after_crash_leaves_nothing() {
     let net = Net::new(cfg.clone()).unwrap();
     for _ in 0..3 {
         // A crash: no teardown runs.
-        std::mem::forget(net.create_session(&EgressPolicy::Internet).unwrap());
+        std::mem::forget(net.create_session(&EgressFilter::Internet).unwrap());
     }
     drop(net);
     assert_eq!(leftovers(&topo, prefix).len(), 3 + 3 + 1);
@@ -329,7 +329,7 @@ fn failed_setup_leaves_nothing_and_frees_its_block() {
     let net = Net::new(cfg.clone()).unwrap();
     for step in 1..=3 {
         let e = net
-            .create_session_failing_after(&EgressPolicy::Internet, step)
+            .create_session_failing_after(&EgressFilter::Internet, step)
             .expect_err("injected failure");
         assert!(e.to_string().contains("injected"), "{e}");
         let left: Vec<String> = leftovers(&topo, prefix)
@@ -338,15 +338,15 @@ fn failed_setup_leaves_nothing_and_frees_its_block() {
             .collect();
         assert!(left.is_empty(), "after failure at step {step}: {left:?}");
     }
-    let mut s = net.create_session(&EgressPolicy::None).unwrap();
+    let mut s = net.create_session(&EgressFilter::None).unwrap();
     let e = net
-        .create_session(&EgressPolicy::None)
+        .create_session(&EgressFilter::None)
         .expect_err("range full");
     assert!(e.to_string().contains("no free address block"), "{e}");
     s.teardown().unwrap();
     drop(s);
     // The block comes free once the kernel has removed the old host link.
-    let s = net.create_session(&EgressPolicy::None).unwrap();
+    let s = net.create_session(&EgressFilter::None).unwrap();
     drop(s); // Drop tears down too
     net.close().unwrap();
     assert!(leftovers(&topo, prefix).is_empty());
@@ -368,7 +368,7 @@ fn parallel_sessions_do_not_collide() {
                 let net = net.clone();
                 sc.spawn(move || {
                     (0..5)
-                        .map(|_| net.create_session(&EgressPolicy::Internet).unwrap())
+                        .map(|_| net.create_session(&EgressFilter::Internet).unwrap())
                         .collect::<Vec<_>>()
                 })
             })
@@ -393,7 +393,7 @@ fn parallel_sessions_do_not_collide() {
         "nft",
         &format!("delete table ip {prefix}"),
     ]);
-    let s = net.create_session(&EgressPolicy::Internet).unwrap();
+    let s = net.create_session(&EgressFilter::Internet).unwrap();
     let t = sh(&[
         "ip", "netns", "exec", &topo.host, "nft", "list", "table", "ip", prefix,
     ]);
@@ -468,7 +468,7 @@ fn uplink_networks_are_blocked_whatever_their_addresses() {
     assert!(tcp_probe(&h, gateway).is_some(), "test bench broken");
 
     let net = Net::new(cfg.clone()).unwrap();
-    let mut s1 = net.create_session(EgressPolicy::Internet).unwrap();
+    let mut s1 = net.create_session(EgressFilter::Internet).unwrap();
     let g1 = Guest::attach(&mut topo, s1.netns(), "tap0", 1);
     assert_eq!(tcp_probe(&g1.ns, INTERNET).as_deref(), Some("192.0.2.2"));
     blocked(&g1.ns, gateway);
@@ -518,7 +518,7 @@ fn uplink_networks_are_blocked_whatever_their_addresses() {
     for dst in [later, onlink] {
         assert!(tcp_probe(&h, dst).is_some(), "test bench broken for {dst}");
     }
-    let mut s2 = net.create_session(EgressPolicy::Internet).unwrap();
+    let mut s2 = net.create_session(EgressFilter::Internet).unwrap();
     let g2 = Guest::attach(&mut topo, s2.netns(), "tap0", 2);
     for g in [&g1, &g2] {
         for dst in [gateway, later, onlink] {
@@ -528,7 +528,7 @@ fn uplink_networks_are_blocked_whatever_their_addresses() {
         assert_eq!(udp_probe(&g.ns, INTERNET).as_deref(), Some("192.0.2.2"));
     }
     // No allowlist opens them either (only the host's allow_exceptions do).
-    let allow: EgressPolicy =
+    let allow: EgressFilter =
         serde_json::from_str(r#"{"mode":"allowlist","rules":["0.0.0.0/0"]}"#).unwrap();
     s1.set_policy(&allow).unwrap();
     blocked(&g1.ns, later);

@@ -264,7 +264,7 @@ fn net_config(host: &std::path::Path) -> agent_sandbox::net::NetConfig {
 fn child(case: &str) {
     match case {
         "net" => {
-            use agent_sandbox::net::{EgressPolicy, Net};
+            use agent_sandbox::net::{EgressFilter, Net};
             let host = std::env::var("HSEC_HOST_NETNS").expect("HSEC_HOST_NETNS");
             let opts = harden::Options {
                 needs: caps::DAEMON.to_vec(),
@@ -281,9 +281,9 @@ fn child(case: &str) {
                 std::thread::Builder::new().name("session-net".into()),
                 move || -> Result<(), String> {
                     let mut s = n
-                        .create_session(&EgressPolicy::Internet)
+                        .create_session(&EgressFilter::Internet)
                         .map_err(|e| e.to_string())?;
-                    s.set_policy(&EgressPolicy::None)
+                    s.set_policy(&EgressFilter::None)
                         .map_err(|e| e.to_string())?;
                     s.teardown().map_err(|e| e.to_string())
                 },

@@ -10,9 +10,9 @@ use super::routes::Params;
 use super::{validate, Ctx};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
+use crate::ops::EgressPolicy;
 use crate::ops::{files, procs, OpsError, OpsResult, SessionSpec, SessionView};
 use crate::proto::Signal;
-use crate::sandbox::EgressPolicy;
 use crate::session::Session;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -127,7 +127,7 @@ pub fn set_network(
     params: &Params,
 ) -> ApiResult<Reply> {
     let policy: EgressPolicy = json_body(req, ctx.cfg.max_body)?;
-    ctx.ops.check_egress(&policy)?;
+    crate::ops::validate::egress(&policy, &ctx.cfg)?;
     let s = own_session(ctx, p, params)?;
     let ops = ctx.ops.clone();
     Ok(Reply::Later(Box::new(move || {

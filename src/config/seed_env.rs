@@ -6,7 +6,7 @@
 //! Reference: docs/operations.md, "The seed's environment variables".
 
 use super::FileConfig;
-use crate::sandbox::{EgressMode, EgressPolicy};
+use crate::net::{EgressMode, EgressPolicy};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -290,7 +290,7 @@ fn egress(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<EgressPolicy>, 
             .transpose()?;
     }
     // The networking layer's own check, named after the variables.
-    e.to_net()
+    e.compile()
         .and_then(|p| p.validate())
         .map_err(|m| format!("VM_DEST_*/VM_DNS_*/VM_BW_*: {m}"))?;
     Ok(Some(e))

@@ -7,10 +7,8 @@
 use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
 use super::{Host, MAX_MESSAGE};
-use crate::config::{default_state_dir, parse_duration, BackendKind, Config};
-use crate::metrics::Metrics;
+use crate::config::{default_state_dir, parse_duration, Config};
 use crate::ops::Principal;
-use crate::sandbox::{self, local::LocalProcessFactory, SandboxFactory};
 use crate::session::{reaper, Manager};
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;
@@ -55,18 +53,14 @@ pub struct McpArgs {
     pub exec_timeout: Duration,
 }
 
-/// Entry point of the subcommand.
-pub fn main(a: McpArgs) -> Result<(), String> {
-    if let Some(url) = &a.url {
-        let key = super::forward::key_from(a.key_file.as_deref())?;
-        return super::forward::run(url, key.as_deref(), std::io::stdin(), std::io::stdout());
-    }
+/// The in-process host's configuration: a private runtime dir under the
+/// state dir (never touching what a daemon sharing it is running), no
+/// auth (stdio is the caller's own process).
+pub fn in_process_config(a: &McpArgs) -> Config {
     let base = a.state_dir.clone().unwrap_or_else(default_state_dir);
-    // A private runtime dir: never touch what a daemon sharing the state
-    // dir is running.
     let state_dir = base.join(format!("mcp-{}", std::process::id()));
-    let cfg = Config {
-        state_dir: state_dir.clone(),
+    Config {
+        state_dir,
         key_file: base.join("keys.json"),
         auth: false,
         idle_timeout: a.idle_timeout,
@@ -74,28 +68,17 @@ pub fn main(a: McpArgs) -> Result<(), String> {
         default_template: a.default_template.clone(),
         default_exec_timeout: a.exec_timeout,
         ..Config::default()
-    };
-    let backend = a
-        .backend
-        .parse::<BackendKind>()
-        .map_err(|e| e.to_string())?;
-    let factory: Arc<dyn SandboxFactory> = match backend {
-        BackendKind::LocalProcess => {
-            log::warn!("backend local-process: commands run on this host WITHOUT isolation");
-            let bin = a
-                .agent_bin
-                .clone()
-                .unwrap_or_else(LocalProcessFactory::default_agent_bin);
-            Arc::new(
-                LocalProcessFactory::new(bin, state_dir.join("run")).map_err(|e| e.to_string())?,
-            )
-        }
-        vmm @ (BackendKind::Qemu | BackendKind::Firecracker) => {
-            sandbox::production_factory(vmm, &cfg).map_err(|e| e.to_string())?
-        }
-    };
-    let cfg = Arc::new(cfg);
-    let mgr = Manager::new(cfg.clone(), factory, Arc::new(Metrics::new()));
+    }
+}
+
+/// Serves MCP on stdio with sessions hosted in this process by `mgr`
+/// (configured by [`in_process_config`]; the composition root builds its
+/// sandbox factory from `--backend`, and handles `--url` with
+/// [`super::forward`]). Ends at EOF or SIGTERM/SIGINT, destroying every
+/// session and the runtime dir.
+pub fn main(a: McpArgs, mgr: Arc<Manager>) -> Result<(), String> {
+    let cfg = mgr.cfg.clone();
+    let state_dir = cfg.state_dir.clone();
     mgr.pool
         .start()
         .map_err(|e| format!("start pool thread: {e}"))?;

@@ -11,8 +11,8 @@ use crate::ops::exec::{self as ops_exec, Captured, ExecEvent, ExecSpec, Prepared
 use crate::ops::sessions::{self, Span};
 use crate::ops::validate;
 use crate::ops::{files, procs, OpsError, Principal, SessionSpec, SessionView};
+use crate::ops::{EgressMode, EgressPolicy};
 use crate::proto::{signal, Response, Signal};
-use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::session::{Session, SessionOptions};
 use base64::Engine as _;

@@ -24,15 +24,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::cidr::Cidr;
 use super::dns::{self, Action, Query};
-use super::egress::Cidr;
+use super::firewall::SET;
 use super::nft::Nft;
 use super::policy::DnsNames;
 use super::{netns, NetError, Result};
 use crate::sync::lock;
 
-/// Name of the session table's set of resolved addresses.
-pub const SET: &str = "dns_allowed";
 /// Queries served per TCP connection, and its idle timeout: a guest holding
 /// a connection open only delays its own UDP queries, by at most this.
 const TCP_QUERIES: usize = 16;

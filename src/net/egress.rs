@@ -1,5 +1,5 @@
-//! Egress policy data model (what the REST layer takes as JSON) and its
-//! compilation to nftables rules.
+//! The egress filter of a session (mode and `CIDR[:port[/proto]]` rules,
+//! part of a [`super::NetPolicy`]) and its compilation to nftables rules.
 //!
 //! JSON forms:
 //! `{"mode":"internet"}`, `{"mode":"none"}`,
@@ -12,118 +12,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::cidr::Cidr;
 use super::nft::{Match, Rule, Verdict};
-
-/// An IPv4 network, `a.b.c.d/len` (a bare address means /32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Cidr {
-    pub addr: Ipv4Addr,
-    pub prefix_len: u8,
-}
-
-impl Cidr {
-    pub const fn new(addr: Ipv4Addr, prefix_len: u8) -> Cidr {
-        Cidr { addr, prefix_len }
-    }
-    pub fn mask(&self) -> Ipv4Addr {
-        if self.prefix_len == 0 {
-            Ipv4Addr::UNSPECIFIED
-        } else {
-            Ipv4Addr::from(u32::MAX << (32 - u32::from(self.prefix_len.min(32))))
-        }
-    }
-    pub fn network(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.addr) & u32::from(self.mask()))
-    }
-    /// Number of addresses (saturating at u32::MAX for /0).
-    pub fn size(&self) -> u64 {
-        1u64 << (32 - u32::from(self.prefix_len.min(32)))
-    }
-    pub fn contains(&self, a: Ipv4Addr) -> bool {
-        u32::from(a) & u32::from(self.mask()) == u32::from(self.network())
-    }
-    /// Whether the two networks share an address.
-    pub fn overlaps(&self, o: &Cidr) -> bool {
-        let shorter = if self.prefix_len <= o.prefix_len {
-            self
-        } else {
-            o
-        };
-        let other = if self.prefix_len <= o.prefix_len {
-            o
-        } else {
-            self
-        };
-        shorter.contains(other.network())
-    }
-    /// Whether every address of `self` lies in `o`.
-    pub fn within(&self, o: &Cidr) -> bool {
-        self.prefix_len >= o.prefix_len && o.contains(self.network())
-    }
-    /// Whether every address of `self` lies in the union of `nets`.
-    pub fn covered_by(&self, nets: &[Cidr]) -> bool {
-        if nets.iter().any(|n| self.within(n)) {
-            return true;
-        }
-        // Only a net strictly inside `self` can cover part of it: split
-        // in halves while there is one (at most 32 levels deep).
-        if self.prefix_len >= 32 || !nets.iter().any(|n| n.overlaps(self)) {
-            return false;
-        }
-        let l = self.prefix_len + 1;
-        let lo = Cidr::new(self.network(), l);
-        let hi = Cidr::new(self.nth(1 << (32 - u32::from(l))), l);
-        lo.covered_by(nets) && hi.covered_by(nets)
-    }
-    /// The `n`th address of the network.
-    pub fn nth(&self, n: u32) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network()).wrapping_add(n))
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network(), self.prefix_len)
-    }
-}
-
-impl FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Cidr, String> {
-        let (a, l) = match s.split_once('/') {
-            Some((a, l)) => (
-                a,
-                l.parse::<u8>()
-                    .map_err(|_| format!("bad prefix length in {s:?}"))?,
-            ),
-            None => (s, 32),
-        };
-        if l > 32 {
-            return Err(format!("prefix length over 32 in {s:?}"));
-        }
-        let addr = a
-            .parse::<Ipv4Addr>()
-            .map_err(|_| format!("bad IPv4 address in {s:?}"))?;
-        Ok(Cidr {
-            addr,
-            prefix_len: l,
-        })
-    }
-}
-
-impl TryFrom<String> for Cidr {
-    type Error = String;
-    fn try_from(s: String) -> Result<Cidr, String> {
-        s.parse()
-    }
-}
-
-impl From<Cidr> for String {
-    fn from(c: Cidr) -> String {
-        c.to_string()
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Proto {
@@ -213,7 +103,7 @@ impl From<EgressRule> for String {
 /// What a session may reach beyond the always-blocked set.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
-pub enum EgressPolicy {
+pub enum EgressFilter {
     /// The public internet.
     #[default]
     Internet,
@@ -228,10 +118,10 @@ pub enum EgressPolicy {
 /// Limit so a request cannot make us build a huge ruleset.
 pub const MAX_RULES: usize = 256;
 
-impl EgressPolicy {
+impl EgressFilter {
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            EgressPolicy::Allowlist { rules } | EgressPolicy::Denylist { rules }
+            EgressFilter::Allowlist { rules } | EgressFilter::Denylist { rules }
                 if rules.len() > MAX_RULES =>
             {
                 Err(format!("{} egress rules, at most {MAX_RULES}", rules.len()))
@@ -246,7 +136,7 @@ impl EgressPolicy {
     /// (A denylist rule there is merely redundant; `0.0.0.0/0:443` in an
     /// allowlist is fine: its public part is reachable.)
     pub fn check_reachable(&self, blocked: &[Cidr], exceptions: &[Cidr]) -> Result<(), String> {
-        let EgressPolicy::Allowlist { rules } = self else {
+        let EgressFilter::Allowlist { rules } = self else {
             return Ok(());
         };
         for r in rules {
@@ -298,10 +188,10 @@ impl EgressPolicy {
             out
         };
         match self {
-            EgressPolicy::Internet => vec![Rule::new(vec![], Verdict::Accept)],
-            EgressPolicy::None => vec![Rule::new(vec![], Verdict::Drop)],
-            EgressPolicy::Allowlist { rules } => list(rules, Verdict::Accept, Verdict::Drop),
-            EgressPolicy::Denylist { rules } => list(rules, Verdict::Drop, Verdict::Accept),
+            EgressFilter::Internet => vec![Rule::new(vec![], Verdict::Accept)],
+            EgressFilter::None => vec![Rule::new(vec![], Verdict::Drop)],
+            EgressFilter::Allowlist { rules } => list(rules, Verdict::Accept, Verdict::Drop),
+            EgressFilter::Denylist { rules } => list(rules, Verdict::Drop, Verdict::Accept),
         }
     }
 }
@@ -344,23 +234,23 @@ mod tests {
 
     #[test]
     fn policy_json() {
-        let p: EgressPolicy =
+        let p: EgressFilter =
             serde_json::from_str(r#"{"mode":"allowlist","rules":["1.2.3.0/24:53"]}"#).unwrap();
         assert_eq!(p.to_rules().len(), 3); // tcp, udp, final drop
-        let p: EgressPolicy = serde_json::from_str(r#"{"mode":"none"}"#).unwrap();
-        assert_eq!(p, EgressPolicy::None);
+        let p: EgressFilter = serde_json::from_str(r#"{"mode":"none"}"#).unwrap();
+        assert_eq!(p, EgressFilter::None);
         assert!(
-            serde_json::from_str::<EgressPolicy>(r#"{"mode":"allowlist","rules":["x"]}"#).is_err()
+            serde_json::from_str::<EgressFilter>(r#"{"mode":"allowlist","rules":["x"]}"#).is_err()
         );
         assert_eq!(
-            serde_json::to_string(&EgressPolicy::default()).unwrap(),
+            serde_json::to_string(&EgressFilter::default()).unwrap(),
             r#"{"mode":"internet"}"#
         );
     }
 
     #[test]
     fn unreachable_allowlist_rules_are_refused() {
-        let allow = |r: &str| EgressPolicy::Allowlist {
+        let allow = |r: &str| EgressFilter::Allowlist {
             rules: vec![r.parse().unwrap()],
         };
         for bad in [
@@ -407,22 +297,9 @@ mod tests {
             .check_reachable(&halves, &[])
             .is_ok());
         // Denylists may name anything.
-        let deny = EgressPolicy::Denylist {
+        let deny = EgressFilter::Denylist {
             rules: vec!["10.0.0.0/8".parse().unwrap()],
         };
         assert!(deny.check_reachable(ALWAYS_BLOCKED, &[]).is_ok());
-    }
-
-    #[test]
-    fn cidr_math() {
-        let c: Cidr = "10.200.0.0/16".parse().unwrap();
-        assert_eq!(c.size(), 65536);
-        assert_eq!(c.nth(5), Ipv4Addr::new(10, 200, 0, 5));
-        assert!(c.contains(Ipv4Addr::new(10, 200, 255, 1)));
-        assert!(!c.contains(Ipv4Addr::new(10, 201, 0, 1)));
-        assert_eq!(
-            "0.0.0.0/0".parse::<Cidr>().unwrap().mask(),
-            Ipv4Addr::UNSPECIFIED
-        );
     }
 }

@@ -10,10 +10,14 @@
 //!   transaction before any link of the session is up, replaced atomically
 //!   on a policy change and dies with the namespace.
 
-use super::dnsfwd::SET;
-use super::egress::{Cidr, ALWAYS_BLOCKED};
+use super::cidr::Cidr;
+use super::egress::ALWAYS_BLOCKED;
 use super::nft::{BaseChain, Chain, Hook, IfName, Match, Rule, Set, Table, Verdict};
 use super::{NetConfig, NetPolicy};
+
+/// Name of the session table's set of addresses the DNS forwarder
+/// resolved for allowed names (it fills the set, this table matches it).
+pub const SET: &str = "dns_allowed";
 
 /// Chain holding the mode rules; flushed and refilled on a live change.
 pub const POLICY_CHAIN: &str = "session_policy";

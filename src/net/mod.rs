@@ -12,6 +12,7 @@
 //! namespace of their own whose only uplink leads to a test "internet".
 
 mod blocks;
+mod cidr;
 mod config;
 pub mod dns;
 mod dnsfwd;
@@ -38,12 +39,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
+pub use cidr::Cidr;
 pub use config::NetConfig;
 use dnsfwd::{Forwarder, FwdConfig};
-pub use egress::{Cidr, EgressPolicy, EgressRule};
+pub use egress::{EgressFilter, EgressRule};
 pub use isolated::Isolated;
 use nft::Nft;
-pub use policy::{Bandwidth, DnsNames, DomainPattern, NetPolicy};
+pub use policy::{Bandwidth, DnsNames, DomainPattern, EgressMode, EgressPolicy, NetPolicy};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -319,7 +321,7 @@ impl Net {
 
     /// Create the network of one session, NAT and policy installed and
     /// verified before it returns. On failure nothing of it remains.
-    /// Takes a [`NetPolicy`] or a bare [`EgressPolicy`] (by value or reference).
+    /// Takes a [`NetPolicy`] or a bare [`EgressFilter`] (by value or reference).
     pub fn create_session(&self, policy: impl Into<NetPolicy>) -> Result<SessionNet> {
         self.create_session_inner(&policy.into(), None, None)
     }
@@ -785,7 +787,7 @@ impl SessionNet {
             &firewall::policy_rules(to, ctl.generation),
         );
         if names_changed {
-            b.flush_set(&cfg.prefix, dnsfwd::SET);
+            b.flush_set(&cfg.prefix, firewall::SET);
         }
         ctl.nft.commit(b)?;
         verify(

@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
-use super::egress::Cidr;
+use super::cidr::Cidr;
 use super::NetError;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;

@@ -1,7 +1,11 @@
-//! A session's whole network policy: the egress mode and rules
-//! ([`EgressPolicy`]), the domain allowlist served by the session's DNS
-//! forwarder, and the bandwidth limit. This is the JSON body of
-//! `PUT /v1/sessions/:id/network`; every field but `mode` may be omitted:
+//! A session's network policy in two forms: [`EgressPolicy`], as clients,
+//! the config file and the seed's variables give it (the one policy type
+//! of the layers above `net`), and [`NetPolicy`], the parsed form this
+//! module enforces: the egress mode and rules ([`EgressFilter`]), the
+//! domain allowlist served by the session's DNS forwarder, and the
+//! bandwidth limit. [`EgressPolicy::compile`] turns the first into the
+//! second. A [`NetPolicy`] has a flat JSON shape of its own (tests and
+//! benches write policies in it); every field but `mode` may be omitted:
 //!
 //! ```json
 //! {"mode":"allowlist","rules":["198.51.100.0/24:443/tcp"],
@@ -18,7 +22,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::egress::{EgressPolicy, EgressRule, ALWAYS_BLOCKED};
+use super::egress::{EgressFilter, EgressRule, ALWAYS_BLOCKED, MAX_RULES};
 use super::{firewall, NetConfig};
 
 /// At most this many domain patterns per session.
@@ -140,7 +144,7 @@ impl Bandwidth {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "RawPolicy", into = "RawPolicy")]
 pub struct NetPolicy {
-    pub egress: EgressPolicy,
+    pub egress: EgressFilter,
     /// Names the session's resolver answers; their A records become
     /// reachable for their TTL (before the mode's final verdict). Empty: no
     /// DNS forwarder runs.
@@ -191,15 +195,15 @@ impl NetPolicy {
             // Refusing names is no reason to start a resolver where the
             // mode has none.
             return match self.egress {
-                EgressPolicy::Internet | EgressPolicy::Denylist { .. } => {
+                EgressFilter::Internet | EgressFilter::Denylist { .. } => {
                     Some(DnsNames::Except(self.denied_domains.clone()))
                 }
-                EgressPolicy::None | EgressPolicy::Allowlist { .. } => None,
+                EgressFilter::None | EgressFilter::Allowlist { .. } => None,
             };
         }
         match self.egress {
-            EgressPolicy::Internet | EgressPolicy::Denylist { .. } => Some(DnsNames::Any),
-            EgressPolicy::None | EgressPolicy::Allowlist { .. } => None,
+            EgressFilter::Internet | EgressFilter::Denylist { .. } => Some(DnsNames::Any),
+            EgressFilter::None | EgressFilter::Allowlist { .. } => None,
         }
     }
 
@@ -242,7 +246,7 @@ impl NetPolicy {
 }
 
 impl NetPolicy {
-    /// [`EgressPolicy::check_reachable`] against what `net` always blocks
+    /// [`EgressFilter::check_reachable`] against what `net` always blocks
     /// (the built-in set when networking is off: such a rule could never
     /// match either). The API runs this before accepting a policy.
     pub fn check_reachable(&self, net: Option<&NetConfig>) -> Result<(), String> {
@@ -255,8 +259,8 @@ impl NetPolicy {
     }
 }
 
-impl From<EgressPolicy> for NetPolicy {
-    fn from(egress: EgressPolicy) -> NetPolicy {
+impl From<EgressFilter> for NetPolicy {
+    fn from(egress: EgressFilter) -> NetPolicy {
         NetPolicy {
             egress,
             ..NetPolicy::default()
@@ -264,8 +268,8 @@ impl From<EgressPolicy> for NetPolicy {
     }
 }
 
-impl From<&EgressPolicy> for NetPolicy {
-    fn from(e: &EgressPolicy) -> NetPolicy {
+impl From<&EgressFilter> for NetPolicy {
+    fn from(e: &EgressFilter) -> NetPolicy {
         e.clone().into()
     }
 }
@@ -276,9 +280,11 @@ impl From<&NetPolicy> for NetPolicy {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// The egress mode of an [`EgressPolicy`] (and of the flat JSON shape of
+/// a [`NetPolicy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-enum Mode {
+pub enum EgressMode {
     #[default]
     Internet,
     None,
@@ -286,12 +292,98 @@ enum Mode {
     Denylist,
 }
 
+/// Egress policy of a session as clients, the config file and the seed's
+/// variables give it (REST `egress` and `PUT /v1/sessions/:id/network`,
+/// MCP `egress`, config `default_egress`): the one policy type of the
+/// layers above `net`. Strings stay strings here so a bad one is refused
+/// by [`EgressPolicy::validate`] with its reason; [`EgressPolicy::compile`]
+/// makes the [`NetPolicy`] the networking layer enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    #[serde(default)]
+    pub mode: EgressMode,
+    /// `CIDR[:port[/proto]]` rules for `allowlist` / `denylist`.
+    #[serde(default)]
+    pub rules: Vec<String>,
+    /// Domain names (`*.pypi.org`) resolvable and reachable under `allowlist`.
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// Domain names the session's resolver refuses, answering every other
+    /// (`internet` / `denylist`); exclusive with `domains`.
+    #[serde(
+        default,
+        rename = "deniedDomains",
+        alias = "denied_domains",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub denied_domains: Vec<String>,
+    /// Bandwidth cap in kbit/s.
+    #[serde(default, rename = "bandwidthKbps", alias = "bandwidth_kbps")]
+    pub bandwidth_kbps: Option<u64>,
+    /// Token bucket size of that cap in kbit (default: 20 ms of the rate).
+    #[serde(
+        default,
+        rename = "bandwidthBurstKbit",
+        alias = "bandwidth_burst_kbit",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bandwidth_burst_kbit: Option<u64>,
+}
+
+impl EgressPolicy {
+    /// Checks the policy the way the networking layer will apply it, so a
+    /// bad one is a 400 at create time, not a failed start: also refuses
+    /// an allowlist rule that `net` (the daemon's network configuration)
+    /// always blocks.
+    pub fn validate(&self, net: Option<&NetConfig>) -> Result<(), String> {
+        self.compile()?.check_reachable(net)
+    }
+
+    /// The networking layer's form: `bandwidthKbps` limits both ways.
+    /// Fields are checked in a fixed order (bandwidth, denied domains,
+    /// domains, rules, then the whole), so the first error named is the
+    /// same whatever else is wrong.
+    pub fn compile(&self) -> Result<NetPolicy, String> {
+        if self.rules.len() > MAX_RULES
+            || self.domains.len() > MAX_DOMAINS
+            || self.denied_domains.len() > MAX_DOMAINS
+        {
+            return Err(format!(
+                "at most {MAX_RULES} egress rules and {MAX_DOMAINS} domains"
+            ));
+        }
+        let bandwidth = match (self.bandwidth_kbps, self.bandwidth_burst_kbit) {
+            (Some(k), burst_kbit) => Some(Bandwidth {
+                burst_kbit,
+                ..Bandwidth::both(k)
+            }),
+            (None, Some(_)) => return Err("bandwidthBurstKbit needs bandwidthKbps".into()),
+            (None, None) => None,
+        };
+        fn parse<T: FromStr<Err = String>>(l: &[String]) -> Result<Vec<T>, String> {
+            l.iter().map(|s| s.parse()).collect()
+        }
+        let parts = || -> Result<NetPolicy, String> {
+            let denied_domains = parse(&self.denied_domains)?;
+            let domains = parse(&self.domains)?;
+            // A mode without rules is given none, unless it names some.
+            let rules = (!self.rules.is_empty()
+                || matches!(self.mode, EgressMode::Allowlist | EgressMode::Denylist))
+            .then(|| parse(&self.rules))
+            .transpose()?;
+            NetPolicy::from_parts(self.mode, rules, domains, denied_domains, bandwidth)
+        };
+        parts().map_err(|e| format!("egress: {e}"))
+    }
+}
+
 /// The flat JSON shape, checked strictly (unknown fields are errors).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
     #[serde(default)]
-    mode: Mode,
+    mode: EgressMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rules: Option<Vec<EgressRule>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -302,16 +394,23 @@ struct RawPolicy {
     bandwidth: Option<Bandwidth>,
 }
 
-impl TryFrom<RawPolicy> for NetPolicy {
-    type Error = String;
-    fn try_from(r: RawPolicy) -> Result<NetPolicy, String> {
-        let egress = match (r.mode, r.rules) {
-            (Mode::Internet, None) => EgressPolicy::Internet,
-            (Mode::None, None) => EgressPolicy::None,
-            (Mode::Allowlist, rules) => EgressPolicy::Allowlist {
+impl NetPolicy {
+    /// The policy of these parsed parts, validated: `rules` only where the
+    /// mode takes them (`None`: none given).
+    fn from_parts(
+        mode: EgressMode,
+        rules: Option<Vec<EgressRule>>,
+        domains: Vec<DomainPattern>,
+        denied_domains: Vec<DomainPattern>,
+        bandwidth: Option<Bandwidth>,
+    ) -> Result<NetPolicy, String> {
+        let egress = match (mode, rules) {
+            (EgressMode::Internet, None) => EgressFilter::Internet,
+            (EgressMode::None, None) => EgressFilter::None,
+            (EgressMode::Allowlist, rules) => EgressFilter::Allowlist {
                 rules: rules.unwrap_or_default(),
             },
-            (Mode::Denylist, rules) => EgressPolicy::Denylist {
+            (EgressMode::Denylist, rules) => EgressFilter::Denylist {
                 rules: rules.unwrap_or_default(),
             },
             (m, Some(_)) => {
@@ -322,22 +421,29 @@ impl TryFrom<RawPolicy> for NetPolicy {
         };
         let p = NetPolicy {
             egress,
-            domains: r.domains,
-            denied_domains: r.denied_domains,
-            bandwidth: r.bandwidth.filter(|b| *b != Bandwidth::default()),
+            domains,
+            denied_domains,
+            bandwidth: bandwidth.filter(|b| *b != Bandwidth::default()),
         };
         p.validate()?;
         Ok(p)
     }
 }
 
+impl TryFrom<RawPolicy> for NetPolicy {
+    type Error = String;
+    fn try_from(r: RawPolicy) -> Result<NetPolicy, String> {
+        NetPolicy::from_parts(r.mode, r.rules, r.domains, r.denied_domains, r.bandwidth)
+    }
+}
+
 impl From<NetPolicy> for RawPolicy {
     fn from(p: NetPolicy) -> RawPolicy {
         let (mode, rules) = match p.egress {
-            EgressPolicy::Internet => (Mode::Internet, None),
-            EgressPolicy::None => (Mode::None, None),
-            EgressPolicy::Allowlist { rules } => (Mode::Allowlist, Some(rules)),
-            EgressPolicy::Denylist { rules } => (Mode::Denylist, Some(rules)),
+            EgressFilter::Internet => (EgressMode::Internet, None),
+            EgressFilter::None => (EgressMode::None, None),
+            EgressFilter::Allowlist { rules } => (EgressMode::Allowlist, Some(rules)),
+            EgressFilter::Denylist { rules } => (EgressMode::Denylist, Some(rules)),
         };
         RawPolicy {
             mode,
@@ -384,7 +490,7 @@ mod tests {
             r#"{"mode":"allowlist","domains":["*.pypi.org"],"bandwidth":{"down_kbit":8000}}"#,
         )
         .unwrap();
-        assert_eq!(p.egress, EgressPolicy::Allowlist { rules: vec![] });
+        assert_eq!(p.egress, EgressFilter::Allowlist { rules: vec![] });
         assert_eq!(p.domains.len(), 1);
         assert_eq!(p.bandwidth.unwrap().down_kbit, Some(8000));
         let back = serde_json::to_string(&p).unwrap();
@@ -400,6 +506,40 @@ mod tests {
             r#"{"domains":["*"]}"#,
         ] {
             assert!(serde_json::from_str::<NetPolicy>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn egress_policy_compiles_with_its_first_error() {
+        let p = |json: &str| {
+            serde_json::from_str::<EgressPolicy>(json)
+                .unwrap()
+                .compile()
+        };
+        let n = p(
+            r#"{"mode":"allowlist","rules":["1.2.3.0/24:443/tcp"],"domains":["*.pypi.org"],
+                      "bandwidthKbps":8000,"bandwidthBurstKbit":800}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_string(&n).unwrap(),
+            r#"{"mode":"allowlist","rules":["1.2.3.0/24:443/tcp"],"domains":["*.pypi.org"],"bandwidth":{"down_kbit":8000,"up_kbit":8000,"burst_kbit":800}}"#
+        );
+        assert_eq!(
+            p(r#"{"mode":"denylist"}"#).unwrap().egress,
+            EgressFilter::Denylist { rules: vec![] }
+        );
+        for (json, err) in [
+            (r#"{"bandwidthBurstKbit":800,"rules":["x"]}"#, "bandwidthBurstKbit needs bandwidthKbps"),
+            (r#"{"mode":"none","rules":["1.2.3.4"]}"#, "egress: mode None takes no rules (allowlist and denylist do)"),
+            // Denied domains, then domains, then rules are parsed.
+            (r#"{"mode":"allowlist","rules":["x"],"domains":["*"],"deniedDomains":["a..b"]}"#, r#"egress: bad domain "a..b": want a host name like github.com or *.pypi.org"#),
+            (r#"{"mode":"allowlist","rules":["x"],"domains":["*"]}"#, r#"egress: bad domain "*": want a host name like github.com or *.pypi.org"#),
+            (r#"{"mode":"allowlist","rules":["x"]}"#, r#"egress: bad IPv4 address in "x""#),
+            (r#"{"domains":["a.com"],"deniedDomains":["b.com"]}"#, "egress: domains (names allowed) and denied_domains (names refused) exclude each other"),
+            (r#"{"bandwidthKbps":1}"#, "egress: bandwidth down_kbit 1: between 64 and 100000000 kbit/s"),
+        ] {
+            assert_eq!(p(json).unwrap_err(), err, "{json}");
         }
     }
 }

@@ -15,6 +15,9 @@ pub mod run;
 pub mod sessions;
 pub mod validate;
 
+/// The one egress policy type, for the front ends (which do not import
+/// `net`).
+pub use crate::net::{EgressMode, EgressPolicy};
 pub use auth::Scope;
 pub use error::{OpsError, OpsResult};
 pub use sessions::{SessionSpec, SessionView};

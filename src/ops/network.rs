@@ -1,8 +1,8 @@
 //! A session's network policy: the egress policy in force, and replacing
 //! it on the running sandbox.
 
-use super::{Ops, OpsError, OpsResult};
-use crate::sandbox::EgressPolicy;
+use super::{Ops, OpsResult};
+use crate::net::EgressPolicy;
 use crate::session::Session;
 use crate::sync::lock;
 use serde::Serialize;
@@ -31,15 +31,8 @@ impl NetworkView {
 }
 
 impl Ops {
-    /// Refuses a policy that cannot work (before any session is looked at).
-    pub fn check_egress(&self, policy: &EgressPolicy) -> OpsResult<()> {
-        policy
-            .validate(self.cfg.network.as_ref())
-            .map_err(OpsError::BadRequest)
-    }
-
     /// Replaces the egress policy of a running session (checked with
-    /// [`Ops::check_egress`]). A session still starting gets it once it is
+    /// [`super::validate::egress`]). A session still starting gets it once it is
     /// up; answers once the new rules are installed and read back, and on
     /// failure the old policy stays.
     pub fn set_network(&self, s: &Session, policy: EgressPolicy) -> OpsResult<NetworkView> {

@@ -4,9 +4,9 @@
 //! ([`RunRequest::parse`]) and the run ([`Ops::run`]), so they answer alike.
 
 use super::exec::{self, Captured, ExecEvent};
+use super::{EgressMode, EgressPolicy};
 use super::{Ops, OpsError, OpsResult, Principal};
 use crate::proto::{limits::CPU_PERIOD_US, ExecRequest, ExitStatus, Request, Response, Signal};
-use crate::sandbox::{EgressMode, EgressPolicy};
 use crate::session::limits::{MEM_MIB, VCPUS};
 use crate::session::{Manager, SessionOptions};
 use serde_json::{json, Map, Value};

@@ -6,8 +6,8 @@
 
 use super::{validate, Ops, OpsError, OpsResult, Principal};
 use crate::config::parse_duration;
+use crate::net::EgressPolicy;
 use crate::proto::Request;
-use crate::sandbox::EgressPolicy;
 use crate::session::{now_unix_ms, Session, SessionOptions, State};
 use crate::sync::lock;
 use serde::{Deserialize, Serialize};
@@ -152,8 +152,7 @@ impl Ops {
         };
         validate::session_id(&id)?;
         if let Some(e) = &spec.egress {
-            e.validate(self.cfg.network.as_ref())
-                .map_err(OpsError::BadRequest)?;
+            validate::egress(e, &self.cfg)?;
         }
         if let Some(t) = &spec.template {
             if t.is_empty() || t.len() > 64 {

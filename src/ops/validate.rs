@@ -1,6 +1,7 @@
 //! Input checks every front end's requests pass (one definition each).
 
-use super::{OpsError, OpsResult};
+use super::{EgressPolicy, OpsError, OpsResult};
+use crate::config::Config;
 use std::collections::BTreeMap;
 
 pub fn session_id(id: &str) -> OpsResult<()> {
@@ -32,6 +33,14 @@ pub fn path(p: &str, what: &str) -> OpsResult<()> {
         path: what.to_string(),
         why,
     })
+}
+
+/// An egress policy as this daemon's network would apply it (see
+/// [`EgressPolicy::validate`]): REST and MCP check it here before a
+/// session is created or its policy replaced.
+pub fn egress(p: &EgressPolicy, cfg: &Config) -> OpsResult<()> {
+    p.validate(cfg.network.as_ref())
+        .map_err(OpsError::BadRequest)
 }
 
 pub fn env(env: BTreeMap<String, String>) -> OpsResult<BTreeMap<String, String>> {

@@ -16,8 +16,8 @@
 //! vCPUs, memory, egress policy); one whose snapshot was rebuilt since, or
 //! whose VMM died, is removed instead.
 
-use super::parts::{NetLease, ResolvedTemplate};
-use super::EgressPolicy;
+use super::seams::{NetLease, ResolvedTemplate};
+use crate::net::EgressPolicy;
 use crate::sync::lock;
 use crate::vm::ids::IdLease;
 use crate::vm::PreparedRestore;

@@ -1,16 +1,13 @@
 //! The production factory: a VM backend + templates + per-session network.
 //! Written against `crate::vm::{Backend, Vm}`; the template registry and the
-//! networking layer plug in through the two small traits of `parts`, so this
-//! file does not depend on branches that have not landed yet.
+//! networking layer plug in through the two small traits of
+//! [`super::seams`].
 
-/// The seams this factory is built from, next to it for its builders
-/// (`wiring`); defined in `parts`, which `standby` uses as well.
-pub use super::parts::{NetLease, NetProvider, ResolvedTemplate, TemplateSource};
+use super::seams::{NetLease, NetProvider, ResolvedTemplate, TemplateSource};
 use super::standby::{Key, Provision, Ready, Standby};
-use super::{
-    EgressPolicy, Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo,
-};
+use super::{Result, Sandbox, SandboxError, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::agent::{AgentClient, Started};
+use crate::net::EgressPolicy;
 use crate::vm::ids::{IdLease, VmIds};
 use crate::vm::{Backend, Vm, VmConfig};
 use std::path::{Path, PathBuf};

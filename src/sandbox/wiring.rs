@@ -1,11 +1,12 @@
 //! Builds the production factory: a VM backend, the template/snapshot
 //! registry over the image cache, and per-session networking.
 
-use super::vm::{NetLease, NetProvider, ResolvedTemplate, TemplateSource, VmSandboxFactory};
-use super::{EgressPolicy, Result, SandboxError, SandboxFactory, TemplateInfo};
+use super::seams::{NetLease, NetProvider, ResolvedTemplate, TemplateSource};
+use super::vm::VmSandboxFactory;
+use super::{Result, SandboxError, SandboxFactory, TemplateInfo};
 use crate::config::Config;
 use crate::harden::spawner::SpawnerClient;
-use crate::net::{Isolated, Net, NetConfig, SessionNet};
+use crate::net::{EgressPolicy, Isolated, Net, NetConfig, SessionNet};
 use crate::sync::lock;
 use crate::vm::firecracker::FirecrackerBackend;
 use crate::vm::ids::VmIds;
@@ -499,7 +500,7 @@ impl NetProvider for SessionNets {
         egress: &EgressPolicy,
         owner: (u32, u32),
     ) -> Result<Box<dyn NetLease>> {
-        let policy = egress.to_net().map_err(SandboxError::Other)?;
+        let policy = egress.compile().map_err(SandboxError::Other)?;
         let net = self
             .net
             .create_session_for(policy, owner)
@@ -525,7 +526,7 @@ impl NetLease for SessionLease {
         }
     }
     fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()> {
-        let p = policy.to_net().map_err(SandboxError::Other)?;
+        let p = policy.compile().map_err(SandboxError::Other)?;
         self.net
             .set_policy(p)
             .map_err(|e| SandboxError::Other(format!("session network {}: {e}", self.net.id())))

@@ -17,8 +17,9 @@ pub mod registry;
 pub mod worker;
 
 use crate::agent::Call;
+use crate::net::EgressPolicy;
 use crate::proto::Request;
-use crate::sandbox::{EgressPolicy, SandboxSpec};
+use crate::sandbox::{SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::sync::lock;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::collections::BTreeMap;
@@ -185,4 +186,24 @@ pub fn now_unix_ms() -> u64 {
 /// Options as the API receives them (already validated).
 pub fn default_egress() -> EgressPolicy {
     EgressPolicy::default()
+}
+
+/// The template a session asking for `name` gets: "default" names the
+/// factory's default template (`vm::templates::DEFAULT_TEMPLATE` for VMs).
+pub(crate) fn template_name(factory: &dyn SandboxFactory, name: String) -> String {
+    if name != "default" {
+        return name;
+    }
+    default_of(&factory.templates(), &name)
+}
+
+/// [`template_name`] of `name` among the factory's `templates`.
+pub(crate) fn default_of(templates: &[TemplateInfo], name: &str) -> String {
+    if name != "default" {
+        return name.to_string();
+    }
+    templates
+        .iter()
+        .find(|t| t.is_default)
+        .map_or_else(|| name.to_string(), |t| t.name.clone())
 }

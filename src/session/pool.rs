@@ -54,8 +54,7 @@ impl Pool {
     /// factory get ready for the first session of the default template
     /// (a VM factory starts a standby VMM for it).
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
-        let default =
-            super::registry::template_name(&*self.factory, self.cfg.default_template.clone());
+        let default = super::template_name(&*self.factory, self.cfg.default_template.clone());
         self.factory.prime(&self.pooled_spec(&default));
         if self.cfg.pool_size == 0 {
             return Ok(());

@@ -3,10 +3,11 @@
 use super::limits::{Charge, Host, Limits};
 use super::pool::Pool;
 use super::SessionError;
-use super::{worker, Cmd, Session, State};
+use super::{default_of, template_name, worker, Cmd, Session, State};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::sandbox::{new_sandbox_id, EgressPolicy, SandboxFactory, SandboxSpec, TemplateInfo};
+use crate::net::EgressPolicy;
+use crate::sandbox::{new_sandbox_id, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -214,7 +215,7 @@ impl Manager {
             egress,
         });
         let handle =
-            worker::spawn(self.clone(), session.clone(), rx).map_err(|e| SessionError::Thread {
+            worker::spawn(self.home(), session.clone(), rx).map_err(|e| SessionError::Thread {
                 id: id.to_string(),
                 why: e.to_string(),
             })?;
@@ -235,6 +236,17 @@ impl Manager {
                 true
             }
             None => false,
+        }
+    }
+
+    /// What a session's worker uses of the registry.
+    fn home(self: &Arc<Self>) -> worker::Home {
+        let me = self.clone();
+        worker::Home {
+            pool: self.pool.clone(),
+            factory: self.factory.clone(),
+            metrics: self.metrics.clone(),
+            forget: Box::new(move |s| me.forget(s)),
         }
     }
 
@@ -316,24 +328,4 @@ impl Manager {
             log::error!("shutdown: {e}");
         }
     }
-}
-
-/// The template a session asking for `name` gets: "default" names the
-/// factory's default template (`vm::templates::DEFAULT_TEMPLATE` for VMs).
-pub(crate) fn template_name(factory: &dyn SandboxFactory, name: String) -> String {
-    if name != "default" {
-        return name;
-    }
-    default_of(&factory.templates(), &name)
-}
-
-/// [`template_name`] of `name` among the factory's `templates`.
-fn default_of(templates: &[TemplateInfo], name: &str) -> String {
-    if name != "default" {
-        return name.to_string();
-    }
-    templates
-        .iter()
-        .find(|t| t.is_default)
-        .map_or_else(|| name.to_string(), |t| t.name.clone())
 }

@@ -1,10 +1,11 @@
 //! One thread per session: creates (or takes from the pool) the sandbox,
 //! starts agent requests for the API, destroys the sandbox at the end.
 
-use super::registry::Manager;
+use super::pool::Pool;
 use super::SessionError;
 use super::{Cmd, Session, State};
-use crate::sandbox::Sandbox;
+use crate::metrics::Metrics;
+use crate::sandbox::{Sandbox, SandboxFactory};
 use crate::sync::lock;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -16,10 +17,30 @@ use std::time::{Duration, Instant};
 /// connection; in-flight calls fail at once, this catches idle sessions.
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
+/// What a session's worker uses of the registry (`Manager::home` fills
+/// it): where sandboxes come from, the metrics, and how to drop a session
+/// that failed. Passed in so the worker does not depend on the registry
+/// that spawns it.
+pub(crate) struct Home {
+    pub pool: Arc<Pool>,
+    pub factory: Arc<dyn SandboxFactory>,
+    pub metrics: Arc<Metrics>,
+    pub forget: Forget,
+}
+
+/// The registry's `forget`: drops a session that failed to start.
+pub(crate) type Forget = Box<dyn Fn(&Arc<Session>) + Send>;
+
+impl Home {
+    fn forget(&self, s: &Arc<Session>) {
+        (self.forget)(s)
+    }
+}
+
 /// The sandbox went away under the session: mark it failed, drop it from
 /// the registry (later requests get 404, or a fresh session on the seed
 /// routes) and let the caller's loop destroy what is left of it.
-fn died(mgr: &Manager, session: &Arc<Session>) {
+fn died(mgr: &Home, session: &Arc<Session>) {
     log::error!(
         "session {}/{}: sandbox died (agent connection lost); destroying it",
         session.owner,
@@ -35,7 +56,7 @@ fn died(mgr: &Manager, session: &Arc<Session>) {
 const STACK: usize = 256 * 1024;
 
 pub(crate) fn spawn(
-    mgr: Arc<Manager>,
+    mgr: Home,
     session: Arc<Session>,
     rx: Receiver<Cmd>,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -50,7 +71,7 @@ pub(crate) fn spawn(
     )
 }
 
-fn run(mgr: Arc<Manager>, session: Arc<Session>, rx: Receiver<Cmd>) {
+fn run(mgr: Home, session: Arc<Session>, rx: Receiver<Cmd>) {
     let t0 = Instant::now();
     let spec = &session.spec;
     let made = match mgr.pool.take(spec) {

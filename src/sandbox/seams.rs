@@ -1,10 +1,10 @@
-//! The parts a VM sandbox is made from: a template resolved for one boot,
-//! and per-session networking. The template registry and the networking
-//! layer plug into the factory (`vm`) through these two small traits. They
-//! live here, not in `vm`, because `standby` holds a resolved template and
-//! a network lease too: `vm` uses `standby`, never the other way round.
+//! The seams the VM factory ([`super::vm::VmSandboxFactory`]) is built
+//! on: the template/snapshot registry and per-session networking, as small
+//! traits `wiring` implements over `vm::templates` and `net`. Here, below
+//! both the factory and its standby VMMs, which use them alike.
 
-use super::{EgressPolicy, Result, TemplateInfo};
+use super::{Result, TemplateInfo};
+use crate::net::EgressPolicy;
 use crate::vm::NetAttachment;
 use std::path::PathBuf;
 
