@@ -869,12 +869,12 @@ fn keys(cmd: KeysCmd, key_file: Option<PathBuf>, config: Option<&Path>) -> Resul
             }
         }
         KeysCmd::Rotate { id } => {
-            let (_, token) = store.rotate(&id)?;
+            let (_, token) = store.rotate(&id).map_err(|e| e.to_string())?;
             eprintln!("rotated key {id}; the old secret no longer works");
             println!("{token}");
         }
         KeysCmd::Revoke { id } => {
-            store.revoke(&id)?;
+            store.revoke(&id).map_err(|e| e.to_string())?;
             eprintln!("revoked key {id}");
         }
     }

@@ -489,6 +489,17 @@ fn admin_keys_answer_in_the_seed_shapes() {
     assert_shape(&r.json()["record"], RECORD);
     assert_eq!(r.json()["record"]["enabled"], false);
     assert_seed_error(&h.with_key(&rotated).get("/exec/"), 401, "unauthorized");
+    // A revoked key is still listed; rotating it is a conflict, not a 404.
+    assert_seed_error(
+        &h.post(&format!("/admin/keys/{id}/rotate"), &json!({})),
+        409,
+        "key_revoked",
+    );
+    assert_seed_error(
+        &h.post("/admin/keys/kffffffffffff/rotate", &json!({})),
+        404,
+        "key_not_found",
+    );
 
     let r = h.delete(&format!("/admin/keys/{id}"));
     assert_eq!(r.status, 200, "{}", r.text());

@@ -104,7 +104,7 @@ impl From<crate::ops::OpsError> for ApiError {
             | E::InvalidPath { .. }
             | E::BadRequest(_)
             | E::TimeoutTooLong { .. } => 400,
-            E::Cancelled(_) => 409,
+            E::Cancelled(_) | E::KeyRevoked { .. } => 409,
             E::Timeout(_) => 504,
             E::UnexpectedAnswer(_) => 502,
             E::Forbidden(_) => 403,

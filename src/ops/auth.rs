@@ -261,6 +261,18 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Why the key store refused to change a key.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KeyError {
+    #[error("no key {id:?}")]
+    NotFound { id: String },
+    #[error("key {id:?} is revoked")]
+    Revoked { id: String },
+    /// The key file could not be read or written (the message names it).
+    #[error("{0}")]
+    Store(String),
+}
+
 /// The key file, cached in memory and reloaded when it changes on disk
 /// (so `agent-sandbox keys revoke` takes effect on a running daemon).
 pub struct KeyStore {
@@ -380,8 +392,8 @@ impl KeyStore {
     /// Applies `f` to the key list and saves it.
     fn update<T>(
         &self,
-        f: impl FnOnce(&mut Vec<KeyRecord>) -> Result<T, String>,
-    ) -> Result<T, String> {
+        f: impl FnOnce(&mut Vec<KeyRecord>) -> Result<T, KeyError>,
+    ) -> Result<T, KeyError> {
         let mut c = self.lock();
         // Always start from the file so concurrent CLI edits are not lost.
         if let Ok((keys, _)) = self.read_file() {
@@ -389,7 +401,7 @@ impl KeyStore {
         }
         let mut keys = c.keys.clone();
         let out = f(&mut keys)?;
-        self.write_file(&keys)?;
+        self.write_file(&keys).map_err(KeyError::Store)?;
         c.keys = keys;
         c.mtime = fs::metadata(&self.path).and_then(|m| m.modified()).ok();
         c.checked = Instant::now();
@@ -452,20 +464,29 @@ impl KeyStore {
         self.update(move |keys| {
             keys.push(r2);
             Ok(())
-        })?;
+        })
+        .map_err(|e| e.to_string())?;
         Ok((rec, token))
     }
 
     /// New secret for an existing key id (same id, scopes, sessions).
-    pub fn rotate(&self, id: &str) -> Result<(KeyRecord, String), String> {
-        let token = format!("{}{id}_{}", self.prefix, random_hex(24)?);
+    pub fn rotate(&self, id: &str) -> Result<(KeyRecord, String), KeyError> {
+        let token = format!(
+            "{}{id}_{}",
+            self.prefix,
+            random_hex(24).map_err(KeyError::Store)?
+        );
         let hash = hash_token(&token);
         let prefix = self.record_prefix();
         let rec = self.update(|keys| {
             let k = keys
                 .iter_mut()
-                .find(|k| k.id == id && !k.revoked)
-                .ok_or_else(|| format!("no active key {id:?}"))?;
+                .find(|k| k.id == id)
+                .ok_or_else(|| KeyError::NotFound { id: id.to_string() })?;
+            // A revoked key stays revoked: a new secret would not work.
+            if k.revoked {
+                return Err(KeyError::Revoked { id: id.to_string() });
+            }
             k.hash = hash;
             k.prefix = prefix;
             Ok(k.clone())
@@ -473,23 +494,23 @@ impl KeyStore {
         Ok((rec, token))
     }
 
-    pub fn revoke(&self, id: &str) -> Result<KeyRecord, String> {
+    pub fn revoke(&self, id: &str) -> Result<KeyRecord, KeyError> {
         self.update(|keys| {
             let k = keys
                 .iter_mut()
                 .find(|k| k.id == id)
-                .ok_or_else(|| format!("no key {id:?}"))?;
+                .ok_or_else(|| KeyError::NotFound { id: id.to_string() })?;
             k.revoked = true;
             Ok(k.clone())
         })
     }
 
-    pub fn delete(&self, id: &str) -> Result<(), String> {
+    pub fn delete(&self, id: &str) -> Result<(), KeyError> {
         self.update(|keys| {
             let n = keys.len();
             keys.retain(|k| k.id != id);
             if keys.len() == n {
-                return Err(format!("no key {id:?}"));
+                return Err(KeyError::NotFound { id: id.to_string() });
             }
             Ok(())
         })

@@ -17,6 +17,9 @@ pub enum OpsError {
     /// No API key of that id.
     #[error("no key {id:?}")]
     KeyNotFound { id: String },
+    /// A revoked key cannot be given a new secret.
+    #[error("key {id:?} is revoked; create a new key instead")]
+    KeyRevoked { id: String },
     #[error("session id {id:?} is invalid: use 1-64 characters of A-Z a-z 0-9 _ -")]
     InvalidSessionId { id: String },
     /// A guest path the daemon refuses before it reaches the guest (`path`
@@ -136,6 +139,7 @@ impl OpsError {
         match self {
             OpsError::SessionNotFound { .. } => "session_not_found",
             OpsError::KeyNotFound { .. } => "key_not_found",
+            OpsError::KeyRevoked { .. } => "key_revoked",
             OpsError::InvalidSessionId { .. } => "invalid_session_id",
             OpsError::InvalidPath { .. } => "invalid_path",
             OpsError::BadRequest(_) => "bad_request",

@@ -2,7 +2,7 @@
 //! delete. Revoking or deleting a key ends the sessions it owns: its
 //! access is gone.
 
-use super::auth::{validate_scopes, KeyRecord, KeyStore, RateDefaults};
+use super::auth::{validate_scopes, KeyError, KeyRecord, KeyStore, RateDefaults};
 use super::{Ops, OpsError, OpsResult};
 use crate::config::Config;
 
@@ -64,7 +64,7 @@ pub fn create(store: &KeyStore, k: NewKey) -> OpsResult<Issued> {
 /// Revokes key `id` and ends its sessions.
 pub fn revoke(store: &KeyStore, ops: &Ops, id: &str) -> OpsResult<KeyRecord> {
     let id = key_id(id)?;
-    let rec = store.revoke(id).map_err(|_| not_found(id))?;
+    let rec = store.revoke(id).map_err(key_error)?;
     end_sessions_of(ops, id);
     Ok(rec)
 }
@@ -72,22 +72,27 @@ pub fn revoke(store: &KeyStore, ops: &Ops, id: &str) -> OpsResult<KeyRecord> {
 /// A new secret for key `id` (same id, scopes and sessions).
 pub fn rotate(store: &KeyStore, id: &str) -> OpsResult<Issued> {
     let id = key_id(id)?;
-    let (record, token) = store.rotate(id).map_err(|_| not_found(id))?;
+    let (record, token) = store.rotate(id).map_err(key_error)?;
     Ok(Issued { record, token })
 }
 
 /// Deletes key `id` and ends its sessions.
 pub fn delete(store: &KeyStore, ops: &Ops, id: &str) -> OpsResult<()> {
     let id = key_id(id)?;
-    store.delete(id).map_err(|_| not_found(id))?;
+    store.delete(id).map_err(key_error)?;
     end_sessions_of(ops, id);
     Ok(())
 }
 
-/// The store's refusals of an existing id's change are all "no such key"
-/// to the client (as they always were).
-fn not_found(id: &str) -> OpsError {
-    OpsError::KeyNotFound { id: id.to_string() }
+/// The store's refusal in the client's terms: an unknown key, a revoked
+/// one (rotating it is a conflict: it stays listed, revoked), or the key
+/// file failing (ours).
+fn key_error(e: KeyError) -> OpsError {
+    match e {
+        KeyError::NotFound { id } => OpsError::KeyNotFound { id },
+        KeyError::Revoked { id } => OpsError::KeyRevoked { id },
+        KeyError::Store(m) => OpsError::Internal(m),
+    }
 }
 
 /// Ends every session a key owns (its access is gone).
