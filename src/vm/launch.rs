@@ -330,7 +330,11 @@ fn utf8(a: &std::ffi::OsStr, what: &str) -> Result<String> {
 }
 
 // ---- through the spawner ---------------------------------------------------
+//
+// Written once for any [`SpawnService`] (the daemon's spawner client is
+// the one in production), so `vm` needs no name from `harden::spawner`.
 
+/// A VMM a [`SpawnService`] started.
 struct Spawned<C> {
     child: C,
     pidfd: Pidfd,
