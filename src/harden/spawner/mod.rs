@@ -40,10 +40,10 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 
 use super::seccomp::{Mode, ThreadKind};
 use super::{caps, HardenError};
-// The seam's types are `vm::launch`'s; the spawner serves them.
-pub use crate::vm::launch::{
-    Bind, ExitStatus, Jail, ProcLimits, SpawnError, SpawnRequest, SpawnService, SpawnedChild,
-};
+// The seam is `vm::launch`'s: the spawner serves its requests (their
+// paths here stay for the spawner's users) and implements its traits.
+pub use crate::vm::launch::{Bind, ExitStatus, Jail, ProcLimits, SpawnError, SpawnRequest};
+use crate::vm::launch::{SpawnService, SpawnedChild};
 
 /// Device nodes a jail may bind (every other bind is `nodev`).
 pub const JAIL_DEVICES: &[&str] = &[
