@@ -129,7 +129,6 @@ const DEBT: &[(&str, &str, &str)] = &[
     ("api", "sandbox", "SandboxFactory in Server::start (api/mod.rs)"),
     ("mcp", "api", "ApiError, v1::SignalBody in a test (mcp/tools.rs)"),
     ("mcp", "session", "Manager in Host and the stdio host (mcp/{mod,stdio}.rs); Session, SessionOptions, shape limits (mcp/tools.rs)"),
-    ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 
 /// `unsafe` blocks/impls in src/ and guest/src/ without a `// SAFETY:`

@@ -24,8 +24,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Result, VmError};
-use crate::harden::spawner::{
-    cloexec_pipe, read_both, Child as SpawnedChild, Jail, ProcLimits, SpawnRequest, SpawnerClient,
+
+mod spawn;
+use spawn::{cloexec_pipe, read_both};
+pub use spawn::{
+    Bind, ExitStatus, Jail, ProcLimits, SpawnError, SpawnRequest, SpawnService, SpawnedChild,
 };
 
 const NAME: &str = "launch";
@@ -327,13 +330,17 @@ fn utf8(a: &std::ffi::OsStr, what: &str) -> Result<String> {
 }
 
 // ---- through the spawner ---------------------------------------------------
+//
+// Written once for any [`SpawnService`] (the daemon's spawner client is
+// the one in production), so `vm` needs no name from `harden::spawner`.
 
-struct Spawned {
-    child: SpawnedChild,
+/// A VMM a [`SpawnService`] started.
+struct Spawned<C> {
+    child: C,
     pidfd: Pidfd,
 }
 
-impl VmmProcess for Spawned {
+impl<C: SpawnedChild> VmmProcess for Spawned<C> {
     fn pidfd(&self) -> &Pidfd {
         &self.pidfd
     }
@@ -367,7 +374,7 @@ impl VmmProcess for Spawned {
     }
 }
 
-impl Launcher for SpawnerClient {
+impl<S: SpawnService> Launcher for S {
     fn start(&self, l: &Launch, fds: &[(BorrowedFd<'_>, RawFd)]) -> Result<Box<dyn VmmProcess>> {
         let argv = l
             .argv
@@ -423,7 +430,7 @@ impl Launcher for SpawnerClient {
     }
 }
 
-impl Spawner for SpawnerClient {
+impl<S: SpawnService> Spawner for S {
     fn run(&self, argv: &[OsString], deadline: Instant) -> Result<Output> {
         spawner_run_env(self, argv, &[], deadline)
     }
@@ -432,7 +439,7 @@ impl Spawner for SpawnerClient {
 /// [`Spawner::run`] through the spawner, with `env` as the whole
 /// environment: stdout and stderr captured, killed at `deadline`.
 fn spawner_run_env(
-    client: &SpawnerClient,
+    client: &impl SpawnService,
     argv: &[OsString],
     env: &[(String, String)],
     deadline: Instant,

@@ -27,9 +27,8 @@ mod server;
 pub mod wire;
 
 use crate::sync::{lock, wait_timeout};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,73 +40,10 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 
 use super::seccomp::{Mode, ThreadKind};
 use super::{caps, HardenError};
-
-/// A process to start.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SpawnRequest {
-    /// `argv[0]` is the absolute path of the program (no PATH lookup).
-    pub argv: Vec<String>,
-    /// The whole environment (nothing is inherited).
-    #[serde(default)]
-    pub env: Vec<(String, String)>,
-    #[serde(default)]
-    pub cwd: Option<String>,
-    pub uid: u32,
-    pub gid: u32,
-    /// Network namespace to enter (e.g. `/run/netns/asbx-...`).
-    #[serde(default)]
-    pub netns: Option<String>,
-    /// cgroup directories to start in, one per hierarchy (v2 and v1 alike:
-    /// the child writes itself into each one's `cgroup.procs`).
-    #[serde(default)]
-    pub cgroups: Vec<String>,
-    /// Where the passed fds go in the child, in the order they are passed.
-    /// 0, 1, 2 not listed are /dev/null; everything else is closed.
-    #[serde(default)]
-    pub fds: Vec<i32>,
-    /// `setsid()`: own session and process group, so a kill of the group
-    /// takes every process the program starts.
-    #[serde(default)]
-    pub new_process_group: bool,
-    /// Resource limits set (soft = hard) before exec.
-    #[serde(default)]
-    pub limits: ProcLimits,
-    /// Start it in namespaces of its own with a minimal root.
-    #[serde(default)]
-    pub jail: Option<Jail>,
-}
-
-/// What a jailed program gets, as the Firecracker jailer gives Firecracker:
-/// new mount, pid and IPC namespaces, a new empty network namespace
-/// (unless `netns` names one to enter), and as its root a read-only tmpfs
-/// holding only `binds`, each at its host path (so its argv needs no
-/// rewriting), and optionally a procfs of its own pid namespace.
-///
-/// Binds give no access the program's uid would not have on the host
-/// (permissions still apply); they only decide what it can name at all.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Jail {
-    /// An existing directory the new root is mounted on (in the child's
-    /// own mount namespace only; on the host it stays an empty directory).
-    pub root: String,
-    /// Host files and directories visible inside, in mount order.
-    pub binds: Vec<Bind>,
-    /// `/proc` with only the jail's own processes (`subset=pid`).
-    #[serde(default)]
-    pub proc: bool,
-}
-
-/// One host path made visible inside a [`Jail`] at the same path.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bind {
-    pub path: String,
-    /// Read-write (then also noexec); read-only otherwise.
-    #[serde(default)]
-    pub writable: bool,
-}
+// The seam is `vm::launch`'s: the spawner serves its requests (their
+// paths here stay for the spawner's users) and implements its traits.
+pub use crate::vm::launch::{Bind, ExitStatus, Jail, ProcLimits, SpawnError, SpawnRequest};
+use crate::vm::launch::{SpawnService, SpawnedChild};
 
 /// Device nodes a jail may bind (every other bind is `nodev`).
 pub const JAIL_DEVICES: &[&str] = &[
@@ -121,45 +57,6 @@ pub const JAIL_DEVICES: &[&str] = &[
 
 /// Most binds one jail may have.
 pub const MAX_JAIL_BINDS: usize = 128;
-
-/// Resource limits of a started program. Lowering a limit needs no
-/// privilege, so the spawner applies whatever it is asked (up to the hard
-/// limits it has itself).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcLimits {
-    /// `RLIMIT_FSIZE`: the largest file it may write, bytes.
-    #[serde(default)]
-    pub fsize: Option<u64>,
-    /// `RLIMIT_NOFILE`: open files.
-    #[serde(default)]
-    pub nofile: Option<u64>,
-}
-
-impl ProcLimits {
-    /// In a forked child before exec (async-signal-safe: setrlimit only).
-    /// Returns false with errno set on failure.
-    ///
-    /// # Safety
-    /// Plain syscalls; meant for a child between fork and exec.
-    pub unsafe fn apply(&self) -> bool {
-        for (res, v) in [
-            (libc::RLIMIT_FSIZE, self.fsize),
-            (libc::RLIMIT_NOFILE, self.nofile),
-        ] {
-            if let Some(v) = v {
-                let l = libc::rlimit {
-                    rlim_cur: v,
-                    rlim_max: v,
-                };
-                if libc::setrlimit(res, &l) != 0 {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-}
 
 /// A program the spawner may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -480,30 +377,6 @@ impl Forked {
         })?;
         Ok(SpawnerClient { inner })
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
-    /// The spawner process is gone; no process can be started any more.
-    #[error("the spawner process died ({0}); VMs cannot be started until the daemon restarts")]
-    Died(String),
-    #[error("spawner refused or failed: {0}")]
-    Failed(String),
-    #[error("spawner: {what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("spawner did not answer within {0:?}")]
-    Timeout(Duration),
-}
-
-/// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitStatus {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
 }
 
 #[derive(Debug, Clone)]
@@ -837,66 +710,36 @@ impl Child {
     }
 }
 
-/// A pipe (read end, write end), both close-on-exec.
-pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut p = [0; 2];
-    // SAFETY: pipe2 writes two fds into our array.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
+impl SpawnService for SpawnerClient {
+    type Child = Child;
+
+    fn spawn(&self, req: &SpawnRequest, fds: &[BorrowedFd<'_>]) -> Result<Child, SpawnError> {
+        SpawnerClient::spawn(self, req, fds)
     }
-    // SAFETY: new fds owned here.
-    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+
+    fn tool_identity(&self, prog: &str) -> (u32, u32) {
+        SpawnerClient::tool_identity(self, prog)
+    }
 }
 
-/// Read two pipes to EOF (each capped at 64 KiB) or until `deadline`.
-pub fn read_both(out: OwnedFd, err: OwnedFd, deadline: Instant) -> (Vec<u8>, Vec<u8>) {
-    const CAP: usize = 64 * 1024;
-    let mut files = [
-        Some(std::fs::File::from(out)),
-        Some(std::fs::File::from(err)),
-    ];
-    let mut bufs = [Vec::new(), Vec::new()];
-    while files.iter().any(Option::is_some) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let mut p: Vec<libc::pollfd> = files
-            .iter()
-            .map(|f| libc::pollfd {
-                fd: f.as_ref().map_or(-1, |f| f.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: valid pollfd array (negative fds are ignored).
-        let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break;
-        }
-        for i in 0..2 {
-            if p[i].revents == 0 {
-                continue;
-            }
-            let mut chunk = [0u8; 4096];
-            let done = match files[i].as_mut().map(|f| f.read(&mut chunk)) {
-                Some(Ok(0)) | Some(Err(_)) | None => true,
-                Some(Ok(n)) => {
-                    if bufs[i].len() < CAP {
-                        bufs[i].extend_from_slice(&chunk[..n.min(CAP - bufs[i].len())]);
-                    }
-                    false
-                }
-            };
-            if done {
-                files[i] = None;
-            }
-        }
+impl SpawnedChild for Child {
+    fn pid(&self) -> i32 {
+        Child::pid(self)
     }
-    let [a, b] = bufs;
-    (a, b)
+
+    fn pidfd(&self) -> BorrowedFd<'_> {
+        Child::pidfd(self)
+    }
+
+    fn kill(&self, signal: i32) -> Result<(), SpawnError> {
+        Child::kill(self, signal)
+    }
+
+    fn try_status(&self) -> Result<Option<ExitStatus>, SpawnError> {
+        Child::try_status(self)
+    }
+
+    fn wait_until(&self, deadline: Instant) -> Result<Option<ExitStatus>, SpawnError> {
+        Child::wait_until(self, deadline)
+    }
 }

@@ -6,8 +6,7 @@ use std::os::fd::RawFd;
 use std::path::Path;
 
 use super::{Accel, AGENT_SOCK, QMP_SOCK};
-use crate::harden::spawner::ProcLimits;
-use crate::vm::launch::DEFAULT_NOFILE;
+use crate::vm::launch::{ProcLimits, DEFAULT_NOFILE};
 use crate::vm::{cgroup, snapshot, Result, VmConfig, VmError};
 
 /// Kernel command line before `cmdline_extra`.

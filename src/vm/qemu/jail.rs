@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{io_err, lock, Accel, QemuBackend, JAIL_ROOT};
-use crate::harden::spawner::{Bind, Jail};
+use crate::vm::launch::{Bind, Jail};
 use crate::vm::{Result, VmConfig, VmError};
 
 impl QemuBackend {

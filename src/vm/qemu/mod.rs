@@ -46,11 +46,10 @@ use self::argv::{build_argv, validate_mac, version_string, ArgvSpec, MEM_FD, STA
 use self::console::Console;
 use super::cgroup;
 use super::launch::{self, Launcher};
-use super::launch::{validate_id, Pidfd};
+use super::launch::{validate_id, Bind, Pidfd};
 use super::qmp::Qmp;
 use super::snapshot;
 use super::{Backend, NetAttachment, PreparedRestore, Result, Vm, VmConfig, VmError};
-use crate::harden::spawner::Bind;
 use crate::net;
 
 const NAME: &str = super::BackendKind::Qemu.as_str();

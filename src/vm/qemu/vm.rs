@@ -18,10 +18,9 @@ use super::memory::GuestRam;
 use super::{
     io_err, Accel, Timeouts, AGENT_SOCK, CONSOLE_LOG, NAME, SNAP_MEM_FILE, SNAP_STATE_FILE,
 };
-use crate::harden::spawner::{Jail, ProcLimits};
 use crate::vm::cgroup;
 use crate::vm::launch::Pidfd;
-use crate::vm::launch::{Launch, Launcher, VmmProcess};
+use crate::vm::launch::{Jail, Launch, Launcher, ProcLimits, VmmProcess};
 use crate::vm::qmp::Qmp;
 use crate::vm::snapshot::{self, Manifest};
 use crate::vm::{Result, Vm, VmConfig, VmError};
