@@ -589,8 +589,12 @@ fn pip_installs_through_a_domain_allowlist() {
 }
 
 /// One `curl` download of `url` in session `s`'s guest: its rate in
-/// kbit/s (bytes over curl's own total time, connection included).
-fn guest_download_kbit(d: &Daemon, s: &str, url: &str, bytes: usize) -> f64 {
+/// kbit/s by curl's own total time (the guest's clock), and by the host's
+/// clock around the whole exec (an upper bound on the time: a TCG guest's
+/// clock can fall behind on a loaded host, which makes curl's rate look
+/// faster than the wire was).
+fn guest_download_kbit(d: &Daemon, s: &str, url: &str, bytes: usize) -> (f64, f64) {
+    let t0 = std::time::Instant::now();
     let r = d.http().post(
         &format!("/v1/sessions/{s}/exec"),
         &json!({
@@ -610,7 +614,9 @@ fn guest_download_kbit(d: &Daemon, s: &str, url: &str, bytes: usize) -> f64 {
         .unwrap_or_else(|| panic!("curl printed {out:?}"));
     assert_eq!(size, bytes, "downloaded size");
     assert!(secs > 0.0, "curl time {secs}");
-    size as f64 * 8.0 / secs / 1000.0
+    let host_secs = t0.elapsed().as_secs_f64();
+    let kbit = |t: f64| size as f64 * 8.0 / t / 1000.0;
+    (kbit(secs), kbit(host_secs))
 }
 
 /// `egress.bandwidthKbps` through the daemon: a guest's download from a
@@ -648,17 +654,20 @@ fn bandwidth_limit_holds_a_guest_download() {
         "{}",
         g.text()
     );
-    let limited = guest_download_kbit(&d, "bw", &url, BYTES);
+    let (limited, limited_host) = guest_download_kbit(&d, "bw", &url, BYTES);
     // The same download with the limit lifted (live, same guest and path).
     set_policy(&d, "bw", json!({"mode": "internet"}));
-    let unlimited = guest_download_kbit(&d, "bw", &url, BYTES);
+    let (unlimited, _) = guest_download_kbit(&d, "bw", &url, BYTES);
     eprintln!(
-        "FIGURE bandwidth: limit {LIMIT_KBIT} kbit/s, measured {limited:.0} kbit/s \
-         (unlimited {unlimited:.0})"
+        "FIGURE bandwidth: limit {LIMIT_KBIT} kbit/s, measured {limited:.0} kbit/s by the \
+         guest's clock, {limited_host:.0} by the host's (unlimited {unlimited:.0})"
     );
+    // Held to the limit in real time: the host's clock (which counts exec
+    // overhead too, so this is on the safe side of the wire's rate).
     assert!(
-        limited < LIMIT_KBIT as f64 * 1.5,
-        "limited download ran at {limited:.0} kbit/s, limit {LIMIT_KBIT}"
+        limited_host < LIMIT_KBIT as f64 * 1.5,
+        "limited download ran at {limited_host:.0} kbit/s by the host's clock, \
+         limit {LIMIT_KBIT}"
     );
     assert!(
         unlimited > limited * 2.0,
