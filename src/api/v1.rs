@@ -4,9 +4,8 @@
 use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
 use super::exec;
-use super::http::{json_body, ok_json, read_body, Reply};
+use super::http::{json_body, ok_json, read_body, Params, Reply};
 use super::rest::{self, stream_format};
-use super::routes::Params;
 use super::{validate, Ctx};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
