@@ -124,11 +124,6 @@ const RULES: &[(&str, &[&str])] = &[
 /// now allowed fails the test, so it stays exact. One line per entry.
 #[rustfmt::skip]
 const DEBT: &[(&str, &str, &str)] = &[
-    ("api", "session", "Manager and reaper in Server::start (api/mod.rs); SessionError statuses (api/errors.rs); the Session handle (api/{rest,v1}.rs); now_unix_ms (api/exec.rs)"),
-    ("api", "agent", "ClientError in ApiError::from_agent (api/errors.rs)"),
-    ("api", "sandbox", "SandboxFactory in Server::start (api/mod.rs)"),
-    ("mcp", "api", "ApiError, v1::SignalBody in a test (mcp/tools.rs)"),
-    ("mcp", "session", "Manager in Host and the stdio host (mcp/{mod,stdio}.rs); Session, SessionOptions, shape limits (mcp/tools.rs)"),
     ("vm", "harden::spawner", "Bind/Jail/ProcLimits/SpawnRequest, the seam's types (vm/launch.rs, vm/qemu/)"),
 ];
 

@@ -8,7 +8,7 @@ use super::{validate, Ctx};
 use crate::budget::Lease;
 use crate::ops::keys;
 use crate::ops::{files, SessionView};
-use crate::session::{Session, State};
+use crate::ops::{Session, State};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
