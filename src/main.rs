@@ -959,8 +959,8 @@ fn in_child(what: &str, f: impl FnOnce() -> Result<(), String>) -> Result<(), St
 fn mcp(a: agent_sandbox::mcp::stdio::McpArgs) -> Result<(), String> {
     use agent_sandbox::mcp::{forward, stdio};
     use agent_sandbox::metrics::Metrics;
+    use agent_sandbox::ops::Ops;
     use agent_sandbox::sandbox::{local::LocalProcessFactory, SandboxFactory};
-    use agent_sandbox::session::Manager;
     use std::sync::Arc;
     if let Some(url) = &a.url {
         let key = forward::key_from(a.key_file.as_deref())?;
@@ -987,6 +987,6 @@ fn mcp(a: agent_sandbox::mcp::stdio::McpArgs) -> Result<(), String> {
             sandbox::production_factory(vmm, &cfg).map_err(|e| e.to_string())?
         }
     };
-    let mgr = Manager::new(Arc::new(cfg), factory, Arc::new(Metrics::new()));
-    stdio::main(a, mgr)
+    let ops = Ops::start(Arc::new(cfg), factory, Arc::new(Metrics::new()))?;
+    stdio::main(a, ops)
 }

@@ -3,7 +3,8 @@
 //! `{"error": {"code", "message"}}`; the seed routes answer as the seed
 //! does, `{"error": "<message>", "code"}` (a seed client shows `error`).
 
-use crate::agent::ClientError;
+use crate::ops::error::AgentFailure;
+use crate::ops::OpsError;
 use crate::proto::ErrorCode;
 pub use crate::server::http::Shape;
 
@@ -59,46 +60,70 @@ impl ApiError {
     pub fn body_as(&self, shape: Shape) -> serde_json::Value {
         shape.body(self.code, &self.message)
     }
+}
 
-    /// Maps an agent failure. Agent-side errors about the user's input
-    /// (missing file, bad path) are the client's problem (4xx); a dead
-    /// agent connection is ours (502/503).
-    pub fn from_agent(e: ClientError, what: &str) -> ApiError {
-        let message = format!("{what}: {}", crate::ops::error::agent_detail(&e));
-        let (status, code) = match e {
-            ClientError::Agent(b) => match b.code {
-                ErrorCode::NotFound => (404, "file_not_found"),
-                ErrorCode::AlreadyExists => (409, "already_exists"),
-                ErrorCode::PermissionDenied => (403, "permission_denied"),
-                ErrorCode::NotADirectory => (400, "not_a_directory"),
-                ErrorCode::IsADirectory => (400, "is_a_directory"),
-                ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
-                ErrorCode::Invalid => (400, "invalid"),
-                ErrorCode::SpawnFailed => (400, "spawn_failed"),
-                ErrorCode::NoSpace => (507, "no_space"),
-                ErrorCode::Cancelled => (409, "cancelled"),
-                ErrorCode::Unavailable => (503, "sandbox_unavailable"),
-                // An I/O error inside the guest comes from what the
-                // user did there (a device path, a full pipe, ...).
-                ErrorCode::Io => (422, "guest_io_error"),
-                _ => (502, "agent_error"),
-            },
-            ClientError::Timeout(_) => (504, "timeout"),
-            ClientError::Closed(_) => (503, "sandbox_unavailable"),
-            // The guest answered with more than the host accepts.
-            ClientError::OverBudget(_) => (502, "guest_reply_too_large"),
+/// The status and code of an agent failure. Agent-side errors about the
+/// user's input (missing file, bad path) are the client's problem (4xx);
+/// a dead agent connection is ours (502/503).
+fn agent_status(f: AgentFailure) -> (u16, &'static str) {
+    match f {
+        AgentFailure::Refused(code) => match code {
+            ErrorCode::NotFound => (404, "file_not_found"),
+            ErrorCode::AlreadyExists => (409, "already_exists"),
+            ErrorCode::PermissionDenied => (403, "permission_denied"),
+            ErrorCode::NotADirectory => (400, "not_a_directory"),
+            ErrorCode::IsADirectory => (400, "is_a_directory"),
+            ErrorCode::DirectoryNotEmpty => (409, "directory_not_empty"),
+            ErrorCode::Invalid => (400, "invalid"),
+            ErrorCode::SpawnFailed => (400, "spawn_failed"),
+            ErrorCode::NoSpace => (507, "no_space"),
+            ErrorCode::Cancelled => (409, "cancelled"),
+            ErrorCode::Unavailable => (503, "sandbox_unavailable"),
+            // An I/O error inside the guest comes from what the
+            // user did there (a device path, a full pipe, ...).
+            ErrorCode::Io => (422, "guest_io_error"),
             _ => (502, "agent_error"),
-        };
-        ApiError::new(status, code, message)
+        },
+        AgentFailure::Timeout => (504, "timeout"),
+        AgentFailure::Closed => (503, "sandbox_unavailable"),
+        // The guest answered with more than the host accepts.
+        AgentFailure::OverBudget => (502, "guest_reply_too_large"),
+        AgentFailure::Other => (502, "agent_error"),
+    }
+}
+
+/// The status of a session-layer refusal, by its code.
+fn session_status(code: &str) -> u16 {
+    match code {
+        "unavailable" | "at_capacity" | "session_failed" => 503,
+        "session_exists" | "egress_not_applied" => 409,
+        "invalid_shape" | "unknown_template" => 400,
+        // (No Retry-After: the quota frees only when the key ends a
+        // session.)
+        "quota_exceeded" => 429,
+        "session_closed" => 410,
+        "session_start_timeout" | "timeout" => 504,
+        // `internal`: a worker thread that did not start.
+        _ => 500,
     }
 }
 
 /// The one mapping of an operation's error to HTTP.
-impl From<crate::ops::OpsError> for ApiError {
-    fn from(e: crate::ops::OpsError) -> ApiError {
-        use crate::ops::OpsError as E;
+impl From<OpsError> for ApiError {
+    fn from(e: OpsError) -> ApiError {
+        use OpsError as E;
+        let message = e.to_string();
+        if let Some(f) = e.agent_failure() {
+            let (status, code) = agent_status(f);
+            return ApiError::new(status, code, message);
+        }
+        if let E::Budget(b) = e {
+            return b.into();
+        }
+        let retry_after = e.retry_after();
         let status = match &e {
-            E::Session(_) | E::Budget(_) | E::Agent { .. } => 0,
+            E::Budget(_) => 500, // answered above
+            E::Session(_) => session_status(e.code()),
             E::SessionNotFound { .. } | E::ProcessNotFound { .. } | E::KeyNotFound { .. } => 404,
             E::InvalidSessionId { .. }
             | E::InvalidPath { .. }
@@ -106,41 +131,12 @@ impl From<crate::ops::OpsError> for ApiError {
             | E::TimeoutTooLong { .. } => 400,
             E::Cancelled(_) | E::KeyRevoked { .. } => 409,
             E::Timeout(_) => 504,
-            E::UnexpectedAnswer(_) => 502,
+            E::Agent { .. } | E::UnexpectedAnswer(_) => 502,
             E::Forbidden(_) => 403,
             E::FileTooLarge { .. } => 413,
             E::Internal(_) => 500,
         };
-        match e {
-            E::Session(s) => s.into(),
-            E::Budget(b) => b.into(),
-            E::Agent { what, source } => ApiError::from_agent(source, &what),
-            other => ApiError::new(status, other.code(), other.to_string()),
-        }
-    }
-}
-
-impl From<crate::session::SessionError> for ApiError {
-    fn from(e: crate::session::SessionError) -> ApiError {
-        use crate::session::SessionError as E;
-        let (status, retry_after) = match &e {
-            E::ShuttingDown => (503, Some(1)),
-            E::Exists { .. } | E::EgressNotApplied(_) => (409, None),
-            E::InvalidShape(_) | E::UnknownTemplate { .. } => (400, None),
-            // No Retry-After: the quota frees only when the key ends a
-            // session.
-            E::QuotaExceeded(_) => (429, None),
-            E::AtCapacity { .. } => (503, Some(5)),
-            E::Thread { .. } => (500, None),
-            E::Failed { .. } => (503, None),
-            E::Closed { .. } => (410, None),
-            E::StartTimeout { .. } | E::EgressTimeout { .. } => (504, None),
-            E::Agent(_) => (502, None),
-        };
-        if let E::Agent(a) = e {
-            return ApiError::from_agent(a, "start request");
-        }
-        let mut a = ApiError::new(status, e.code(), e.to_string());
+        let mut a = ApiError::new(status, e.code(), message);
         a.retry_after = retry_after;
         a
     }
@@ -186,38 +182,75 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// MCP words an operation's error with `OpsError::message`: the same
-    /// text REST puts in `message`.
+    /// Every kind of operation error keeps its REST status, code,
+    /// `Retry-After` and message.
     #[test]
-    fn ops_messages_are_the_rest_messages() {
-        use crate::ops::OpsError as E;
-        use crate::proto::ErrorBody;
-        let refusal = || {
-            ClientError::Agent(ErrorBody {
-                code: ErrorCode::NotFound,
-                message: "no such process".into(),
-                id: None,
+    fn rest_mapping_of_every_error() {
+        let got: Vec<String> = crate::ops::error::samples()
+            .into_iter()
+            .map(|e| {
+                let m = e.message();
+                let a = ApiError::from(e);
+                assert_eq!(a.message, m);
+                format!("{} {} {:?} {}", a.status, a.code, a.retry_after, a.message)
             })
-        };
-        let cases = [
-            E::SessionNotFound { id: "x".into() },
-            E::TimeoutTooLong { ms: 9, max: 5 },
-            E::ProcessNotFound {
-                proc: 3,
-                session: "x".into(),
-            },
-            E::UnexpectedAnswer("Pong".into()),
-            E::Cancelled("the run was cancelled".into()),
-            E::agent("stdin")(refusal()),
-            E::agent("exec")(ClientError::Timeout(std::time::Duration::from_millis(1500))),
-            E::agent("exec")(ClientError::Closed("gone".into())),
-            E::Session(crate::session::SessionError::Agent(refusal())),
-            E::Session(crate::session::SessionError::ShuttingDown),
+            .collect();
+        let want = [
+            "404 session_not_found None no session \"s1\"",
+            "404 key_not_found None no key \"k1\"",
+            "409 key_revoked None key \"k1\" is revoked; create a new key instead",
+            "400 invalid_session_id None session id \"a b\" is invalid: use 1-64 characters of A-Z a-z 0-9 _ -",
+            "400 invalid_path None path must be absolute",
+            "400 bad_request None limits.vcpus must be 1..=64",
+            "400 bad_request None timeout 9 ms exceeds the maximum of 5 ms",
+            "404 process_not_found None no process 3 in session \"s1\"",
+            "409 cancelled None the run was cancelled",
+            "504 timeout None no answer",
+            "403 forbidden None owner= needs an admin key",
+            "413 file_too_large None /x is larger than 10 bytes",
+            "502 agent_error None unexpected answer \"Pong\"",
+            "500 internal None thread",
+            "413 reply_too_large None the JSON reply would be 10 bytes, over the 5-byte limit; list less",
+            "503 reply_memory_exhausted Some(1) the daemon is holding 1 of its 2 bytes for replies in flight; this one needs 3 more: retry shortly",
+            "503 unavailable Some(1) the server is shutting down",
+            "409 session_exists None session \"s1\" already exists",
+            "400 invalid_shape None vcpus 0 outside 1..=64",
+            "400 unknown_template None unknown template \"t\" (see GET /exec/templates)",
+            "429 quota_exceeded None key k1 may run 1 session",
+            "503 at_capacity Some(5) the server runs its maximum of 3 sessions; delete one or retry later",
+            "500 internal None session \"s1\": spawn worker thread: EAGAIN",
+            "503 session_failed None session \"s1\" failed to start: boot",
+            "410 session_closed None session \"s1\" was closed",
+            "504 session_start_timeout None session \"s1\" did not become ready within 2s",
+            "504 timeout None session \"s1\": egress change timed out",
+            "409 egress_not_applied None nft",
+            "400 invalid None start request: no such file",
+            "503 sandbox_unavailable None start request: gone",
+            "404 file_not_found None read /x: no such file",
+            "409 already_exists None read /x: no such file",
+            "403 permission_denied None read /x: no such file",
+            "400 not_a_directory None read /x: no such file",
+            "400 is_a_directory None read /x: no such file",
+            "409 directory_not_empty None read /x: no such file",
+            "400 invalid None read /x: no such file",
+            "400 spawn_failed None read /x: no such file",
+            "507 no_space None read /x: no such file",
+            "409 cancelled None read /x: no such file",
+            "503 sandbox_unavailable None read /x: no such file",
+            "422 guest_io_error None read /x: no such file",
+            "502 agent_error None read /x: no such file",
+            "504 timeout None exec: no answer after 1.5s",
+            "503 sandbox_unavailable None exec: gone",
+            "502 guest_reply_too_large None exec: too many",
+            "502 agent_error None exec: agent protocol violation: bad frame",
+            "502 agent_error None exec: agent connection: reset",
+            "504 timeout None start request: no answer after 1.5s",
+            "503 sandbox_unavailable None start request: gone",
+            "502 guest_reply_too_large None start request: too many",
+            "502 agent_error None start request: agent protocol violation: bad frame",
+            "502 agent_error None start request: agent connection: reset",
         ];
-        for e in cases {
-            let m = e.message();
-            assert_eq!(ApiError::from(e).message, m);
-        }
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -242,52 +275,5 @@ mod tests {
             json!({"error": "no such thing", "code": "not_found"})
         );
         assert_eq!(e.body()["error"]["message"], "no such thing");
-    }
-
-    /// MCP shows an operation's error as its `Display`: the message REST
-    /// answers with for the same error.
-    #[test]
-    fn ops_errors_read_as_rest_messages() {
-        use crate::ops::OpsError;
-        use crate::proto::ErrorBody;
-        use crate::session::SessionError;
-        use std::time::Duration;
-        fn agent(code: ErrorCode) -> ClientError {
-            ClientError::Agent(ErrorBody {
-                code,
-                message: "no such file".into(),
-                id: None,
-            })
-        }
-        let cases: Vec<fn() -> OpsError> = vec![
-            || OpsError::agent("read /x")(agent(ErrorCode::NotFound)),
-            || OpsError::agent("ping")(ClientError::Timeout(Duration::from_millis(1500))),
-            || OpsError::agent("list .")(ClientError::Closed("gone".into())),
-            || OpsError::agent("list .")(ClientError::OverBudget("too many".into())),
-            || OpsError::agent("stat")(ClientError::Protocol("bad frame".into())),
-            || SessionError::Agent(agent(ErrorCode::Invalid)).into(),
-            || SessionError::Agent(ClientError::Closed("gone".into())).into(),
-            || SessionError::AtCapacity { max: 3 }.into(),
-            || OpsError::FileTooLarge {
-                path: "/x".into(),
-                max: 10,
-            },
-            || OpsError::unexpected("Pong"),
-            || OpsError::SessionNotFound { id: "s1".into() },
-            || crate::budget::too_large(10, 5, "list less").into(),
-        ];
-        for make in cases {
-            let shown = make().to_string();
-            let rest = ApiError::from(make());
-            assert_eq!(shown, rest.message, "{rest}");
-        }
-        let e = ApiError::from(OpsError::FileTooLarge {
-            path: "/x".into(),
-            max: 10,
-        });
-        assert_eq!((e.status, e.code), (413, "file_too_large"));
-        let e = ApiError::from(OpsError::unexpected("Pong"));
-        assert_eq!((e.status, e.code), (502, "agent_error"));
-        assert_eq!(e.message, "unexpected answer \"Pong\"");
     }
 }

@@ -10,6 +10,32 @@ use std::io::Read;
 
 pub use crate::server::http::{header, StreamWriter};
 
+/// Captured path parameters and the query.
+pub struct Params {
+    pub path: HashMap<&'static str, String>,
+    pub query: HashMap<String, String>,
+}
+
+impl Params {
+    pub fn get(&self, name: &str) -> &str {
+        self.path.get(name).map_or("", String::as_str)
+    }
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query.get(name).map(String::as_str)
+    }
+    /// A boolean query flag (`true/1/yes`, `false/0/no`).
+    pub fn flag(&self, name: &str, default: bool) -> ApiResult<bool> {
+        match self.query(name) {
+            None => Ok(default),
+            Some("true" | "1" | "yes" | "") => Ok(true),
+            Some("false" | "0" | "no") => Ok(false),
+            Some(v) => Err(ApiError::bad_request(format!(
+                "query parameter {name}={v:?}: want true or false"
+            ))),
+        }
+    }
+}
+
 /// What a handler answers.
 pub enum Reply {
     Json(u16, serde_json::Value),

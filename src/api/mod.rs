@@ -1,5 +1,5 @@
 //! The HTTP API: parse, validate, authenticate and authorize, then hand a
-//! typed command to the session layer.
+//! typed command to the operations layer.
 //!
 //! Threads: our HTTP server (`httpd`) reads and answers each connection on
 //! a thread of its own (bounded in all and per client address). Anything
@@ -21,10 +21,8 @@ pub use crate::server::{httpd, Ctx};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::ops::Ops;
-use crate::sandbox::SandboxFactory;
+use crate::ops::{Ops, SandboxFactory};
 use crate::server::{Endpoint, Endpoints, LongGuard, MakeEndpoint};
-use crate::session::{reaper, Manager};
 use auth::{Auth, Principal};
 use errors::ApiError;
 use http::{respond, Reply, StreamWriter};
@@ -51,7 +49,6 @@ pub struct Server {
     pub ctx: Arc<Ctx>,
     http: Arc<httpd::Server>,
     acceptor: Option<JoinHandle<()>>,
-    reaper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
 impl Server {
@@ -83,10 +80,7 @@ impl Server {
             Err(e) => log::error!("orphan sweep failed: {e}"),
         }
         let metrics = Arc::new(Metrics::new());
-        let mgr = Manager::new(cfg.clone(), factory, metrics.clone());
-        mgr.pool
-            .start()
-            .map_err(|e| format!("start pool thread: {e}"))?;
+        let ops = Ops::start(cfg.clone(), factory, metrics.clone())?;
         raise_fd_limit();
         let listener = std::net::TcpListener::bind(cfg.listen)
             .map_err(|e| format!("listen on {}: {e}", cfg.listen))?;
@@ -94,14 +88,11 @@ impl Server {
             .local_addr()
             .map_err(|e| format!("listening socket {}: {e}", cfg.listen))?;
         let http = Arc::new(httpd::Server::new(addr, metrics.http_conn.clone()));
-        let ops = Ops::new(mgr.clone(), cfg.clone());
         let ctx = Arc::new(Ctx::new(cfg.clone(), ops, auth, metrics));
         let endpoints = Endpoints {
             rest: Arc::new(Rest),
             mcp: mcp.map(|make| make(&ctx)),
         };
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-        let reaper = reaper::spawn(mgr, stop_rx).map_err(|e| format!("start reaper: {e}"))?;
         // On an Http thread: the connection threads it starts inherit its
         // seccomp filter.
         let acceptor = {
@@ -128,7 +119,6 @@ impl Server {
             ctx,
             http,
             acceptor: Some(acceptor),
-            reaper: Some((stop_tx, reaper)),
         })
     }
 
@@ -144,11 +134,7 @@ impl Server {
         if let Some(h) = self.acceptor.take() {
             let _ = h.join();
         }
-        if let Some((tx, h)) = self.reaper.take() {
-            let _ = tx.send(());
-            let _ = h.join();
-        }
-        self.ctx.ops.mgr.shutdown();
+        self.ctx.ops.shutdown();
         let end = Instant::now() + Duration::from_secs(5);
         while self.ctx.long_running() > 0 && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));

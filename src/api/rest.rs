@@ -3,13 +3,12 @@
 use super::auth::{KeyRecord, Principal};
 use super::errors::{ApiError, ApiResult};
 use super::exec::{self, StreamFormat};
-use super::http::{header, json_body, ok_json, Reply};
-use super::routes::Params;
+use super::http::{header, json_body, ok_json, Params, Reply};
 use super::{validate, Ctx};
 use crate::budget::Lease;
 use crate::ops::keys;
 use crate::ops::{files, SessionView};
-use crate::session::{Session, State};
+use crate::ops::{Session, State};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};

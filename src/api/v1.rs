@@ -4,16 +4,14 @@
 use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
 use super::exec;
-use super::http::{json_body, ok_json, read_body, Reply};
+use super::http::{json_body, ok_json, read_body, Params, Reply};
 use super::rest::{self, stream_format};
-use super::routes::Params;
 use super::{validate, Ctx};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
 use crate::ops::EgressPolicy;
-use crate::ops::{files, procs, OpsError, OpsResult, SessionSpec, SessionView};
+use crate::ops::{files, procs, OpsError, OpsResult, Session, SessionSpec, SessionView};
 use crate::proto::Signal;
-use crate::session::Session;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

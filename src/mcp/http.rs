@@ -50,12 +50,12 @@ pub struct McpHttp {
 
 impl McpHttp {
     /// The endpoint over the daemon's operations.
-    pub fn new(ops: &Ops) -> McpHttp {
+    pub fn new(ops: &Arc<Ops>) -> McpHttp {
         let cfg = &ops.cfg;
         McpHttp {
             origins: cfg.mcp_allowed_origins.clone(),
             idle: cfg.idle_timeout,
-            engine: Engine::new(Host::new(ops.mgr.clone(), cfg.clone())),
+            engine: Engine::new(Host::new(ops.clone())),
             sessions: Mutex::new(HashMap::new()),
         }
     }

@@ -7,8 +7,8 @@
 //!
 //! [`server::Engine`] is transport-agnostic: protocol versions, the
 //! initialize / `server/discover` handshakes, cancellation and progress.
-//! [`tools`] holds the tool definitions and runs them against the session
-//! layer, exactly like the REST API does.
+//! [`tools`] holds the tool definitions and runs them as operations
+//! ([`crate::ops`]), exactly like the REST API does.
 
 pub mod forward;
 pub mod http;
@@ -17,8 +17,7 @@ pub mod server;
 pub mod stdio;
 pub mod tools;
 
-use crate::config::Config;
-use crate::session::Manager;
+use crate::ops::Ops;
 use std::sync::Arc;
 
 pub const V2025_06_18: &str = "2025-06-18";
@@ -40,19 +39,15 @@ pub const MAX_MESSAGE: usize = 4 << 20;
 /// Tool calls running at once per engine; more are refused, not queued.
 pub const MAX_INFLIGHT: usize = 64;
 
-/// What the tools run against: the daemon's session manager.
+/// What the tools run against: the daemon's operations.
 #[derive(Clone)]
 pub struct Host {
-    pub mgr: Arc<Manager>,
-    pub cfg: Arc<Config>,
-    /// The operations the tools call.
-    pub ops: Arc<crate::ops::Ops>,
+    pub ops: Arc<Ops>,
 }
 
 impl Host {
-    pub fn new(mgr: Arc<Manager>, cfg: Arc<Config>) -> Host {
-        let ops = crate::ops::Ops::new(mgr.clone(), cfg.clone());
-        Host { mgr, cfg, ops }
+    pub fn new(ops: Arc<Ops>) -> Host {
+        Host { ops }
     }
 }
 

@@ -322,6 +322,7 @@ impl Engine {
                 .collect();
             for id in ids {
                 self.host
+                    .ops
                     .mgr
                     .remove(&conn.caller.id, &id, "MCP client went away", wait);
             }

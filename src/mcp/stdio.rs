@@ -8,8 +8,7 @@ use super::jsonrpc::{self, Incoming, RpcError};
 use super::server::{Conn, Engine, Sink};
 use super::{Host, MAX_MESSAGE};
 use crate::config::{default_state_dir, parse_duration, Config};
-use crate::ops::Principal;
-use crate::session::{reaper, Manager};
+use crate::ops::{Ops, Principal};
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -71,42 +70,34 @@ pub fn in_process_config(a: &McpArgs) -> Config {
     }
 }
 
-/// Serves MCP on stdio with sessions hosted in this process by `mgr`
-/// (configured by [`in_process_config`]; the composition root builds its
-/// sandbox factory from `--backend`, and handles `--url` with
-/// [`super::forward`]). Ends at EOF or SIGTERM/SIGINT, destroying every
-/// session and the runtime dir.
-pub fn main(a: McpArgs, mgr: Arc<Manager>) -> Result<(), String> {
-    let cfg = mgr.cfg.clone();
-    let state_dir = cfg.state_dir.clone();
-    mgr.pool
-        .start()
-        .map_err(|e| format!("start pool thread: {e}"))?;
-    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-    let reaper = reaper::spawn(mgr.clone(), stop_rx).map_err(|e| format!("start reaper: {e}"))?;
-    let engine = Engine::new(Host::new(mgr.clone(), cfg));
+/// Serves MCP on stdio with sessions hosted in this process by `ops`
+/// (started with [`Ops::start`], configured by [`in_process_config`]; the
+/// composition root builds its sandbox factory from `--backend`, and
+/// handles `--url` with [`super::forward`]). Ends at EOF or
+/// SIGTERM/SIGINT, destroying every session and the runtime dir.
+pub fn main(a: McpArgs, ops: Arc<Ops>) -> Result<(), String> {
+    let state_dir = ops.cfg.state_dir.clone();
+    let engine = Engine::new(Host::new(ops.clone()));
     // The local user: every scope, as before keys existed.
     let caller = Principal {
         id: "local".into(),
         ..Principal::anonymous()
     };
     // SIGTERM/SIGINT (blocked in every thread by main) end us like EOF.
-    let mgr2 = mgr.clone();
+    let ops2 = ops.clone();
     let dir2 = state_dir.clone();
     let _ = std::thread::Builder::new()
         .name("mcp-signals".into())
         .spawn(move || {
             let sig = wait_signal();
             log::info!("mcp: signal {sig}: destroying sessions");
-            mgr2.shutdown();
+            ops2.shutdown();
             let _ = std::fs::remove_dir_all(&dir2);
             std::process::exit(0);
         });
     log::info!("mcp: serving on stdio (backend {})", a.backend);
     let r = serve(engine, caller, std::io::stdin(), std::io::stdout());
-    let _ = stop_tx.send(());
-    let _ = reaper.join();
-    mgr.shutdown();
+    ops.shutdown();
     let _ = std::fs::remove_dir_all(&state_dir);
     log::info!("mcp: stdin closed; all sessions destroyed");
     r.map_err(|e| format!("stdio: {e}"))

@@ -1,20 +1,18 @@
 //! The MCP tools: definitions (JSON Schema in and out, fixed order) and
-//! handlers that drive the session layer like the REST API does.
+//! handlers that call the operations ([`crate::ops`]) like the REST API
+//! does.
 //!
 //! Tool names and argument names follow the seed (`sessionId`, `command`,
 //! `args`, `cwd`, `timeout`, `template`, `path`, `content`) so existing agent
 //! configs keep working.
 
 use super::Host;
-use crate::api::errors::ApiError;
 use crate::ops::exec::{self as ops_exec, Captured, ExecEvent, ExecSpec, Prepared};
-use crate::ops::sessions::{self, Span};
+use crate::ops::sessions::{self, check_range, Span, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
 use crate::ops::validate;
-use crate::ops::{files, procs, OpsError, Principal, SessionSpec, SessionView};
+use crate::ops::{files, procs, OpsError, Principal, Session, SessionSpec, SessionView};
 use crate::ops::{EgressMode, EgressPolicy};
 use crate::proto::{signal, Response, Signal};
-use crate::session::limits::{check_range, DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
-use crate::session::{Session, SessionOptions};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -753,10 +751,6 @@ fn known_only(a: &Map<String, Value>, schema: &Value) -> Result<(), String> {
     Ok(())
 }
 
-fn msg(e: impl Into<ApiError>) -> String {
-    e.into().message
-}
-
 /// An operation's error as the tools have always worded it; everything
 /// else reads as REST's message ([`OpsError::message`]).
 fn op_msg(e: impl Into<OpsError>) -> String {
@@ -783,7 +777,7 @@ fn own_session(ctx: &ToolCtx, id: &str) -> Result<Arc<Session>, String> {
 }
 
 fn wait(ctx: &ToolCtx) -> Duration {
-    ctx.host.cfg.create_timeout
+    ctx.host.ops.cfg.create_timeout
 }
 
 /// A session as the tools show it.
@@ -841,7 +835,7 @@ fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     // configured and host maxima.
     let range = |k: &str, r: &std::ops::RangeInclusive<u32>| -> Result<Option<u32>, String> {
         opt_u64(limits, k)?
-            .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(msg))
+            .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(op_msg))
             .transpose()
     };
     let spec = SessionSpec {
@@ -884,7 +878,7 @@ fn exec_spec(ctx: &ToolCtx, a: &Map<String, Value>, background: bool) -> Result<
         tag: opt_str(a, "tag")?,
         ..Default::default()
     };
-    let mut p = spec.prepare(&ctx.host.cfg).map_err(op_msg)?;
+    let mut p = spec.prepare(&ctx.host.ops.cfg).map_err(op_msg)?;
     // No process id in MCP's answers: the guest need not report it.
     p.req.notify_start = false;
     Ok(p)
@@ -894,20 +888,17 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &execute_in())?;
     let id = match opt_str(a, "sessionId")? {
         Some(id) => {
-            validate::session_id(&id).map_err(msg)?;
+            validate::session_id(&id).map_err(op_msg)?;
             id
         }
         None => new_id()?,
     };
-    let opts = SessionOptions {
-        template: opt_str(a, "template")?,
-        ..Default::default()
-    };
+    let template = opt_str(a, "template")?;
     let (s, created) = ctx
         .host
-        .mgr
-        .get_or_create(&ctx.caller.id, &id, opts, false)
-        .map_err(msg)?;
+        .ops
+        .open(ctx.caller, &id, template)
+        .map_err(op_msg)?;
     if created {
         (ctx.created)(&id);
     }
@@ -918,7 +909,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     running.set_what("execute");
     let deadline = Instant::now() + timeout + Duration::from_secs(30);
     // Kept well inside one message (clients bound what they buffer).
-    let mut output = Captured::new(ctx.host.cfg.max_output.min(super::MAX_MESSAGE / 2));
+    let mut output = Captured::new(ctx.host.ops.cfg.max_output.min(super::MAX_MESSAGE / 2));
     let mut seen = 0u64;
     let status = loop {
         if (ctx.stop)() {
@@ -932,7 +923,11 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
                     _ => {}
                 }
             }
-            ctx.host.mgr.metrics.exec_done("cancelled", t0.elapsed());
+            ctx.host
+                .ops
+                .mgr
+                .metrics
+                .exec_done("cancelled", t0.elapsed());
             return Err("cancelled".into());
         }
         if Instant::now() > deadline {
@@ -960,6 +955,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     };
     let took = t0.elapsed();
     ctx.host
+        .ops
         .mgr
         .metrics
         .exec_done(ops_exec::outcome(&status), took);
@@ -980,7 +976,7 @@ fn execute(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 }
 
 fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
-    let cfg = &ctx.host.cfg;
+    let cfg = &ctx.host.ops.cfg;
     let r = crate::ops::run::RunRequest::parse(&Value::Object(a.clone()), cfg)
         .map_err(|e| e.message())?;
     // Kept well inside one message (clients bound what they buffer).
@@ -996,7 +992,7 @@ fn run_code(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 
 fn list_templates(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &empty_in())?;
-    Ok(json!({"templates": ctx.host.mgr.templates()}).into())
+    Ok(json!({"templates": ctx.host.ops.mgr.templates()}).into())
 }
 
 fn write_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
@@ -1025,9 +1021,15 @@ fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     validate::path(&path, "path").map_err(op_msg)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
+    let mut lease = ctx
+        .host
+        .ops
+        .mgr
+        .replies
+        .admit()
+        .map_err(|e| e.to_string())?;
     // Base64 grows 4/3 and must fit in one message.
-    let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.cfg.max_file as u64);
+    let max = (super::MAX_MESSAGE as u64 / 2).min(ctx.host.ops.cfg.max_file as u64);
     let data = files::read(&s, &mut lease, &path, max, wait(ctx)).map_err(op_msg)?;
     // Text that JSON escapes to more than its base64 (control bytes take
     // six bytes each) goes as base64 too: the answer stays within 4/3.
@@ -1060,7 +1062,13 @@ fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx.host.mgr.replies.admit().map_err(|e| e.to_string())?;
+    let mut lease = ctx
+        .host
+        .ops
+        .mgr
+        .replies
+        .admit()
+        .map_err(|e| e.to_string())?;
     let l = files::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(op_msg)?;
     // Sized before it becomes a `Value` (ten times the bytes).
     let len = crate::budget::json_len(&l);
@@ -1313,7 +1321,6 @@ fn get_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1::SignalBody;
 
     /// REST's `POST .../signal` body and MCP's `kill_process` argument take
     /// and refuse the same inputs, as the same numbers.
@@ -1348,12 +1355,12 @@ mod tests {
             (Some(json!({"name": "KILL"})), None),
         ];
         for (case, want) in cases {
-            let body = match case {
-                Some(v) => json!({ "signal": v }),
-                None => json!({}),
-            };
-            let rest = serde_json::from_slice::<SignalBody>(body.to_string().as_bytes())
-                .map(|b| b.signal.unwrap_or(Signal::TERM).number());
+            // REST's body field is an optional `Signal`, absent: SIGTERM.
+            let rest = match case {
+                Some(v) => serde_json::from_value::<Option<Signal>>(v.clone()),
+                None => Ok(None),
+            }
+            .map(|s| s.unwrap_or(Signal::TERM).number());
             let mcp = signal_arg(case.as_ref()).map(Signal::number);
             assert_eq!(rest.as_ref().ok(), want.as_ref(), "REST {case:?}: {rest:?}");
             assert_eq!(mcp.as_ref().ok(), want.as_ref(), "MCP {case:?}: {mcp:?}");

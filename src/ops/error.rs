@@ -5,6 +5,7 @@
 
 use crate::agent::ClientError;
 use crate::budget::BudgetError;
+use crate::proto::ErrorCode;
 use crate::session::SessionError;
 
 pub type OpsResult<T> = Result<T, OpsError>;
@@ -64,6 +65,34 @@ pub enum OpsError {
     /// serialize.
     #[error("{0}")]
     Internal(String),
+}
+
+/// How the agent failed, in this layer's terms: the front ends give it a
+/// status or error kind without knowing the agent client's types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentFailure {
+    /// The guest refused the request with its own error code.
+    Refused(ErrorCode),
+    /// No answer in time.
+    Timeout,
+    /// The connection to the agent is gone.
+    Closed,
+    /// The guest answered with more than the host accepts.
+    OverBudget,
+    /// A protocol or I/O failure of the connection.
+    Other,
+}
+
+impl AgentFailure {
+    fn of(e: &ClientError) -> AgentFailure {
+        match e {
+            ClientError::Agent(b) => AgentFailure::Refused(b.code),
+            ClientError::Timeout(_) => AgentFailure::Timeout,
+            ClientError::Closed(_) => AgentFailure::Closed,
+            ClientError::OverBudget(_) => AgentFailure::OverBudget,
+            ClientError::Protocol(_) | ClientError::Io(_) => AgentFailure::Other,
+        }
+    }
 }
 
 /// What a client is told about an agent failure, after the name of what
@@ -132,6 +161,29 @@ impl OpsError {
         )
     }
 
+    /// How the agent failed, when the error is an agent failure (of an
+    /// operation, or of starting a request on a session).
+    pub fn agent_failure(&self) -> Option<AgentFailure> {
+        match self {
+            OpsError::Agent { source, .. } | OpsError::Session(SessionError::Agent(source)) => {
+                Some(AgentFailure::of(source))
+            }
+            _ => None,
+        }
+    }
+
+    /// Seconds after which a retry may succeed, for the errors that say
+    /// so (REST `Retry-After`): the daemon shutting down or full, the
+    /// reply budget used up.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            OpsError::Session(SessionError::ShuttingDown) => Some(1),
+            OpsError::Session(SessionError::AtCapacity { .. }) => Some(5),
+            OpsError::Budget(BudgetError::Exhausted { .. }) => Some(1),
+            _ => None,
+        }
+    }
+
     /// The transport-neutral error code (REST `code`; the front ends add
     /// a status). Agent failures are coded by the front end's mapping of
     /// the agent's own code.
@@ -155,4 +207,105 @@ impl OpsError {
             OpsError::Internal(_) => "internal",
         }
     }
+}
+
+/// One error of each kind (every variant, every agent failure, every
+/// session error), for the front ends' tests of their mappings.
+#[cfg(test)]
+pub fn samples() -> Vec<OpsError> {
+    use crate::proto::ErrorBody;
+    use std::time::Duration;
+    fn refused(code: ErrorCode) -> ClientError {
+        ClientError::Agent(ErrorBody {
+            code,
+            message: "no such file".into(),
+            id: None,
+        })
+    }
+    let mut out = vec![
+        OpsError::SessionNotFound { id: "s1".into() },
+        OpsError::KeyNotFound { id: "k1".into() },
+        OpsError::KeyRevoked { id: "k1".into() },
+        OpsError::InvalidSessionId { id: "a b".into() },
+        OpsError::InvalidPath {
+            path: "path".into(),
+            why: "must be absolute",
+        },
+        OpsError::BadRequest("limits.vcpus must be 1..=64".into()),
+        OpsError::TimeoutTooLong { ms: 9, max: 5 },
+        OpsError::ProcessNotFound {
+            proc: 3,
+            session: "s1".into(),
+        },
+        OpsError::Cancelled("the run was cancelled".into()),
+        OpsError::Timeout("no answer".into()),
+        OpsError::Forbidden("owner= needs an admin key".into()),
+        OpsError::FileTooLarge {
+            path: "/x".into(),
+            max: 10,
+        },
+        OpsError::unexpected("Pong"),
+        OpsError::Internal("thread".into()),
+        crate::budget::too_large(10, 5, "list less").into(),
+        OpsError::Budget(BudgetError::Exhausted {
+            used: 1,
+            limit: 2,
+            need: 3,
+        }),
+    ];
+    let id = || "s1".to_string();
+    let wait = Duration::from_secs(2);
+    out.extend(
+        [
+            SessionError::ShuttingDown,
+            SessionError::Exists { id: id() },
+            SessionError::InvalidShape("vcpus 0 outside 1..=64".into()),
+            SessionError::UnknownTemplate { name: "t".into() },
+            SessionError::QuotaExceeded("key k1 may run 1 session".into()),
+            SessionError::AtCapacity { max: 3 },
+            SessionError::Thread {
+                id: id(),
+                why: "EAGAIN".into(),
+            },
+            SessionError::Failed {
+                id: id(),
+                why: "boot".into(),
+            },
+            SessionError::Closed { id: id() },
+            SessionError::StartTimeout { id: id(), wait },
+            SessionError::EgressTimeout { id: id() },
+            SessionError::EgressNotApplied("nft".into()),
+            SessionError::Agent(refused(ErrorCode::Invalid)),
+            SessionError::Agent(ClientError::Closed("gone".into())),
+        ]
+        .map(OpsError::from),
+    );
+    let failures = || {
+        [
+            ClientError::Timeout(Duration::from_millis(1500)),
+            ClientError::Closed("gone".into()),
+            ClientError::OverBudget("too many".into()),
+            ClientError::Protocol("bad frame".into()),
+            ClientError::Io(std::io::Error::other("reset")),
+        ]
+    };
+    let codes = [
+        ErrorCode::NotFound,
+        ErrorCode::AlreadyExists,
+        ErrorCode::PermissionDenied,
+        ErrorCode::NotADirectory,
+        ErrorCode::IsADirectory,
+        ErrorCode::DirectoryNotEmpty,
+        ErrorCode::Invalid,
+        ErrorCode::SpawnFailed,
+        ErrorCode::NoSpace,
+        ErrorCode::Cancelled,
+        ErrorCode::Unavailable,
+        ErrorCode::Io,
+        ErrorCode::Protocol,
+    ];
+    out.extend(codes.map(|c| OpsError::agent("read /x")(refused(c))));
+    out.extend(failures().map(|f| OpsError::agent("exec")(f)));
+    out.extend(failures().map(|f| SessionError::Agent(f).into()));
+    out
 }

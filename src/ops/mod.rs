@@ -18,13 +18,26 @@ pub mod validate;
 /// The one egress policy type, for the front ends (which do not import
 /// `net`).
 pub use crate::net::{EgressMode, EgressPolicy};
+/// What builds the sandboxes: the composition root picks one and hands it
+/// to [`Ops::start`]; the front ends only pass it on.
+pub use crate::sandbox::SandboxFactory;
+/// The daemon's wall clock in ms since the epoch: what sessions are
+/// stamped with, so also what the front ends stamp their stream lines with.
+pub use crate::session::now_unix_ms;
+/// The session handle the operations hand out: the front ends hold it only
+/// to pass it back to an operation (and read its id, owner and spec).
+pub use crate::session::{Session, State};
 pub use auth::Scope;
 pub use error::{OpsError, OpsResult};
 pub use sessions::{SessionSpec, SessionView};
 
 use crate::config::Config;
-use crate::session::{Manager, Session};
-use std::sync::Arc;
+use crate::metrics::Metrics;
+use crate::session::{reaper, Manager};
+use crate::sync::lock;
+use crossbeam_channel::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 /// Who calls: the API key's id owns the sessions it creates (REST and MCP
 /// alike), its scopes say what it may do.
@@ -52,11 +65,51 @@ impl Principal {
 pub struct Ops {
     pub mgr: Arc<Manager>,
     pub cfg: Arc<Config>,
+    /// The reaper of a host started by [`Ops::start`]: its stop channel
+    /// and thread, until [`Ops::shutdown`].
+    reaper: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Ops {
+    /// Over a manager someone else runs (no pool or reaper of its own).
     pub fn new(mgr: Arc<Manager>, cfg: Arc<Config>) -> Arc<Ops> {
-        Arc::new(Ops { mgr, cfg })
+        Arc::new(Ops {
+            mgr,
+            cfg,
+            reaper: Mutex::new(None),
+        })
+    }
+
+    /// A running host: the session manager over `factory`, its warm pool
+    /// and the reaper of idle and expired sessions. [`Ops::shutdown`]
+    /// ends it.
+    pub fn start(
+        cfg: Arc<Config>,
+        factory: Arc<dyn SandboxFactory>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Ops>, String> {
+        let mgr = Manager::new(cfg.clone(), factory, metrics);
+        mgr.pool
+            .start()
+            .map_err(|e| format!("start pool thread: {e}"))?;
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        let reaper =
+            reaper::spawn(mgr.clone(), stop_rx).map_err(|e| format!("start reaper: {e}"))?;
+        Ok(Arc::new(Ops {
+            mgr,
+            cfg,
+            reaper: Mutex::new(Some((stop_tx, reaper))),
+        }))
+    }
+
+    /// Stops the reaper, then ends every session (which cancels the
+    /// commands still running in them).
+    pub fn shutdown(&self) {
+        if let Some((tx, h)) = lock(&self.reaper).take() {
+            let _ = tx.send(());
+            let _ = h.join();
+        }
+        self.mgr.shutdown();
     }
 
     /// The owner a request acts for: the caller, or with an admin key the

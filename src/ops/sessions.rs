@@ -12,6 +12,7 @@ use crate::session::{now_unix_ms, Session, SessionOptions, State};
 use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,16 @@ fn state_name(s: &State) -> &'static str {
         State::Failed(_) => "failed",
         State::Closing => "closing",
     }
+}
+
+/// The ranges any session's shape is within, and the share of the host's
+/// RAM one may take: for the front ends' schemas and argument checks.
+pub use crate::session::limits::{DISK_MIB, HOST_MEM_PERCENT, MEM_MIB, VCPUS};
+
+/// `v` of shape field `field` within `range` (the session manager's own
+/// check; out of range is `invalid_shape`, naming the field and range).
+pub fn check_range(field: &str, v: u64, range: &RangeInclusive<u32>) -> OpsResult<u32> {
+    Ok(crate::session::limits::check_range(field, v, range)?)
 }
 
 /// A new session id: `s-` and 12 hex digits.

@@ -1,43 +1,14 @@
 //! Transport pieces both front ends use: request headers, chunked
-//! streaming straight to the socket, and the error shape a target's API
-//! answers in (also what `httpd` writes for a request it refuses).
+//! streaming straight to the socket; the error shape a target's API
+//! answers in (`shape`, re-exported; `httpd` also writes it).
 
 use super::httpd::Request;
-use serde_json::json;
+/// Here for the front ends, which name it `server::http::Shape`.
+pub use super::shape::Shape;
 use std::io::Write;
 
 pub fn header<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
     req.header(name)
-}
-
-/// The error shape of an API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// `{"error": {"code", "message"}}`: `/v1` and any other path.
-    Nested,
-    /// `{"error": "<message>", "code"}`: the seed's routes.
-    Seed,
-}
-
-impl Shape {
-    /// The shape for a request target (path, with or without a query):
-    /// the seed's routes are `/exec[/...]`, `/admin[/...]`, `/health` and
-    /// `/ready`, whatever the method and whether the route exists.
-    pub fn for_target(target: &str) -> Shape {
-        let path = target.split(['?', '#']).next().unwrap_or("");
-        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
-        match first {
-            "exec" | "admin" | "health" | "ready" => Shape::Seed,
-            _ => Shape::Nested,
-        }
-    }
-
-    pub fn body(self, code: &str, message: &str) -> serde_json::Value {
-        match self {
-            Shape::Nested => json!({"error": {"code": code, "message": message}}),
-            Shape::Seed => json!({"error": message, "code": code}),
-        }
-    }
 }
 
 /// Chunked transfer encoding over the raw connection, flushed per write so

@@ -21,7 +21,7 @@
 //!   client address (503 beyond, written without waiting);
 //! - a handler that panics ends only its own connection.
 
-use super::http::Shape;
+use super::shape::Shape;
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

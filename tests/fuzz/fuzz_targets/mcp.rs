@@ -13,7 +13,7 @@ use agent_sandbox::metrics::Metrics;
 use agent_sandbox::mcp::jsonrpc;
 use agent_sandbox::mcp::server::{Conn, Engine, Sink};
 use agent_sandbox::mcp::Host;
-use agent_sandbox::ops::{Principal, Scope};
+use agent_sandbox::ops::{Ops, Principal, Scope};
 use agent_sandbox::session::Manager;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -37,7 +37,7 @@ fn engine() -> &'static Arc<Engine> {
             Arc::new(fake::NoSandboxes),
             Arc::new(Metrics::new()),
         );
-        Engine::new(Host::new(mgr, cfg))
+        Engine::new(Host::new(Ops::new(mgr, cfg)))
     })
 }
 
