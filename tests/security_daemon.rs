@@ -663,6 +663,43 @@ fn a_killed_spawner_takes_its_vms_and_the_daemon_exits_non_zero() {
     }
 }
 
+/// The VMM of an idle session dies: the agent connection's background
+/// reader (a thread whose filter allows no `openat`) is the one to see it
+/// close, and the close note (the VMM's OOM counter, read from its cgroup)
+/// must work there. The daemon stays up and says the session is gone.
+#[test]
+fn an_idle_sessions_dead_vmm_is_noticed_by_the_hardened_reader() {
+    if !is_root() || !common::daemon::vm_backend() {
+        skip!("needs root and guest images (a VM backend)");
+    }
+    let mut d = Daemon::start(&[]);
+    let id = create_session(&d);
+    assert_eq!(exec(&d, &id, "echo up"), "up\n");
+    let vm = sandbox_of(&d, &id).expect("the session's sandbox id in the log");
+    let spawner = spawner_of(d.pid()).expect("spawner");
+    let (_, qemu) = qemus_by_id(spawner)
+        .into_iter()
+        .find(|(v, _)| *v == vm)
+        .expect("the session's QEMU");
+    // Idle well past the reader's grace: the background reader holds the
+    // connection.
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: a QEMU this test's daemon started.
+    unsafe { libc::kill(qemu, libc::SIGKILL) };
+    assert!(
+        wait_until(Duration::from_secs(10), || d.log().contains("sandbox died")),
+        "the dead VMM was not noticed:\n{}",
+        d.log()
+    );
+    assert!(alive(d.pid()), "the daemon died:\n{}", d.log());
+    let log = d.log();
+    assert!(!log.contains("forbidden syscall"), "log:\n{log}");
+    let r = d.http().get(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 404, "{}", r.text());
+    let st = d.terminate(libc::SIGTERM).expect("daemon exit");
+    assert!(st.success(), "daemon exit {st:?}\n{}", d.log());
+}
+
 #[test]
 fn a_networked_daemon_resolves_through_its_hardened_dns_thread() {
     if !is_root() || !common::daemon::vm_backend() {

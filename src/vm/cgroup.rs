@@ -519,15 +519,43 @@ pub fn memory_limit_of(dirs: &[PathBuf]) -> Option<u64> {
 /// How many processes the OOM killer killed in `dirs` for their memory
 /// limit (`oom_kill` of v2 `memory.events`, v1 `memory.oom_control`).
 pub fn oom_kills(dirs: &[PathBuf]) -> u64 {
-    dirs.iter()
-        .flat_map(|d| ["memory.events", "memory.oom_control"].map(|f| d.join(f)))
-        .filter_map(|p| fs::read_to_string(p).ok())
-        .flat_map(|t| {
-            t.lines()
+    OomCounter::open(dirs).kills()
+}
+
+/// The OOM-kill counters of a VMM's cgroups, opened once: read later on a
+/// thread whose seccomp filter allows no `openat` (the agent reader, when
+/// it is the one to see the VMM's connection close), with `pread` only.
+pub struct OomCounter {
+    files: Vec<fs::File>,
+}
+
+impl OomCounter {
+    pub fn open(dirs: &[PathBuf]) -> OomCounter {
+        let files = dirs
+            .iter()
+            .flat_map(|d| ["memory.events", "memory.oom_control"].map(|f| d.join(f)))
+            .filter_map(|p| fs::File::open(p).ok())
+            .collect();
+        OomCounter { files }
+    }
+
+    /// Kills counted now (each file read afresh from its start).
+    pub fn kills(&self) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 4096];
+        let mut n = 0;
+        for f in &self.files {
+            // Both files are a few short lines: one read holds them.
+            let Ok(len) = f.read_at(&mut buf, 0) else {
+                continue;
+            };
+            n += String::from_utf8_lossy(&buf[..len])
+                .lines()
                 .filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
+                .sum::<u64>();
+        }
+        n
+    }
 }
 
 /// How the jailer should make Firecracker's cgroups here: `--cgroup-version`

@@ -237,12 +237,11 @@ pub(super) fn pipe() -> io::Result<(fs::File, fs::File)> {
 
 impl Vm for QemuVm {
     fn close_note(&self) -> Option<crate::agent::CloseNote> {
-        let (cgs, limit) = (
-            self.cgroups.clone(),
-            cgroup::memory_limit_of(&self.cgroups)?,
-        );
+        let limit = cgroup::memory_limit_of(&self.cgroups)?;
+        // Opened here, read by whichever thread sees the connection close.
+        let oom = cgroup::OomCounter::open(&self.cgroups);
         Some(Box::new(move || {
-            (cgroup::oom_kills(&cgs) > 0).then(|| {
+            (oom.kills() > 0).then(|| {
                 format!(
                     "the VMM was killed by the host's OOM killer at its cgroup memory limit \
                      of {} MiB (guest RAM + vm_memory_overhead_mib)",
