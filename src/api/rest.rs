@@ -298,7 +298,7 @@ pub fn read(
     let session = session(ctx, p, params.get("session"), None)?;
     // Before the request waits for anything: a full budget is a 503 with
     // Retry-After now, not a failure half-way.
-    let mut lease = ctx.ops.mgr.replies.admit()?;
+    let mut lease = ctx.ops.reply_lease()?;
     let activity = session.activity();
     let max = ctx.cfg.max_file as u64;
     let max_reply = ctx.cfg.max_json_reply();
@@ -344,7 +344,7 @@ pub fn files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let session = session(ctx, p, params.get("session"), None)?;
-    let lease = ctx.ops.mgr.replies.admit()?;
+    let lease = ctx.ops.reply_lease()?;
     let activity = session.activity();
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();

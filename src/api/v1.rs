@@ -351,7 +351,7 @@ pub fn download(
 ) -> ApiResult<Reply> {
     let path = path_param(params, "path")?;
     let s = own_session(ctx, p, params)?;
-    let mut lease = ctx.ops.mgr.replies.admit()?;
+    let mut lease = ctx.ops.reply_lease()?;
     let max = ctx.cfg.max_file as u64;
     let wait = ctx.cfg.create_timeout;
     Ok(Reply::Later(Box::new(move || {
@@ -462,7 +462,7 @@ pub fn list_files(
     validate::path(&path, "path")?;
     let recursive = params.flag("recursive", false)?;
     let s = own_session(ctx, p, params)?;
-    let lease = ctx.ops.mgr.replies.admit()?;
+    let lease = ctx.ops.reply_lease()?;
     let wait = ctx.cfg.create_timeout;
     let max_reply = ctx.cfg.max_json_reply();
     Ok(Reply::Later(Box::new(move || {

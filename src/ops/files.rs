@@ -4,7 +4,7 @@
 //! answers typed; the front ends shape the reply. Replies built from guest
 //! data lease their memory from the caller's [`Lease`] as they grow.
 
-use super::{validate, OpsError, OpsResult};
+use super::{validate, Ops, OpsError, OpsResult};
 use crate::agent::{Call, ClientError, Inbound};
 use crate::budget::Lease;
 use crate::proto::{DirEntry, Event, FileStat, FileType, Request, Response};
@@ -12,6 +12,14 @@ use crate::session::Session;
 use base64::Engine;
 use serde::Serialize;
 use std::time::{Duration, Instant};
+
+impl Ops {
+    /// The reply-memory lease a request built from guest data starts with
+    /// (refused while the daemon-wide budget is spent).
+    pub fn reply_lease(&self) -> OpsResult<Lease> {
+        Ok(self.mgr.replies.admit()?)
+    }
+}
 
 /// Writes `data` to `path` (parents created), in one piece: the guest
 /// renames into place only after EOF. Answers the bytes written.

@@ -28,13 +28,7 @@ pub(super) fn read_file(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     validate::path(&path, "path").map_err(op_msg)?;
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx
-        .host
-        .ops
-        .mgr
-        .replies
-        .admit()
-        .map_err(|e| e.to_string())?;
+    let mut lease = ctx.host.ops.reply_lease().map_err(op_msg)?;
     // Base64 grows 4/3 and must fit in one message.
     let max = (crate::mcp::MAX_MESSAGE as u64 / 2).min(ctx.host.ops.cfg.max_file as u64);
     let data = ops_files::read(&s, &mut lease, &path, max, wait(ctx)).map_err(op_msg)?;
@@ -69,13 +63,7 @@ pub(super) fn list_files(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     let recursive = opt_bool(a, "recursive")?.unwrap_or(false);
     let s = own_session(ctx, &id)?;
     let _a = s.activity();
-    let mut lease = ctx
-        .host
-        .ops
-        .mgr
-        .replies
-        .admit()
-        .map_err(|e| e.to_string())?;
+    let mut lease = ctx.host.ops.reply_lease().map_err(op_msg)?;
     let l = ops_files::list(&s, &mut lease, &path, recursive, wait(ctx)).map_err(op_msg)?;
     // Sized before it becomes a `Value` (ten times the bytes).
     let len = crate::budget::json_len(&l);
