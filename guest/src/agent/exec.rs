@@ -530,7 +530,15 @@ impl Pump {
     fn conclude(&mut self) {
         let mut status = exit_status(self.exit.unwrap_or(0), self.proc.started, self.timed_out);
         match &self.cgroup {
-            Some(cg) => (status.usage, status.oom_killed) = cg.usage(),
+            Some(cg) => {
+                (status.usage, status.oom_killed) = cg.usage();
+                // An OOM kill in the exec's cgroup kills its whole tree
+                // (memory.oom.group); what a bomb forked in the kill's
+                // window, or what still sits in reclaim, goes now.
+                if status.oom_killed {
+                    cg.kill();
+                }
+            }
             None => status.usage = self.rusage,
         }
         let mut st = lock(&self.proc.state);

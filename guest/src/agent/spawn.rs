@@ -203,13 +203,32 @@ impl ExecCgroup {
         (usage, oom)
     }
 
-    /// SIGKILL to every process in the cgroup.
+    /// SIGKILL to every process in the cgroup, held first (see [`hold`]):
+    /// a fork bomb at its memory.max survives a plain `cgroup.kill`.
     pub fn kill(&self) {
+        hold(&self.path);
         let f = self.path.join("cgroup.kill");
         if let Err(e) = std::fs::write(&f, "1") {
             log::warn!("write {}: {e}", f.display());
         }
+        thaw(&self.path);
     }
+}
+
+/// Holds exec cgroup `c` for a kill: frozen (no fork between listing and
+/// killing; SIGKILL still ends frozen tasks) and its memory.max lifted to
+/// the sandbox's own limit, which still bounds it, so tasks the memcg OOM
+/// killer already sent SIGKILL (which `cgroup.kill` skips) are not held in
+/// reclaim at the limit while the rest forks on. Best effort: a cgroup
+/// emptied meanwhile needs neither. [`thaw`] after the kill, on every way
+/// out.
+fn hold(c: &std::path::Path) {
+    let _ = std::fs::write(c.join("cgroup.freeze"), "1");
+    let _ = std::fs::write(c.join("memory.max"), "max");
+}
+
+fn thaw(c: &std::path::Path) {
+    let _ = std::fs::write(c.join("cgroup.freeze"), "0");
 }
 
 impl Drop for ExecCgroup {
@@ -282,21 +301,19 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
         Vec::new()
     };
     for c in &held {
-        // Best effort: a cgroup emptied meanwhile is gone or needs neither.
-        let _ = std::fs::write(c.join("cgroup.freeze"), "1");
-        let _ = std::fs::write(c.join("memory.max"), "max");
+        hold(c);
     }
     let kill = path.join("cgroup.kill");
     let killed = std::fs::write(&kill, "1");
     // Thaws what was frozen on every way out: a thawed empty cgroup is
     // removed as usual, one still holding a task must not keep it frozen.
-    let thaw = || {
+    let thaw_all = || {
         for c in &held {
-            let _ = std::fs::write(c.join("cgroup.freeze"), "0");
+            thaw(c);
         }
     };
     if let Err(e) = killed {
-        thaw();
+        thaw_all();
         return Some(Err(ctx(e, &format!("write {}", kill.display()))));
     }
     // Waits on `cgroup.events` (one short file), not on a count of every
@@ -319,7 +336,7 @@ pub fn kill_all(wait: std::time::Duration) -> Option<io::Result<(u64, u64)>> {
         // (a request handled on another thread) started after it.
         let _ = std::fs::write(&kill, "1");
     };
-    thaw();
+    thaw_all();
     Some(Ok((found, left)))
 }
 
