@@ -261,23 +261,8 @@ impl Backend for FirecrackerBackend {
         let out = self
             .spawner
             .run(&argv, Instant::now() + self.timeouts.jailer)?;
-        let text = String::from_utf8_lossy(&out.stdout);
         // `Firecracker v1.16.1` on the first line.
-        let v = text
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .filter(|_| out.code == Some(0))
-            .ok_or_else(|| VmError::Api {
-                backend: NAME,
-                msg: format!(
-                    "{} --version gave no version (exit {:?}): {}",
-                    self.jailer.firecracker_bin.display(),
-                    out.code,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            })?
-            .to_string();
+        let v = out.version_line(NAME, &self.jailer.firecracker_bin)?;
         // The fixed command line is part of what a snapshot holds (see
         // `snapshot::machine_tag`).
         let v = format!("{v}; {}", snapshot::machine_tag(&[DEFAULT_CMDLINE]));

@@ -61,6 +61,28 @@ pub struct Output {
     pub stderr: Vec<u8>,
 }
 
+impl Output {
+    /// The first non-empty line of a successful `BIN --version`: the VMM
+    /// version every backend records in its snapshots' manifests.
+    pub fn version_line(&self, backend: &'static str, bin: &Path) -> Result<String> {
+        String::from_utf8_lossy(&self.stdout)
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .filter(|_| self.code == Some(0))
+            .map(str::to_string)
+            .ok_or_else(|| VmError::Api {
+                backend,
+                msg: format!(
+                    "{} --version gave no version (exit code {:?}): {}",
+                    bin.display(),
+                    self.code,
+                    String::from_utf8_lossy(&self.stderr).trim()
+                ),
+            })
+    }
+}
+
 /// Runs a short-lived process (the jailer, `firecracker --version`) to
 /// completion. The daemon plugs in its unfiltered spawner process here.
 pub trait Spawner: Send + Sync {

@@ -223,22 +223,7 @@ impl QemuBackend {
             &[bin.clone().into_os_string(), "--version".into()],
             Instant::now() + self.cfg.timeouts.qmp,
         )?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = text
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .filter(|_| out.code == Some(0))
-            .ok_or_else(|| VmError::Api {
-                backend: NAME,
-                msg: format!(
-                    "{} --version gave no version (exit code {:?}): {}",
-                    bin.display(),
-                    out.code,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            })?
-            .to_string();
+        let v = out.version_line(NAME, &bin)?;
         *cached = Some(v.clone());
         Ok(v)
     }
