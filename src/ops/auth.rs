@@ -822,6 +822,22 @@ impl Auth {
 mod tests {
     use super::*;
 
+    /// Key `k1` with `scopes`, nothing else set.
+    fn test_key(scopes: &[&str]) -> KeyRecord {
+        KeyRecord {
+            id: "k1".into(),
+            name: String::new(),
+            hash: String::new(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            created: 0,
+            revoked: false,
+            prefix: None,
+            rate: None,
+            burst: None,
+            expires_at: None,
+        }
+    }
+
     #[test]
     fn create_verify_rotate_revoke() {
         let dir = tempfile::tempdir().unwrap();
@@ -972,18 +988,7 @@ mod tests {
             assert_eq!(Scope::parse(s), want, "{s}");
             assert_eq!(want.map(Scope::as_str).unwrap_or(s), s);
         }
-        let rec = KeyRecord {
-            id: "k1".into(),
-            name: String::new(),
-            hash: String::new(),
-            scopes: vec!["metrics".into(), "root".into()],
-            created: 0,
-            revoked: false,
-            prefix: None,
-            rate: None,
-            burst: None,
-            expires_at: None,
-        };
+        let rec = test_key(&["metrics", "root"]);
         let p = Principal::of_key(&rec);
         assert_eq!(
             p.scopes,
@@ -1039,18 +1044,7 @@ mod tests {
     #[test]
     fn bucket() {
         let rl = RateLimiter::new(1.0, 2.0);
-        let k = KeyRecord {
-            id: "k1".into(),
-            name: String::new(),
-            hash: String::new(),
-            scopes: vec![],
-            created: 0,
-            revoked: false,
-            prefix: None,
-            rate: None,
-            burst: None,
-            expires_at: None,
-        };
+        let k = test_key(&[]);
         assert!(rl.check(&k).is_ok());
         assert!(rl.check(&k).is_ok());
         let e = rl.check(&k).unwrap_err();

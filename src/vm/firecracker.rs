@@ -591,11 +591,11 @@ impl Vm for FcVm {
         )?;
         self.take_snapshot_file(in_jail::NEW_SNAP_STATE, &dir.join(SNAP_STATE_FILE))?;
         self.take_snapshot_file(in_jail::NEW_SNAP_MEM, &dir.join(SNAP_MEM_FILE))?;
-        let manifest = Manifest::create(
+        Manifest::seal(
+            dir,
             &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
-            vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
-        )?;
-        manifest.write(dir)
+            &[SNAP_STATE_FILE, SNAP_MEM_FILE],
+        )
     }
 
     fn destroy(&mut self) -> Result<()> {

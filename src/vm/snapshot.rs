@@ -236,6 +236,13 @@ impl Manifest {
         })
     }
 
+    /// Describes the snapshot just written into `dir` (its `files`) and
+    /// writes the manifest there, last: what every backend's
+    /// `Vm::snapshot` ends with.
+    pub fn seal(dir: &Path, inputs: &Inputs<'_>, files: &[&str]) -> Result<()> {
+        Self::create(inputs, files.iter().map(|f| f.to_string()).collect())?.write(dir)
+    }
+
     /// Write `<dir>/manifest.json` atomically (temp file + rename), last, so
     /// a manifest exists only for a complete snapshot.
     pub fn write(&self, dir: &Path) -> Result<()> {

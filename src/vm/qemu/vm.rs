@@ -382,11 +382,11 @@ impl Vm for QemuVm {
             let _ = fs::remove_file(&mem_tmp);
             return Err(e);
         }
-        let manifest = Manifest::create(
+        Manifest::seal(
+            dir,
             &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
-            vec![SNAP_STATE_FILE.into(), SNAP_MEM_FILE.into()],
-        )?;
-        manifest.write(dir)
+            &[SNAP_STATE_FILE, SNAP_MEM_FILE],
+        )
     }
 
     fn destroy(&mut self) -> Result<()> {
