@@ -43,6 +43,13 @@ pub enum SandboxError {
     /// by sessions and standby VMMs of this daemon or by other daemons).
     #[error("sandbox {id}: vm uid: {msg}")]
     UidsExhausted { id: String, msg: String },
+    /// What this backend cannot do (local-process: checkpoints).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A checkpoint this host cannot restore (other VMM version, kernel,
+    /// rootfs or shape): the reason names what differs.
+    #[error("{0}")]
+    Unrestorable(String),
     #[error("{0}")]
     Other(String),
 }
@@ -147,7 +154,18 @@ pub trait Sandbox: Send {
     fn timings(&self) -> Vec<(Phase, std::time::Duration)> {
         Vec::new()
     }
+    /// Save the running sandbox's whole state into `dir` (the VM's
+    /// [`crate::vm::Vm::checkpoint`]); it runs on afterwards.
+    fn checkpoint(&mut self, dir: &std::path::Path) -> Result<CheckpointStats> {
+        let _ = dir;
+        Err(SandboxError::Unsupported(format!(
+            "sandbox {}: this backend cannot checkpoint a session",
+            self.id()
+        )))
+    }
 }
+
+pub use crate::vm::CheckpointStats;
 
 /// A phase of a sandbox's creation that [`Sandbox::timings`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +202,30 @@ pub trait SandboxFactory: Send + Sync {
     /// snapshot namespace).
     fn close(&self) -> Result<()> {
         Ok(())
+    }
+    /// A sandbox of `spec` (its template and shape) started from the
+    /// checkpoint in `dir` instead of the template's snapshot: its own
+    /// network namespace (with `spec.egress`), VMM uid and cgroup, the
+    /// guest's clock and entropy fixed up as after every restore.
+    fn restore(&self, spec: &SandboxSpec, dir: &std::path::Path) -> Result<Box<dyn Sandbox>> {
+        let _ = dir;
+        Err(SandboxError::Unsupported(format!(
+            "sandbox {}: this backend cannot restore a checkpoint",
+            spec.id
+        )))
+    }
+    /// Whether the checkpoint in `dir` restores as `spec` on this host
+    /// ([`SandboxError::Unrestorable`] says why not).
+    fn check_restorable(&self, spec: &SandboxSpec, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
+        Err(SandboxError::Unsupported(format!(
+            "sandbox {}: this backend cannot restore a checkpoint",
+            spec.id
+        )))
+    }
+    /// The checkpoint in `dir` is about to be removed.
+    fn forget_checkpoint(&self, dir: &std::path::Path) {
+        let _ = dir;
     }
 }
 

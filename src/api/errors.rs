@@ -124,12 +124,21 @@ impl From<OpsError> for ApiError {
         let status = match &e {
             E::Budget(_) => 500, // answered above
             E::Session(_) => session_status(e.code()),
-            E::SessionNotFound { .. } | E::ProcessNotFound { .. } | E::KeyNotFound { .. } => 404,
+            E::SessionNotFound { .. }
+            | E::ProcessNotFound { .. }
+            | E::KeyNotFound { .. }
+            | E::SnapshotNotFound { .. } => 404,
             E::InvalidSessionId { .. }
             | E::InvalidPath { .. }
             | E::BadRequest(_)
             | E::TimeoutTooLong { .. } => 400,
-            E::Cancelled(_) | E::KeyRevoked { .. } => 409,
+            E::Cancelled(_)
+            | E::KeyRevoked { .. }
+            | E::SessionBusy { .. }
+            | E::SnapshotUnrestorable { .. } => 409,
+            E::NotSupported(_) => 501,
+            E::CheckpointFailed { no_space: true, .. } => 507,
+            E::CheckpointFailed { .. } => 500,
             E::Timeout(_) => 504,
             E::Agent { .. } | E::UnexpectedAnswer(_) => 502,
             E::Forbidden(_) => 403,
@@ -210,6 +219,12 @@ mod tests {
             "413 file_too_large None /x is larger than 10 bytes",
             "502 agent_error None unexpected answer \"Pong\"",
             "500 internal None thread",
+            "404 snapshot_not_found None no snapshot \"snap-1\"",
+            "409 session_busy None session \"s1\" is busy: a command is running",
+            "501 not_supported None no checkpoints",
+            "409 snapshot_unrestorable None snapshot \"snap-1\" cannot be restored on this host: other QEMU",
+            "507 checkpoint_failed None checkpoint of session \"s1\" failed: write /x: no space",
+            "500 checkpoint_failed None checkpoint of session \"s1\" failed: qmp",
             "413 reply_too_large None the JSON reply would be 10 bytes, over the 5-byte limit; list less",
             "503 reply_memory_exhausted Some(1) the daemon is holding 1 of its 2 bytes for replies in flight; this one needs 3 more: retry shortly",
             "503 unavailable Some(1) the server is shutting down",

@@ -129,7 +129,8 @@ pub fn seed_session(s: &SessionView) -> Value {
     let mut v = s.json();
     let state = match s.phase {
         State::Starting => "creating",
-        State::Ready => "active",
+        // The seed knows no paused state; its next exec resumes it.
+        State::Ready | State::Paused => "active",
         // A failed session is on its way out.
         State::Failed(_) | State::Closing => "destroying",
     };

@@ -59,6 +59,7 @@ pub fn create_session(
         idle_timeout: b.idle_timeout,
         env: b.env.unwrap_or_default(),
         egress: b.egress,
+        ..Default::default()
     };
     let session = ctx.ops.create(p, spec)?;
     let ops = ctx.ops.clone();

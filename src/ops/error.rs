@@ -61,6 +61,29 @@ pub enum OpsError {
     /// (its debug form).
     #[error("unexpected answer {0}")]
     UnexpectedAnswer(String),
+    /// No snapshot of that id among the caller's.
+    #[error("no snapshot {id:?}")]
+    SnapshotNotFound { id: String },
+    /// The session runs a command (or is pausing, resuming, forking): the
+    /// state change it was asked for would cut it off.
+    #[error("session {id:?} is busy: {why}")]
+    SessionBusy { id: String, why: String },
+    /// What the daemon's backend cannot do (local-process: checkpoints).
+    #[error("{0}")]
+    NotSupported(String),
+    /// A snapshot this host cannot restore (other VMM version, CPU model,
+    /// kernel, rootfs): listed as such, never dropped.
+    #[error("snapshot {id:?} cannot be restored on this host: {why}")]
+    SnapshotUnrestorable { id: String, why: String },
+    /// Writing a checkpoint failed (the message names the path); the
+    /// session runs on and nothing of the checkpoint is left. `no_space`:
+    /// the disk was full.
+    #[error("checkpoint of session {id:?} failed: {why}")]
+    CheckpointFailed {
+        id: String,
+        why: String,
+        no_space: bool,
+    },
     /// Our fault: a thread that did not start, a reply that did not
     /// serialize.
     #[error("{0}")]
@@ -204,6 +227,11 @@ impl OpsError {
             OpsError::Session(e) => e.code(),
             OpsError::Budget(e) => e.code(),
             OpsError::Agent { .. } | OpsError::UnexpectedAnswer(_) => "agent_error",
+            OpsError::SnapshotNotFound { .. } => "snapshot_not_found",
+            OpsError::SessionBusy { .. } => "session_busy",
+            OpsError::NotSupported(_) => "not_supported",
+            OpsError::SnapshotUnrestorable { .. } => "snapshot_unrestorable",
+            OpsError::CheckpointFailed { .. } => "checkpoint_failed",
             OpsError::Internal(_) => "internal",
         }
     }
@@ -246,6 +274,28 @@ pub fn samples() -> Vec<OpsError> {
         },
         OpsError::unexpected("Pong"),
         OpsError::Internal("thread".into()),
+        OpsError::SnapshotNotFound {
+            id: "snap-1".into(),
+        },
+        OpsError::SessionBusy {
+            id: "s1".into(),
+            why: "a command is running".into(),
+        },
+        OpsError::NotSupported("no checkpoints".into()),
+        OpsError::SnapshotUnrestorable {
+            id: "snap-1".into(),
+            why: "other QEMU".into(),
+        },
+        OpsError::CheckpointFailed {
+            id: "s1".into(),
+            why: "write /x: no space".into(),
+            no_space: true,
+        },
+        OpsError::CheckpointFailed {
+            id: "s1".into(),
+            why: "qmp".into(),
+            no_space: false,
+        },
         crate::budget::too_large(10, 5, "list less").into(),
         OpsError::Budget(BudgetError::Exhausted {
             used: 1,

@@ -13,6 +13,7 @@ pub mod network;
 pub mod procs;
 pub mod run;
 pub mod sessions;
+pub mod state;
 pub mod validate;
 
 /// The one egress policy type, for the front ends (which do not import
@@ -29,7 +30,8 @@ pub use crate::session::now_unix_ms;
 pub use crate::session::{Session, State};
 pub use auth::Scope;
 pub use error::{OpsError, OpsResult};
-pub use sessions::{SessionSpec, SessionView};
+pub use sessions::{OnIdle, SessionSpec, SessionView};
+pub use state::{Fork, SnapshotView};
 
 use crate::config::Config;
 use crate::metrics::Metrics;

@@ -8,6 +8,7 @@ use super::{validate, Ops, OpsError, OpsResult, Principal};
 use crate::config::parse_duration;
 use crate::net::EgressPolicy;
 use crate::proto::Request;
+pub use crate::session::OnIdle;
 use crate::session::{now_unix_ms, Session, SessionOptions, State};
 use crate::sync::lock;
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,15 @@ pub struct SessionSpec {
     pub idle_timeout: Option<Span>,
     pub env: BTreeMap<String, String>,
     pub egress: Option<EgressPolicy>,
+    /// `destroy` (default) or `pause` when idle past `idle_timeout`.
+    pub on_idle: Option<OnIdle>,
+    /// How long the session may stay paused.
+    pub paused_ttl: Option<Span>,
+    /// Start from this checkpoint (`snap-...`) instead of the template:
+    /// its template and shape are the checkpoint's (issue #21).
+    pub from_snapshot: Option<String>,
+    /// With `from_snapshot`: how many sessions ([`Ops::create_many`]).
+    pub count: Option<u32>,
 }
 
 /// A duration as a client gives it: seconds, or text like `30m`.
@@ -76,6 +86,17 @@ pub struct SessionView {
     pub last_used_at: u64,
     pub expires_at: u64,
     pub idle_timeout_ms: u64,
+    pub on_idle: OnIdle,
+    pub paused_ttl_ms: u64,
+    /// While paused: its checkpoint's size on disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_bytes: Option<u64>,
+    /// While paused: when it was paused (ms since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<u64>,
+    /// While paused: when it is removed unless resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_expires_at: Option<u64>,
     pub busy: bool,
     /// The session's state itself (the seed names it its own way).
     #[serde(skip)]
@@ -90,6 +111,7 @@ impl SessionView {
             now_unix_ms() + delta
         };
         let phase = s.state();
+        let paused = s.paused();
         SessionView {
             id: s.id.clone(),
             session_id: s.id.clone(),
@@ -105,6 +127,11 @@ impl SessionView {
             last_used_at: now_unix_ms().saturating_sub(s.idle_for().as_millis() as u64),
             expires_at: unix_ms(s.expires),
             idle_timeout_ms: s.idle_timeout.as_millis() as u64,
+            on_idle: s.on_idle,
+            paused_ttl_ms: s.paused_ttl.as_millis() as u64,
+            snapshot_bytes: paused.as_ref().map(|p| p.bytes),
+            paused_at: paused.as_ref().map(|p| p.since_unix_ms),
+            paused_expires_at: paused.as_ref().map(|p| p.expires_unix_ms),
             busy: s.busy(),
             phase,
         }
@@ -122,6 +149,7 @@ fn state_name(s: &State) -> &'static str {
         State::Starting => "starting",
         State::Ready => "ready",
         State::Failed(_) => "failed",
+        State::Paused => "paused",
         State::Closing => "closing",
     }
 }
@@ -184,6 +212,8 @@ impl Ops {
                 .transpose()?,
             env: validate::env(spec.env)?,
             egress: spec.egress,
+            on_idle: spec.on_idle,
+            paused_ttl: spec.paused_ttl.map(|d| d.get("pausedTtl")).transpose()?,
         };
         let (s, _) = self.mgr.get_or_create(&p.id, &id, opts, true)?;
         Ok(s)
@@ -258,6 +288,8 @@ impl Ops {
             idle_timeout: Some(old.idle_timeout),
             env: old.spec.env.clone(),
             egress: Some(old.spec.egress.clone()),
+            on_idle: Some(old.on_idle),
+            paused_ttl: Some(old.paused_ttl),
         };
         let (owner, id) = (old.owner.clone(), old.id.clone());
         drop(old);

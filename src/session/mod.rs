@@ -45,6 +45,9 @@ pub enum State {
     Starting,
     Ready,
     Failed(String),
+    /// Its state is saved in a checkpoint and no VMM runs (issue #21): an
+    /// exec or file request, or a resume, restores it.
+    Paused,
     Closing,
 }
 
@@ -55,6 +58,44 @@ pub(crate) enum Cmd {
     SetEgress(EgressPolicy, Sender<Result<(), SessionError>>),
     /// Destroy the sandbox and end the thread.
     Stop,
+}
+
+/// What happens to a session idle past its timeout (issue #21).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Destroyed, its work gone (the default, as before).
+    #[default]
+    Destroy,
+    /// Paused: its state kept in a checkpoint until `pausedTtl`.
+    Pause,
+}
+
+impl OnIdle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnIdle::Destroy => "destroy",
+            OnIdle::Pause => "pause",
+        }
+    }
+    pub fn parse(s: &str) -> Option<OnIdle> {
+        match s {
+            "destroy" => Some(OnIdle::Destroy),
+            "pause" => Some(OnIdle::Pause),
+            _ => None,
+        }
+    }
+}
+
+/// A paused session's checkpoint, as the session shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PausedInfo {
+    /// Bytes its checkpoint takes on disk.
+    pub bytes: u64,
+    /// When it was paused, ms since the epoch.
+    pub since_unix_ms: u64,
+    /// When it is removed unless resumed, ms since the epoch.
+    pub expires_unix_ms: u64,
 }
 
 pub struct Session {
@@ -69,6 +110,11 @@ pub struct Session {
     pub created_unix_ms: u64,
     pub expires: Instant,
     pub idle_timeout: Duration,
+    pub on_idle: OnIdle,
+    /// How long it may stay paused before it is removed.
+    pub paused_ttl: Duration,
+    /// Set while paused.
+    pub(crate) paused: Mutex<Option<PausedInfo>>,
     last_used: Mutex<Instant>,
     /// Requests in flight; a busy session is never idle-reaped.
     active: AtomicUsize,
@@ -162,6 +208,11 @@ impl Session {
                 id: self.id.clone(),
             },
         }
+    }
+
+    /// Its checkpoint while paused.
+    pub fn paused(&self) -> Option<PausedInfo> {
+        lock(&self.paused).clone()
     }
 
     pub fn pids(&self) -> Vec<i32> {

@@ -25,6 +25,8 @@ pub struct SessionOptions {
     pub idle_timeout: Option<Duration>,
     pub env: BTreeMap<String, String>,
     pub egress: Option<EgressPolicy>,
+    pub on_idle: Option<super::OnIdle>,
+    pub paused_ttl: Option<Duration>,
 }
 
 /// Sessions are keyed by (owner key id, session id): each key has its own
@@ -206,6 +208,9 @@ impl Manager {
             created_unix_ms: super::now_unix_ms(),
             expires: now + lifetime,
             idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
+            on_idle: opts.on_idle.unwrap_or_default(),
+            paused_ttl: opts.paused_ttl.unwrap_or(Duration::from_secs(24 * 3600)),
+            paused: Mutex::new(None),
             last_used: Mutex::new(now),
             active: AtomicUsize::new(0),
             state: Mutex::new(State::Starting),

@@ -87,6 +87,15 @@ pub struct VmConfig {
     pub run_dir: PathBuf,
 }
 
+/// What a [`Vm::checkpoint`] took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// How long the guest was stopped for it.
+    pub paused: std::time::Duration,
+    /// Bytes the checkpoint's files take on disk (allocated, not apparent).
+    pub bytes: u64,
+}
+
 pub trait Backend: Send + Sync {
     /// `firecracker` or `qemu`.
     fn name(&self) -> &'static str;
@@ -119,6 +128,19 @@ pub trait Backend: Send + Sync {
         cfg: &VmConfig,
         snapshot_dir: &std::path::Path,
     ) -> Result<Box<dyn PreparedRestore>>;
+    /// Whether the snapshot in `dir` restores as `cfg` on this host (the
+    /// check [`Backend::prepare_restore`] starts with), without starting
+    /// anything: [`VmError::StaleSnapshot`] names what differs.
+    fn check_snapshot(&self, cfg: &VmConfig, dir: &std::path::Path) -> Result<()> {
+        let version = self.vmm_version_for(&cfg.kernel)?;
+        snapshot::check_fresh(dir, &snapshot::Inputs::of(self.name(), &version, cfg))
+    }
+    /// The snapshot in `dir` is about to be removed: drop what the backend
+    /// keeps of it (QEMU: its cached sealed RAM). VMs restored from it keep
+    /// running on what they hold.
+    fn forget_snapshot(&self, dir: &std::path::Path) {
+        let _ = dir;
+    }
 }
 
 /// A VMM started for a restore that has not loaded its guest yet
@@ -160,6 +182,19 @@ pub trait Vm: Send {
     /// write `dir/manifest.json` (see [`snapshot::Manifest`]) last. The VM is
     /// left paused; destroy it afterwards.
     fn snapshot(&mut self, dir: &std::path::Path) -> Result<()>;
+    /// Save the running VM's whole state into `dir` in the backend's
+    /// snapshot format (what [`Backend::restore`] takes, `manifest.json`
+    /// written last, so a checkpoint is complete or absent), then let the
+    /// guest run on: a checkpoint of a live session (issue #21). Works for
+    /// booted and restored VMs alike; on error the VM keeps running and
+    /// `dir` holds nothing of it.
+    fn checkpoint(&mut self, dir: &std::path::Path) -> Result<CheckpointStats> {
+        let _ = dir;
+        Err(VmError::Other(format!(
+            "VM {}: this backend cannot checkpoint a running VM",
+            self.id()
+        )))
+    }
     /// Kill the VMM, reap it and remove everything it created. Idempotent.
     fn destroy(&mut self) -> Result<()>;
 }

@@ -33,6 +33,7 @@ pub(super) fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResul
         idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
         env: opt_env(a)?,
         egress: egress(a.get("egress"))?,
+        ..Default::default()
     };
     let s = ctx.host.ops.create(ctx.caller, spec).map_err(op_msg)?;
     (ctx.created)(&s.id);
