@@ -94,6 +94,16 @@ pub struct Config {
     /// What one API key may hold at once: live sessions, and their vCPUs
     /// and memory summed.
     pub max_sessions_per_key: usize,
+    /// What an idle session's timeout does by default (file key `on_idle`,
+    /// `"destroy"` or `"pause"`): true for pause (issue #21).
+    pub idle_pause: bool,
+    /// How long a paused session is kept by default.
+    pub paused_ttl: Duration,
+    /// Paused sessions one key may hold.
+    pub max_paused_per_key: usize,
+    /// Checkpoints one key may hold, and the bytes they may take on disk.
+    pub max_snapshots_per_key: usize,
+    pub max_snapshot_bytes_per_key: u64,
     pub max_vcpus_per_key: u32,
     pub max_mem_mib_per_key: u32,
     /// `Origin` values the MCP endpoint accepts (browsers); empty = none.
@@ -224,6 +234,11 @@ impl Default for Config {
             max_mem_mib: 8192,
             max_disk_mib: 65536,
             max_sessions_per_key: 16,
+            idle_pause: false,
+            paused_ttl: Duration::from_secs(7 * 24 * 3600),
+            max_paused_per_key: 16,
+            max_snapshots_per_key: 32,
+            max_snapshot_bytes_per_key: 64 << 30,
             max_vcpus_per_key: 32,
             max_mem_mib_per_key: 16384,
             mcp_allowed_origins: Vec::new(),
@@ -294,6 +309,8 @@ impl Config {
         for (key, v) in [
             ("max_sessions", self.max_sessions),
             ("max_sessions_per_key", self.max_sessions_per_key),
+            ("max_paused_per_key", self.max_paused_per_key),
+            ("max_snapshots_per_key", self.max_snapshots_per_key),
             ("max_connections", self.max_connections),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("max_streams", self.max_streams),
@@ -314,6 +331,7 @@ impl Config {
             ("write_timeout_secs", self.write_timeout),
             ("create_timeout_secs", self.create_timeout),
             ("reap_interval_secs", self.reap_interval),
+            ("paused_ttl_secs", self.paused_ttl),
         ] {
             if d.is_zero() {
                 return Err(format!("{key}: must be at least 1 second"));
@@ -472,6 +490,11 @@ pub struct FileConfig {
     pub max_mem_mib: Option<u32>,
     pub max_disk_mib: Option<u32>,
     pub max_sessions_per_key: Option<usize>,
+    pub on_idle: Option<String>,
+    pub paused_ttl_secs: Option<u64>,
+    pub max_paused_per_key: Option<usize>,
+    pub max_snapshots_per_key: Option<usize>,
+    pub max_snapshot_bytes_per_key: Option<u64>,
     pub max_vcpus_per_key: Option<u32>,
     pub max_mem_mib_per_key: Option<u32>,
     pub mcp_http: Option<bool>,
@@ -529,6 +552,11 @@ impl FileConfig {
     /// whatever its service manager chose: relative paths would be a trap.
     /// `qemu` may be a bare command name (looked up in PATH).
     fn check_paths(&self) -> Result<(), String> {
+        if let Some(o) = &self.on_idle {
+            if o != "destroy" && o != "pause" {
+                return Err(format!("on_idle {o:?}: must be \"destroy\" or \"pause\""));
+            }
+        }
         let mut paths: Vec<(String, &PathBuf)> = [
             ("agent_bin", &self.agent_bin),
             ("state_dir", &self.state_dir),
@@ -603,6 +631,9 @@ impl FileConfig {
             max_mem_mib => c.max_mem_mib,
             max_disk_mib => c.max_disk_mib,
             max_sessions_per_key => c.max_sessions_per_key,
+            max_paused_per_key => c.max_paused_per_key,
+            max_snapshots_per_key => c.max_snapshots_per_key,
+            max_snapshot_bytes_per_key => c.max_snapshot_bytes_per_key,
             max_vcpus_per_key => c.max_vcpus_per_key,
             max_mem_mib_per_key => c.max_mem_mib_per_key,
             mcp_http => c.mcp_http,
@@ -621,7 +652,11 @@ impl FileConfig {
             create_timeout_secs => c.create_timeout,
             write_timeout_secs => c.write_timeout,
             reap_interval_secs => c.reap_interval,
+            paused_ttl_secs => c.paused_ttl,
         );
+        if let Some(o) = &self.on_idle {
+            c.idle_pause = o == "pause";
+        }
         // Optional in Config too: set only when the file names them.
         macro_rules! set_opt {
             ($($key:ident => $field:expr),* $(,)?) => {
@@ -685,6 +720,11 @@ impl FileConfig {
             max_mem_mib: Some(c.max_mem_mib),
             max_disk_mib: Some(c.max_disk_mib),
             max_sessions_per_key: Some(c.max_sessions_per_key),
+            on_idle: Some(if c.idle_pause { "pause" } else { "destroy" }.into()),
+            paused_ttl_secs: secs(c.paused_ttl),
+            max_paused_per_key: Some(c.max_paused_per_key),
+            max_snapshots_per_key: Some(c.max_snapshots_per_key),
+            max_snapshot_bytes_per_key: Some(c.max_snapshot_bytes_per_key),
             max_vcpus_per_key: Some(c.max_vcpus_per_key),
             max_mem_mib_per_key: Some(c.max_mem_mib_per_key),
             mcp_http: Some(c.mcp_http),

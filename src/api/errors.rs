@@ -96,7 +96,8 @@ fn agent_status(f: AgentFailure) -> (u16, &'static str) {
 fn session_status(code: &str) -> u16 {
     match code {
         "unavailable" | "at_capacity" | "session_failed" => 503,
-        "session_exists" | "egress_not_applied" => 409,
+        "session_exists" | "egress_not_applied" | "session_busy" | "snapshot_unrestorable" => 409,
+        "not_supported" => 501,
         "invalid_shape" | "unknown_template" => 400,
         // (No Retry-After: the quota frees only when the key ends a
         // session.)

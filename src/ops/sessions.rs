@@ -125,7 +125,7 @@ impl SessionView {
             egress: lock(&s.egress).clone(),
             created_at: s.created_unix_ms,
             last_used_at: now_unix_ms().saturating_sub(s.idle_for().as_millis() as u64),
-            expires_at: unix_ms(s.expires),
+            expires_at: unix_ms(s.expires()),
             idle_timeout_ms: s.idle_timeout.as_millis() as u64,
             on_idle: s.on_idle,
             paused_ttl_ms: s.paused_ttl.as_millis() as u64,
@@ -281,7 +281,7 @@ impl Ops {
             mem_mib: Some(old.spec.mem_mib),
             disk_mib: Some(old.spec.disk_mib),
             ttl: Some(
-                old.expires
+                old.expires()
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_secs(1)),
             ),

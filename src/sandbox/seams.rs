@@ -44,6 +44,10 @@ pub trait NetProvider: Send + Sync {
     fn sweep_orphans(&self) -> Result<usize> {
         Ok(0)
     }
+    /// The MAC every session's guest gets (part of what a snapshot fixes).
+    fn guest_mac(&self) -> Option<String> {
+        None
+    }
     /// After the last session: remove host-wide state (tables, routes).
     fn close(&self) -> Result<()> {
         Ok(())

@@ -218,47 +218,64 @@ impl SandboxFactory for VmSandboxFactory {
         let tpl = self
             .templates
             .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
-        let (prov, mut vm, standby) = self.start_vm(spec, &tpl)?;
-        let fail = |what: &'static str, msg: String| SandboxError::Failed {
-            id: prov.id.clone(),
-            what,
-            msg,
-        };
-        // After a restore the hello carries the clock/entropy fixup.
-        let start = Started::of(tpl.snapshot_dir.is_some(), &*vm);
-        let connected = vm
-            .connect_agent(Instant::now() + self.agent_timeout)
-            .map_err(|e| fail("agent socket", e.to_string()))
-            .and_then(|s| {
-                AgentClient::connect_with(s, self.agent_timeout, start)
-                    .map_err(|e| fail("agent hello", e.to_string()))
-            });
-        match connected {
-            Ok(agent) => {
-                if let Some(note) = vm.close_note() {
-                    agent.set_close_note(note);
-                }
-                // Made once this session is up, not while it starts (the
-                // two would compete for the CPU); a snapshot whose guest
-                // does not answer is not worth one.
-                self.refill_standby(spec, &tpl);
-                Ok(Box::new(VmSandbox {
-                    id: prov.id,
-                    vm,
-                    net: prov.net,
-                    agent,
-                    destroyed: false,
-                    net_took: prov.net_took,
-                    standby,
-                    ids: Some(prov.lease),
-                }))
-            }
+        let (prov, vm, standby) = self.start_vm(spec, &tpl)?;
+        let sb = self.connect(prov, vm, tpl.snapshot_dir.is_some(), standby)?;
+        // Made once this session is up, not while it starts (the two
+        // would compete for the CPU); a snapshot whose guest does not
+        // answer is not worth one.
+        self.refill_standby(spec, &tpl);
+        Ok(sb)
+    }
+
+    fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<Box<dyn Sandbox>> {
+        let tpl = self
+            .templates
+            .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
+        let maker = self.maker();
+        let prov = maker.provision(&spec.id, &spec.egress)?;
+        let cfg = maker.config(&prov, &tpl);
+        match self.backend.restore(&cfg, dir) {
+            Ok(vm) => self.connect(prov, vm, true, None),
             Err(e) => {
-                let gone = vm.destroy().is_ok();
-                prov.release(gone);
-                Err(e)
+                prov.release(true);
+                Err(restore_error(&spec.id, e))
             }
         }
+    }
+
+    fn check_restorable(&self, spec: &SandboxSpec, dir: &Path) -> Result<()> {
+        let tpl = self
+            .templates
+            .resolve(&spec.template, spec.vcpus, spec.mem_mib)?;
+        // What a restore's VM would be, but for what each gets its own
+        // (id, uid, namespace), which a snapshot does not fix.
+        let cfg = VmConfig {
+            id: spec.id.clone(),
+            kernel: tpl.kernel.clone(),
+            rootfs: tpl.rootfs.clone(),
+            vcpus: tpl.vcpus,
+            mem_mib: tpl.mem_mib,
+            cmdline_extra: tpl.cmdline_extra.clone(),
+            net: self
+                .net
+                .as_ref()
+                .and_then(|n| n.guest_mac())
+                .map(|guest_mac| crate::vm::NetAttachment {
+                    netns: PathBuf::new(),
+                    tap: String::new(),
+                    guest_mac,
+                }),
+            uid: 0,
+            gid: 0,
+            run_dir: PathBuf::new(),
+        };
+        self.backend
+            .check_snapshot(&cfg, dir)
+            .map_err(|e| restore_error(&spec.id, e))
+    }
+
+    fn forget_checkpoint(&self, dir: &Path) {
+        self.backend.forget_snapshot(dir);
     }
 
     /// Resolves `spec`'s template (which may build its snapshot) and has a
@@ -296,6 +313,68 @@ impl SandboxFactory for VmSandboxFactory {
         match &self.net {
             Some(n) => n.close(),
             None => Ok(()),
+        }
+    }
+}
+
+/// A restore's failure: a checkpoint this host cannot restore is
+/// [`SandboxError::Unrestorable`], anything else a failed start.
+fn restore_error(id: &str, e: crate::vm::VmError) -> SandboxError {
+    match e {
+        crate::vm::VmError::StaleSnapshot { reason, .. } => SandboxError::Unrestorable(reason),
+        e => SandboxError::Failed {
+            id: id.to_string(),
+            what: "restore checkpoint",
+            msg: e.to_string(),
+        },
+    }
+}
+
+impl VmSandboxFactory {
+    /// Connects to a started VM's agent (`restored`: the hello fixes the
+    /// clock and entropy) and makes it a sandbox; on failure removes it.
+    fn connect(
+        &self,
+        prov: Provision,
+        mut vm: Box<dyn Vm>,
+        restored: bool,
+        standby: Option<Duration>,
+    ) -> Result<Box<dyn Sandbox>> {
+        let fail = |what: &'static str, msg: String| SandboxError::Failed {
+            id: prov.id.clone(),
+            what,
+            msg,
+        };
+        // After a restore the hello carries the clock/entropy fixup.
+        let start = Started::of(restored, &*vm);
+        let connected = vm
+            .connect_agent(Instant::now() + self.agent_timeout)
+            .map_err(|e| fail("agent socket", e.to_string()))
+            .and_then(|s| {
+                AgentClient::connect_with(s, self.agent_timeout, start)
+                    .map_err(|e| fail("agent hello", e.to_string()))
+            });
+        match connected {
+            Ok(agent) => {
+                if let Some(note) = vm.close_note() {
+                    agent.set_close_note(note);
+                }
+                Ok(Box::new(VmSandbox {
+                    id: prov.id,
+                    vm,
+                    net: prov.net,
+                    agent,
+                    destroyed: false,
+                    net_took: prov.net_took,
+                    standby,
+                    ids: Some(prov.lease),
+                }))
+            }
+            Err(e) => {
+                let gone = vm.destroy().is_ok();
+                prov.release(gone);
+                Err(e)
+            }
         }
     }
 }
@@ -407,6 +486,14 @@ impl Sandbox for VmSandbox {
                 self.id
             ))),
         }
+    }
+
+    fn checkpoint(&mut self, dir: &Path) -> Result<super::CheckpointStats> {
+        self.vm.checkpoint(dir).map_err(|e| SandboxError::Failed {
+            id: self.id.clone(),
+            what: "checkpoint",
+            msg: e.to_string(),
+        })
     }
 
     fn timings(&self) -> Vec<(super::Phase, Duration)> {

@@ -515,6 +515,10 @@ impl NetProvider for SessionNets {
             mac: guest_mac(self.net.config()),
         }))
     }
+
+    fn guest_mac(&self) -> Option<String> {
+        Some(guest_mac(self.net.config()))
+    }
 }
 
 impl NetLease for SessionLease {

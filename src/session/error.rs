@@ -34,6 +34,23 @@ pub enum SessionError {
     EgressTimeout { id: String },
     #[error("{0}")]
     EgressNotApplied(String),
+    /// A pause, checkpoint or fork while a command runs (it would be cut
+    /// off), or while another state change is under way.
+    #[error("session {id:?} is busy: {why}")]
+    Busy { id: String, why: String },
+    /// What the backend cannot do (local-process: checkpoints).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A checkpoint this host cannot restore.
+    #[error("checkpoint of session {id:?} cannot be restored on this host: {why}")]
+    Unrestorable { id: String, why: String },
+    /// Writing a checkpoint failed; the session runs on.
+    #[error("checkpoint of session {id:?} failed: {why}")]
+    CheckpointFailed {
+        id: String,
+        why: String,
+        no_space: bool,
+    },
     /// Starting the request on the agent failed.
     #[error("start request: {0}")]
     Agent(ClientError),
@@ -55,6 +72,10 @@ impl SessionError {
             SessionError::StartTimeout { .. } => "session_start_timeout",
             SessionError::EgressTimeout { .. } => "timeout",
             SessionError::EgressNotApplied(_) => "egress_not_applied",
+            SessionError::Busy { .. } => "session_busy",
+            SessionError::Unsupported(_) => "not_supported",
+            SessionError::Unrestorable { .. } => "snapshot_unrestorable",
+            SessionError::CheckpointFailed { .. } => "checkpoint_failed",
             SessionError::Agent(_) => "agent_error",
         }
     }

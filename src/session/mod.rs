@@ -9,6 +9,7 @@
 //! session thread nor any other session, and one session can run several
 //! commands at once.
 
+pub mod checkpoints;
 pub mod error;
 pub mod limits;
 pub mod pool;
@@ -56,8 +57,31 @@ pub(crate) enum Cmd {
     Call(Box<Request>, Sender<Result<Call, SessionError>>),
     /// Change the running sandbox's egress policy.
     SetEgress(EgressPolicy, Sender<Result<(), SessionError>>),
-    /// Destroy the sandbox and end the thread.
+    /// Save the state as a checkpoint of `kind` (named `name`); the
+    /// session runs on.
+    Checkpoint(
+        CheckpointAsk,
+        Sender<Result<Arc<checkpoints::Entry>, SessionError>>,
+    ),
+    /// Save the state and stop the VMM.
+    Pause(Sender<Result<(), SessionError>>),
+    /// The reaper's pause of an idle session: one that cannot be paused
+    /// is destroyed, as an idle session without `onIdle: pause` is.
+    IdlePause,
+    /// Restore a paused session (a running one: nothing to do).
+    Resume(Sender<Result<(), SessionError>>),
+    /// Destroy the sandbox and end the thread: the session is removed, a
+    /// paused one's checkpoint goes with it.
     Stop,
+    /// The daemon stops: a paused session's checkpoint stays, to be
+    /// resumed after the restart.
+    Shutdown,
+}
+
+/// What [`Cmd::Checkpoint`] saves.
+pub(crate) struct CheckpointAsk {
+    pub kind: checkpoints::Kind,
+    pub name: Option<String>,
 }
 
 /// What happens to a session idle past its timeout (issue #21).
@@ -108,7 +132,8 @@ pub struct Session {
     pub charge: limits::Charge,
     pub created: Instant,
     pub created_unix_ms: u64,
-    pub expires: Instant,
+    /// End of its lifetime (moved on by the time it spends paused).
+    pub(crate) expires: Mutex<Instant>,
     pub idle_timeout: Duration,
     pub on_idle: OnIdle,
     /// How long it may stay paused before it is removed.
@@ -213,6 +238,55 @@ impl Session {
     /// Its checkpoint while paused.
     pub fn paused(&self) -> Option<PausedInfo> {
         lock(&self.paused).clone()
+    }
+
+    /// End of its lifetime.
+    pub fn expires(&self) -> Instant {
+        *lock(&self.expires)
+    }
+
+    fn ask<T>(
+        &self,
+        cmd: impl FnOnce(Sender<Result<T, SessionError>>) -> Cmd,
+        wait: Duration,
+    ) -> Result<T, SessionError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.tx.send(cmd(tx)).is_err() {
+            return Err(self.gone_error());
+        }
+        match rx.recv_timeout(wait) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(SessionError::Busy {
+                id: self.id.clone(),
+                why: format!("no answer within {wait:?}"),
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
+        }
+    }
+
+    /// Saves the session's state as a checkpoint; it runs on.
+    pub fn checkpoint(
+        &self,
+        kind: checkpoints::Kind,
+        name: Option<String>,
+        wait: Duration,
+    ) -> Result<Arc<checkpoints::Entry>, SessionError> {
+        self.ask(|tx| Cmd::Checkpoint(CheckpointAsk { kind, name }, tx), wait)
+    }
+
+    /// Saves the state and stops the VMM (waiting up to `wait`).
+    pub fn pause(&self, wait: Duration) -> Result<(), SessionError> {
+        self.ask(Cmd::Pause, wait)
+    }
+
+    /// Asks for the idle pause without waiting (the reaper's).
+    pub(crate) fn pause_when_idle(&self) {
+        let _ = self.tx.send(Cmd::IdlePause);
+    }
+
+    /// Restores a paused session (waiting up to `wait`).
+    pub fn resume(&self, wait: Duration) -> Result<(), SessionError> {
+        self.ask(Cmd::Resume, wait)
     }
 
     pub fn pids(&self) -> Vec<i32> {

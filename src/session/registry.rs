@@ -1,9 +1,11 @@
 //! The session registry and the manager that owns sessions' lifecycles.
 
+use super::checkpoints::{Entry, Store};
 use super::limits::{Charge, Host, Limits};
 use super::pool::Pool;
+use super::worker::Origin;
 use super::SessionError;
-use super::{default_of, template_name, worker, Cmd, Session, State};
+use super::{default_of, template_name, worker, Cmd, OnIdle, PausedInfo, Session, State};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::net::EgressPolicy;
@@ -42,8 +44,30 @@ pub struct Manager {
     pub limits: Limits,
     /// Memory all replies built from guest data hold (REST and MCP alike).
     pub replies: Arc<crate::budget::ReplyBudget>,
+    /// Saved session states (checkpoints, paused sessions, forks).
+    pub checkpoints: Arc<Store>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
+}
+
+/// What a new session is made of, however it is created.
+struct NewSession {
+    id: String,
+    owner: String,
+    spec: SandboxSpec,
+    charge: Charge,
+    lifetime: Duration,
+    idle_timeout: Duration,
+    on_idle: OnIdle,
+    paused_ttl: Duration,
+    created_unix_ms: u64,
+    paused: Option<PausedInfo>,
+}
+
+/// Sessions that run a VM (or are starting one): what capacity and the
+/// keys' quotas count. A paused session holds only disk.
+fn running(s: &Session) -> bool {
+    s.state() != State::Paused
 }
 
 impl Manager {
@@ -72,16 +96,262 @@ impl Manager {
             log::warn!("the default session shape does not fit this host: {e}");
         }
         let replies = crate::budget::ReplyBudget::new(cfg.max_reply_memory as u64);
-        Arc::new(Manager {
+        let forget_in = factory.clone();
+        let forget: super::checkpoints::Forget = Arc::new(move |d| forget_in.forget_checkpoint(d));
+        let root = cfg.state_dir.join("checkpoints");
+        let checkpoints = Store::open(root.clone(), forget).unwrap_or_else(|e| {
+            // Sessions still run; every checkpoint fails naming the path.
+            log::error!("checkpoints: {e}");
+            Store::unusable(root)
+        });
+        let mgr = Arc::new(Manager {
             cfg,
             factory,
             metrics,
             pool,
             limits,
             replies,
+            checkpoints: Arc::new(checkpoints),
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
-        })
+        });
+        mgr.load_paused();
+        mgr
+    }
+
+    /// The paused sessions a previous run left: listed again, resumed on
+    /// demand.
+    fn load_paused(self: &Arc<Self>) {
+        let found = self.checkpoints.take_paused();
+        let mut map = lock(&self.sessions);
+        for e in found {
+            let m = e.meta().clone();
+            let Some(p) = m.paused.clone() else {
+                continue;
+            };
+            let charge = self.charge_of(&m.template, m.vcpus, m.mem_mib);
+            let spec = SandboxSpec {
+                id: new_sandbox_id(),
+                template: m.template.clone(),
+                vcpus: m.vcpus,
+                mem_mib: m.mem_mib,
+                disk_mib: m.disk_mib,
+                env: m.env.clone(),
+                egress: m.egress.clone(),
+            };
+            let ttl = Duration::from_millis(p.paused_ttl_ms);
+            let n = NewSession {
+                id: m.session_id.clone(),
+                owner: m.owner.clone(),
+                spec,
+                charge,
+                lifetime: Duration::from_millis(p.lifetime_left_ms),
+                idle_timeout: Duration::from_millis(p.idle_timeout_ms),
+                on_idle: p.on_idle,
+                paused_ttl: ttl,
+                created_unix_ms: p.created_unix_ms,
+                paused: Some(PausedInfo {
+                    bytes: m.bytes,
+                    since_unix_ms: p.paused_at_unix_ms,
+                    expires_unix_ms: p.paused_at_unix_ms + p.paused_ttl_ms,
+                }),
+            };
+            let (id, owner) = (n.id.clone(), n.owner.clone());
+            if map.contains_key(&(owner.clone(), id.clone())) {
+                log::warn!("checkpoints: paused session {owner}/{id} twice; keeping the first");
+                continue;
+            }
+            match self.insert(&mut map, n, Origin::Paused(e)) {
+                Ok(_) => log::info!("session {owner}/{id}: paused, listed again"),
+                Err(err) => log::error!("session {owner}/{id}: {err}"),
+            }
+        }
+    }
+
+    /// What a session of `template` at this shape counts against its key:
+    /// one that fits its template's snapshot runs at the snapshot's shape,
+    /// so the larger of the two (an upper bound on what its VM gets).
+    fn charge_of(&self, template: &str, vcpus: u32, mem_mib: u32) -> Charge {
+        let tpl = self
+            .factory
+            .templates()
+            .into_iter()
+            .find(|t| t.name == template);
+        Charge {
+            vcpus: vcpus.max(tpl.as_ref().map_or(0, |t| t.vcpus)),
+            mem_mib: mem_mib.max(tpl.as_ref().map_or(0, |t| t.mem_mib)),
+        }
+    }
+
+    /// Registers and starts a session (the registry's lock held).
+    fn insert(
+        self: &Arc<Self>,
+        map: &mut HashMap<Key, Arc<Session>>,
+        n: NewSession,
+        origin: Origin,
+    ) -> Result<Arc<Session>, SessionError> {
+        let now = Instant::now();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let egress = Mutex::new(n.spec.egress.clone());
+        let state = if n.paused.is_some() {
+            State::Paused
+        } else {
+            State::Starting
+        };
+        let session = Arc::new(Session {
+            id: n.id.clone(),
+            owner: n.owner.clone(),
+            spec: n.spec,
+            charge: n.charge,
+            created: now,
+            created_unix_ms: n.created_unix_ms,
+            expires: Mutex::new(now + n.lifetime),
+            idle_timeout: n.idle_timeout,
+            on_idle: n.on_idle,
+            paused_ttl: n.paused_ttl,
+            paused: Mutex::new(n.paused),
+            last_used: Mutex::new(now),
+            active: AtomicUsize::new(0),
+            state: Mutex::new(state),
+            tx,
+            thread: Mutex::new(None),
+            pids: Mutex::new(Vec::new()),
+            egress,
+        });
+        let handle = worker::spawn(self.home(), session.clone(), rx, origin).map_err(|e| {
+            SessionError::Thread {
+                id: n.id.clone(),
+                why: e.to_string(),
+            }
+        })?;
+        *lock(&session.thread) = Some(handle);
+        map.insert((n.owner, n.id), session.clone());
+        self.metrics.sessions_created.inc();
+        self.metrics.sessions_active.inc();
+        Ok(session)
+    }
+
+    /// Capacity and `owner`'s quota for `n` more running sessions of
+    /// `charge` (`except`: a session being resumed, not counted twice).
+    fn admit_locked(
+        &self,
+        map: &HashMap<Key, Arc<Session>>,
+        owner: &str,
+        charge: Charge,
+        n: usize,
+        except: Option<&Arc<Session>>,
+    ) -> Result<(), SessionError> {
+        let counted = |s: &&Arc<Session>| running(s) && except.map_or(true, |e| !Arc::ptr_eq(s, e));
+        let mut held: Vec<Charge> = map
+            .values()
+            .filter(counted)
+            .filter(|s| s.owner == owner)
+            .map(|s| s.charge)
+            .collect();
+        for _ in 1..n {
+            if let Err(e) = self.limits.check_quota(owner, &held, charge) {
+                self.metrics.error("quota_exceeded");
+                return Err(e);
+            }
+            held.push(charge);
+        }
+        if let Err(e) = self.limits.check_quota(owner, &held, charge) {
+            self.metrics.error("quota_exceeded");
+            return Err(e);
+        }
+        if map.values().filter(counted).count() + n > self.cfg.max_sessions {
+            self.metrics.error("at_capacity");
+            return Err(SessionError::AtCapacity {
+                max: self.cfg.max_sessions,
+            });
+        }
+        Ok(())
+    }
+
+    /// A paused session may run again: capacity and its key's quota
+    /// allow it. Marks it starting under the lock.
+    fn admit_resume(&self, s: &Arc<Session>) -> Result<(), SessionError> {
+        if self.is_closing() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let map = lock(&self.sessions);
+        self.admit_locked(&map, &s.owner, s.charge, 1, Some(s))?;
+        *lock(&s.state) = State::Starting;
+        Ok(())
+    }
+
+    /// `ids.len()` sessions of `owner` started from checkpoint `entry`: its
+    /// template, shape, env (with `opts.env` over it) and egress policy
+    /// (unless `opts` names one). All or none are created.
+    pub fn create_from(
+        self: &Arc<Self>,
+        owner: &str,
+        ids: &[String],
+        entry: &Arc<Entry>,
+        opts: SessionOptions,
+    ) -> Result<Vec<Arc<Session>>, SessionError> {
+        if self.is_closing() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let m = entry.meta();
+        let charge = self.charge_of(&m.template, m.vcpus, m.mem_mib);
+        let mut map = lock(&self.sessions);
+        for id in ids {
+            if map.contains_key(&(owner.to_string(), id.clone())) {
+                return Err(SessionError::Exists { id: id.clone() });
+            }
+        }
+        self.admit_locked(&map, owner, charge, ids.len(), None)?;
+        let lifetime = opts
+            .ttl
+            .unwrap_or(self.cfg.max_lifetime)
+            .min(self.cfg.max_lifetime);
+        let mut env = m.env.clone();
+        env.extend(opts.env.clone());
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let n = NewSession {
+                id: id.clone(),
+                owner: owner.to_string(),
+                spec: SandboxSpec {
+                    id: new_sandbox_id(),
+                    template: m.template.clone(),
+                    vcpus: m.vcpus,
+                    mem_mib: m.mem_mib,
+                    disk_mib: m.disk_mib,
+                    env: env.clone(),
+                    egress: opts.egress.clone().unwrap_or_else(|| m.egress.clone()),
+                },
+                charge,
+                lifetime,
+                idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
+                on_idle: opts.on_idle.unwrap_or(self.default_on_idle()),
+                paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
+                created_unix_ms: super::now_unix_ms(),
+                paused: None,
+            };
+            match self.insert(&mut map, n, Origin::Checkpoint(entry.clone())) {
+                Ok(s) => out.push(s),
+                Err(e) => {
+                    // All or none: the ones made so far go again.
+                    for s in &out {
+                        map.remove(&(s.owner.clone(), s.id.clone()));
+                        let _ = s.tx.send(Cmd::Stop);
+                        self.metrics.sessions_active.dec();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn default_on_idle(&self) -> OnIdle {
+        if self.cfg.idle_pause {
+            OnIdle::Pause
+        } else {
+            OnIdle::Destroy
+        }
     }
 
     pub fn is_closing(&self) -> bool {
@@ -157,31 +427,13 @@ impl Manager {
         else {
             return Err(SessionError::UnknownTemplate { name: template });
         };
-        // A session that fits its template's snapshot runs at the
-        // snapshot's shape: count the larger of the two (an upper bound on
-        // what its VM gets either way).
         let charge = Charge {
             vcpus: vcpus.max(tpl.vcpus),
             mem_mib: mem_mib.max(tpl.mem_mib),
         };
         // Checked and inserted under one lock: concurrent creates of one
         // key see each other.
-        let held: Vec<Charge> = map
-            .values()
-            .filter(|s| s.owner == owner)
-            .map(|s| s.charge)
-            .collect();
-        if let Err(e) = self.limits.check_quota(owner, &held, charge) {
-            self.metrics.error("quota_exceeded");
-            return Err(e);
-        }
-        if map.len() >= self.cfg.max_sessions {
-            self.metrics.error("at_capacity");
-            return Err(SessionError::AtCapacity {
-                max: self.cfg.max_sessions,
-            });
-        }
-        let now = Instant::now();
+        self.admit_locked(&map, owner, charge, 1, None)?;
         let lifetime = opts
             .ttl
             .unwrap_or(self.cfg.max_lifetime)
@@ -197,37 +449,19 @@ impl Manager {
                 .egress
                 .unwrap_or_else(|| self.cfg.default_egress.clone()),
         };
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let egress = Mutex::new(spec.egress.clone());
-        let session = Arc::new(Session {
+        let n = NewSession {
             id: id.to_string(),
             owner: owner.to_string(),
             spec,
             charge,
-            created: now,
-            created_unix_ms: super::now_unix_ms(),
-            expires: now + lifetime,
+            lifetime,
             idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
-            on_idle: opts.on_idle.unwrap_or_default(),
-            paused_ttl: opts.paused_ttl.unwrap_or(Duration::from_secs(24 * 3600)),
-            paused: Mutex::new(None),
-            last_used: Mutex::new(now),
-            active: AtomicUsize::new(0),
-            state: Mutex::new(State::Starting),
-            tx,
-            thread: Mutex::new(None),
-            pids: Mutex::new(Vec::new()),
-            egress,
-        });
-        let handle =
-            worker::spawn(self.home(), session.clone(), rx).map_err(|e| SessionError::Thread {
-                id: id.to_string(),
-                why: e.to_string(),
-            })?;
-        *lock(&session.thread) = Some(handle);
-        map.insert(key, session.clone());
-        self.metrics.sessions_created.inc();
-        self.metrics.sessions_active.inc();
+            on_idle: opts.on_idle.unwrap_or(self.default_on_idle()),
+            paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
+            created_unix_ms: super::now_unix_ms(),
+            paused: None,
+        };
+        let session = self.insert(&mut map, n, Origin::Template)?;
         Ok((session, true))
     }
 
@@ -247,11 +481,14 @@ impl Manager {
     /// What a session's worker uses of the registry.
     fn home(self: &Arc<Self>) -> worker::Home {
         let me = self.clone();
+        let me2 = self.clone();
         worker::Home {
             pool: self.pool.clone(),
             factory: self.factory.clone(),
             metrics: self.metrics.clone(),
             forget: Box::new(move |s| me.forget(s)),
+            store: self.checkpoints.clone(),
+            admit: Box::new(move |s| me2.admit_resume(s)),
         }
     }
 
@@ -267,6 +504,12 @@ impl Manager {
     }
 
     fn stop(&self, s: &Arc<Session>, why: &str, wait: bool) {
+        self.stop_with(s, why, wait, Cmd::Stop)
+    }
+
+    /// Ends the session's worker with `cmd` ([`Cmd::Stop`] or, when the
+    /// daemon stops, [`Cmd::Shutdown`], which keeps a paused one's state).
+    fn stop_with(&self, s: &Arc<Session>, why: &str, wait: bool, cmd: Cmd) {
         log::info!("session {}/{}: closing ({why})", s.owner, s.id);
         let was_failed = matches!(s.state(), State::Failed(_));
         *lock(&s.state) = State::Closing;
@@ -276,7 +519,7 @@ impl Manager {
         self.metrics
             .session_duration
             .observe(s.created.elapsed().as_secs_f64());
-        let _ = s.tx.send(Cmd::Stop);
+        let _ = s.tx.send(cmd);
         if wait {
             let h = lock(&s.thread).take();
             if let Some(h) = h {
@@ -285,28 +528,56 @@ impl Manager {
         }
     }
 
-    /// Sessions due for reaping: expired, or idle past their timeout.
+    /// Sessions due for reaping: expired, idle past their timeout (paused
+    /// instead when they ask for it), or paused past their `pausedTtl`.
     pub fn reap(&self) -> usize {
-        let due: Vec<(Arc<Session>, &'static str)> = lock(&self.sessions)
+        enum Due {
+            Remove(&'static str),
+            Pause,
+        }
+        let now_ms = super::now_unix_ms();
+        let due: Vec<(Arc<Session>, Due)> = lock(&self.sessions)
             .values()
             .filter_map(|s| {
-                if Instant::now() >= s.expires {
-                    Some((s.clone(), "max lifetime reached"))
-                } else if !s.busy() && s.idle_for() >= s.idle_timeout {
-                    Some((s.clone(), "idle timeout"))
-                } else {
-                    None
-                }
+                let d = match s.state() {
+                    State::Paused => s
+                        .paused()
+                        .filter(|p| now_ms >= p.expires_unix_ms)
+                        .map(|_| Due::Remove("paused ttl reached")),
+                    _ if Instant::now() >= s.expires() => Some(Due::Remove("max lifetime reached")),
+                    State::Ready
+                        if !s.busy()
+                            && s.idle_for() >= s.idle_timeout
+                            && s.on_idle == OnIdle::Pause =>
+                    {
+                        Some(Due::Pause)
+                    }
+                    _ if !s.busy() && s.idle_for() >= s.idle_timeout => {
+                        Some(Due::Remove("idle timeout"))
+                    }
+                    _ => None,
+                };
+                d.map(|d| (s.clone(), d))
             })
             .collect();
         let n = due.len();
-        for (s, why) in due {
-            if self.remove(&s.owner, &s.id, why, false) {
-                self.metrics.error(if why == "idle timeout" {
-                    "reaped_idle"
-                } else {
-                    "reaped_lifetime"
-                });
+        for (s, d) in due {
+            match d {
+                Due::Pause => {
+                    // Not again while it pauses.
+                    s.touch();
+                    s.pause_when_idle();
+                    self.metrics.error("paused_idle");
+                }
+                Due::Remove(why) => {
+                    if self.remove(&s.owner, &s.id, why, false) {
+                        self.metrics.error(match why {
+                            "idle timeout" => "reaped_idle",
+                            "paused ttl reached" => "reaped_paused",
+                            _ => "reaped_lifetime",
+                        });
+                    }
+                }
             }
         }
         n
@@ -319,7 +590,7 @@ impl Manager {
         for s in &all {
             // Failed sessions were already taken off the books.
             if !matches!(s.state(), State::Failed(_)) {
-                self.stop(s, "shutdown", false);
+                self.stop_with(s, "shutdown", false, Cmd::Shutdown);
             }
         }
         for s in &all {
