@@ -1,0 +1,350 @@
+//! Stateful sessions through the real daemon and real VMs (issue #21):
+//! checkpoints, sessions from a checkpoint, fork, pause/resume, and paused
+//! sessions surviving a daemon restart.
+
+mod common;
+#[path = "common/skip.rs"]
+mod skip;
+
+use common::daemon::{stdout_of, Daemon, Http};
+use common::wait_until;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// Runs `cmd` in session `id` through `/v1` and returns its stdout;
+/// fails the test on a non-zero exit.
+fn sh(h: &Http, id: &str, cmd: &str) -> String {
+    let r = h.post(
+        &format!("/v1/sessions/{id}/exec"),
+        &json!({ "command": cmd, "timeout": 120 }),
+    );
+    assert_eq!(r.status, 200, "exec {cmd:?} in {id}: {}", r.text());
+    let v = r.json();
+    assert_eq!(v["exitCode"], 0, "exec {cmd:?} in {id}: {v}");
+    stdout_of(&v)
+}
+
+fn create(h: &Http, body: Value) -> Value {
+    let r = h.post("/v1/sessions", &body);
+    assert_eq!(r.status, 201, "create {body}: {}", r.text());
+    r.json()
+}
+
+fn state_of(h: &Http, id: &str) -> Value {
+    let r = h.get(&format!("/v1/sessions/{id}"));
+    assert_eq!(r.status, 200, "get {id}: {}", r.text());
+    r.json()
+}
+
+fn vm_daemon(extra: &[&str]) -> Option<Daemon> {
+    if !common::daemon::vm_backend() {
+        return None;
+    }
+    Some(Daemon::start(extra))
+}
+
+/// A Python process that keeps a counter in memory, driven through a
+/// FIFO: `inc` adds one, `dump` writes it to /tmp/counter.
+const COUNTER: &str = r#"mkfifo /tmp/ctl && nohup python3 -c '
+import sys
+n = 0
+while True:
+    with open("/tmp/ctl") as f:
+        for line in f:
+            if line.strip() == "inc":
+                n += 1
+            elif line.strip() == "dump":
+                with open("/tmp/counter.tmp", "w") as o:
+                    o.write(str(n))
+                import os
+                os.rename("/tmp/counter.tmp", "/tmp/counter")
+' >/dev/null 2>&1 &
+echo started"#;
+
+fn counter(h: &Http, id: &str) -> String {
+    sh(h, id, "rm -f /tmp/counter; echo dump > /tmp/ctl; for i in $(seq 100); do test -f /tmp/counter && break; sleep 0.1; done; cat /tmp/counter")
+}
+
+#[test]
+fn a_checkpoint_restores_memory_and_files_and_the_source_keeps_its_changes() {
+    let Some(d) = vm_daemon(&[]) else {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    };
+    let h = d.http();
+    create(&h, json!({"id": "src", "template": "python"}));
+    assert_eq!(sh(&h, "src", COUNTER).trim(), "started");
+    sh(
+        &h,
+        "src",
+        "for i in 1 2 3; do echo inc > /tmp/ctl; done; \
+         echo v1 > /workspace/a.txt; echo v1 > /usr/local/b.txt",
+    );
+    assert_eq!(counter(&h, "src"), "3");
+
+    let r = h.post("/v1/sessions/src/snapshots", &json!({"name": "three"}));
+    assert_eq!(r.status, 201, "checkpoint: {}", r.text());
+    let snap = r.json();
+    let sid = snap["id"].as_str().expect("snapshot id").to_string();
+    assert_eq!(snap["name"], "three");
+    assert_eq!(snap["sessionId"], "src");
+    assert_eq!(snap["restorable"], true, "{snap}");
+    assert!(snap["sizeBytes"].as_u64().unwrap_or(0) > 1 << 20, "{snap}");
+    eprintln!(
+        "FIGURE checkpoint_paused_ms {} ms; size {} MiB",
+        snap["pausedMs"],
+        snap["sizeBytes"].as_u64().unwrap_or(0) >> 20
+    );
+    // Listed for its key, not for another.
+    let list = h.get("/v1/snapshots").json();
+    assert!(
+        list["snapshots"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["id"] == sid.as_str())),
+        "{list}"
+    );
+
+    // The source runs on and changes everything.
+    sh(
+        &h,
+        "src",
+        "echo inc > /tmp/ctl; echo inc > /tmp/ctl; \
+         echo v2 > /workspace/a.txt; echo v2 > /usr/local/b.txt",
+    );
+    assert_eq!(counter(&h, "src"), "5");
+
+    let copy = create(&h, json!({"id": "copy", "fromSnapshot": sid}));
+    assert_eq!(copy["template"], "python");
+    assert_eq!(counter(&h, "copy"), "3", "the copy's in-memory counter");
+    assert_eq!(
+        sh(&h, "copy", "cat /workspace/a.txt /usr/local/b.txt"),
+        "v1\nv1\n"
+    );
+    sh(&h, "copy", "echo inc > /tmp/ctl");
+    assert_eq!(counter(&h, "copy"), "4");
+    // The source still has its own state.
+    assert_eq!(counter(&h, "src"), "5");
+    assert_eq!(
+        sh(&h, "src", "cat /workspace/a.txt /usr/local/b.txt"),
+        "v2\nv2\n"
+    );
+
+    // Several at once, from the same checkpoint.
+    let r = h.post("/v1/sessions", &json!({"fromSnapshot": sid, "count": 2}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let many = r.json();
+    let ids: Vec<String> = many["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{many}");
+    for id in &ids {
+        assert_eq!(counter(&h, id), "3");
+    }
+
+    // Bad input: a clear 4xx each.
+    let r = h.post("/v1/sessions", &json!({"fromSnapshot": sid, "vcpus": 3}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = h.post("/v1/sessions", &json!({"fromSnapshot": "snap-000000000000"}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.code(), "snapshot_not_found");
+    let other = h.with_key(&mint_key(&h));
+    let r = other.post("/v1/sessions", &json!({"fromSnapshot": sid}));
+    assert_eq!(r.status, 404, "another key's snapshot: {}", r.text());
+    assert_eq!(other.get(&format!("/v1/snapshots/{sid}")).status, 404);
+
+    // Deleted: gone from the list; the sessions made from it run on.
+    assert!(h.delete(&format!("/v1/snapshots/{sid}")).status < 300);
+    assert_eq!(h.get(&format!("/v1/snapshots/{sid}")).status, 404);
+    assert_eq!(counter(&h, "copy"), "4");
+    let left = std::fs::read_dir(d.state_dir().join("checkpoints"))
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "checkpoint files left after delete");
+}
+
+/// A key with exec scope of its own (another owner).
+fn mint_key(h: &Http) -> String {
+    let r = h.post("/v1/keys", &json!({"name": "other", "scopes": ["exec"]}));
+    assert_eq!(r.status, 201, "create key: {}", r.text());
+    let v = r.json();
+    v["key"]
+        .as_str()
+        .or(v["token"].as_str())
+        .or(v["secret"].as_str())
+        .unwrap_or_else(|| panic!("no key in {v}"))
+        .to_string()
+}
+
+#[test]
+fn twenty_pause_resume_cycles_lose_nothing() {
+    let Some(d) = vm_daemon(&[]) else {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    };
+    let h = d.http();
+    create(&h, json!({"id": "p"}));
+    // A background process that counts while the session runs.
+    sh(
+        &h,
+        "p",
+        "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' \
+         >/dev/null 2>&1 & echo $! > /tmp/counter.pid",
+    );
+    let pid = sh(&h, "p", "cat /tmp/counter.pid").trim().to_string();
+    let mut last = 0u64;
+    let mut pause_ms = Vec::new();
+    let mut resume_ms = Vec::new();
+    for n in 1..=20 {
+        sh(&h, "p", &format!("echo {n} > /workspace/cycle-{n}"));
+        let t = Instant::now();
+        let r = h.post("/v1/sessions/p/pause", &json!({}));
+        assert_eq!(r.status, 200, "pause {n}: {}", r.text());
+        pause_ms.push(t.elapsed().as_millis());
+        let v = r.json();
+        assert_eq!(v["state"], "paused", "{v}");
+        assert!(v["snapshotBytes"].as_u64().unwrap_or(0) > 0, "{v}");
+        assert_eq!(state_of(&h, "p")["state"], "paused");
+        let t = Instant::now();
+        if n % 2 == 0 {
+            let r = h.post("/v1/sessions/p/resume", &json!({}));
+            assert_eq!(r.status, 200, "resume {n}: {}", r.text());
+            assert_eq!(r.json()["state"], "ready");
+        }
+        // Odd cycles: the exec itself resumes it.
+        let out = sh(
+            &h,
+            "p",
+            &format!("cat /workspace/cycle-*; kill -0 {pid} && cat /tmp/count"),
+        );
+        resume_ms.push(t.elapsed().as_millis());
+        let mut lines: Vec<&str> = out.lines().collect();
+        let count: u64 = lines
+            .pop()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("cycle {n}: no count in {out:?}"));
+        let files: HashSet<&str> = lines.into_iter().collect();
+        let want: HashSet<String> = (1..=n).map(|i| i.to_string()).collect();
+        assert_eq!(
+            files,
+            want.iter().map(String::as_str).collect(),
+            "cycle {n}: files"
+        );
+        assert!(count > last, "cycle {n}: counter {count} after {last}");
+        last = count;
+    }
+    eprintln!(
+        "FIGURE pause_resume_cycles 20; pause ms {:?}; resume+exec ms {:?}",
+        pause_ms, resume_ms
+    );
+    // The checkpoint of the last pause went with the resume.
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_dir(
+            d.state_dir().join("checkpoints")
+        )
+        .map(|rd| rd.count() == 0)
+        .unwrap_or(true)),
+        "pause checkpoints left behind"
+    );
+}
+
+#[test]
+fn eight_forks_share_the_state_but_not_their_entropy() {
+    let Some(d) = vm_daemon(&[]) else {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    };
+    let h = d.http();
+    create(&h, json!({"id": "root", "template": "python"}));
+    sh(&h, "root", "echo from-root > /workspace/state");
+    let t = Instant::now();
+    let r = h.post("/v1/sessions/root/fork", &json!({"count": 8}));
+    assert_eq!(r.status, 201, "fork: {}", r.text());
+    let fork = r.json();
+    eprintln!(
+        "FIGURE fork_8_answering_ms {} ms; source paused {} ms",
+        t.elapsed().as_millis(),
+        fork["pausedMs"]
+    );
+    assert_eq!(fork["sourceId"], "root");
+    let ids: Vec<String> = fork["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 8, "{fork}");
+    let mut seen = HashSet::new();
+    for id in &ids {
+        let out = sh(
+            &h,
+            id,
+            "cat /workspace/state; cat /proc/sys/kernel/random/uuid; \
+             python3 -c 'import os; print(os.urandom(16).hex())'",
+        );
+        let l: Vec<&str> = out.lines().collect();
+        assert_eq!(l.len(), 3, "{id}: {out:?}");
+        assert_eq!(l[0], "from-root", "{id}");
+        assert!(seen.insert(l[1].to_string()), "{id}: uuid {} repeats", l[1]);
+        assert!(seen.insert(l[2].to_string()), "{id}: urandom {} repeats", l[2]);
+    }
+    // The source runs on.
+    assert_eq!(sh(&h, "root", "cat /workspace/state"), "from-root\n");
+    // A fork of a fork.
+    sh(&h, &ids[0], "echo from-child > /workspace/state");
+    let r = h.post(&format!("/v1/sessions/{}/fork", ids[0]), &json!({"count": 1}));
+    assert_eq!(r.status, 201, "fork of a fork: {}", r.text());
+    let g = r.json()["sessions"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(sh(&h, &g, "cat /workspace/state"), "from-child\n");
+    // Bad counts.
+    for c in [json!(0), json!(101), json!("2")] {
+        let r = h.post("/v1/sessions/root/fork", &json!({ "count": c }));
+        assert_eq!(r.status, 400, "count {c}: {}", r.text());
+    }
+    // Fork checkpoints go once the copies are up.
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_dir(
+            d.state_dir().join("checkpoints")
+        )
+        .map(|rd| rd.count() == 0)
+        .unwrap_or(true)),
+        "fork checkpoints left behind"
+    );
+}
+
+#[test]
+fn a_paused_session_survives_sigterm_and_kill_9() {
+    if !common::daemon::vm_backend() {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    }
+    let mut d = Daemon::start(&["--standby-vmms", "0"]);
+    let key = d.key.clone();
+    let h = d.http();
+    create(&h, json!({"id": "keep"}));
+    for (round, sig) in [(1, libc::SIGTERM), (2, libc::SIGKILL)] {
+        sh(&h_of(&d, &key), "keep", &format!("echo round-{round} >> /workspace/log"));
+        let r = h_of(&d, &key).post("/v1/sessions/keep/pause", &json!({}));
+        assert_eq!(r.status, 200, "pause: {}", r.text());
+        let st = d.terminate(sig);
+        if sig == libc::SIGTERM {
+            assert!(st.is_some_and(|s| s.success()), "{}", d.log());
+        }
+        let dir = d.into_dir();
+        d = Daemon::start_in(dir, &["--standby-vmms", "0"]);
+        let h2 = h_of(&d, &key);
+        let v = state_of(&h2, "keep");
+        assert_eq!(v["state"], "paused", "after signal {sig}: {v}\n{}", d.log());
+        let out = sh(&h2, "keep", "cat /workspace/log");
+        let want: String = (1..=round).map(|r| format!("round-{r}\n")).collect();
+        assert_eq!(out, want, "after signal {sig}");
+        assert_eq!(state_of(&h2, "keep")["state"], "ready");
+    }
+    let _ = h;
+}
+
+fn h_of(d: &Daemon, key: &str) -> Http {
+    Http::new(&d.base, Some(key))
+}
