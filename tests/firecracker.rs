@@ -1443,10 +1443,17 @@ fn checkpoint_whose_snapshot_fails_resumes_the_vm_and_leaves_nothing() {
     );
     f.fake.take_log();
 
-    // The VM runs on and checkpoints once the fault is gone.
+    // The VM runs on and checkpoints once the fault is gone, over what a
+    // crash left half-written.
     f.fake.shared.lock().unwrap().faults.clear();
+    fs::write(dir.join(".memory.part"), b"torn by a crash").unwrap();
     vm.checkpoint(&dir).expect("checkpoint after the fault");
     assert_checkpoint_calls(&f.fake.take_log());
+    assert_eq!(names_in(&dir), ["manifest.json", "memory", "vmstate"]);
+    assert_eq!(
+        fs::metadata(dir.join("memory")).unwrap().len(),
+        FAKE_MEM_LEN
+    );
     vm.destroy().unwrap();
     assert_eq!(f.fake.violations(), Vec::<String>::new());
 }

@@ -687,6 +687,15 @@ fn part_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!(".{name}{PART_SUFFIX}"))
 }
 
+/// Remove a checkpoint's files, whole or partial, from a `dir` that has no
+/// manifest (so they are no checkpoint).
+fn clear_checkpoint_files(dir: &Path) {
+    for name in [SNAP_STATE_FILE, SNAP_MEM_FILE] {
+        let _ = fs::remove_file(part_path(dir, name));
+        let _ = fs::remove_file(dir.join(name));
+    }
+}
+
 /// Bytes a file takes on disk (allocated blocks, not its length).
 fn allocated_bytes(path: &Path) -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
@@ -825,6 +834,8 @@ impl Vm for FcVm {
             what: format!("VM {}: create checkpoint dir {}", self.id, dir.display()),
             source: e,
         })?;
+        // What a crash left here or in the jail would be taken for ours.
+        clear_checkpoint_files(dir);
         self.remove_new_snapshot_files();
         let r = self
             .pause_snapshot_resume()
@@ -834,10 +845,7 @@ impl Vm for FcVm {
             Err(e) => {
                 // Complete or absent: nothing of it stays, here or in the jail.
                 self.remove_new_snapshot_files();
-                for name in [SNAP_STATE_FILE, SNAP_MEM_FILE] {
-                    let _ = fs::remove_file(part_path(dir, name));
-                    let _ = fs::remove_file(dir.join(name));
-                }
+                clear_checkpoint_files(dir);
                 if made_dir {
                     let _ = fs::remove_dir(dir);
                 }
