@@ -18,13 +18,17 @@ use serde_json::{json, Value};
 use super::jailer::{self, in_jail, JailFile, JailPaths, JailerConfig, LaunchSpec};
 use super::launch::{Pidfd, Spawner};
 use super::snapshot::{self, Manifest};
-use super::{Backend, PreparedRestore, Result, Vm, VmConfig, VmError};
+use super::{Backend, CheckpointStats, PreparedRestore, Result, Vm, VmConfig, VmError};
 
 const NAME: &str = super::BackendKind::Firecracker.as_str();
 
 /// Snapshot file names inside a snapshot directory.
 pub const SNAP_STATE_FILE: &str = "vmstate";
 pub const SNAP_MEM_FILE: &str = "memory";
+
+/// Files of a checkpoint in its directory while it is written: both get
+/// their final names only once complete, and the manifest comes last.
+const PART_SUFFIX: &str = ".part";
 
 /// Guest vsock CID (3 is the first one not reserved).
 pub const GUEST_CID: u32 = 3;
@@ -228,6 +232,20 @@ impl FirecrackerBackend {
     }
 }
 
+/// The host CPU model as `/proc/cpuinfo`'s first processor names it
+/// (vendor, family, model, stepping, name); empty where it is unreadable.
+fn host_cpu() -> String {
+    let info = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let keys = ["vendor_id", "cpu family", "model", "stepping", "model name"];
+    info.lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| keys.contains(&k.trim()))
+        .map(|(k, v)| format!("{}={}", k.trim(), v.trim()))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 fn ms(from: Instant, to: Instant) -> u64 {
     to.saturating_duration_since(from).as_millis() as u64
 }
@@ -264,8 +282,13 @@ impl Backend for FirecrackerBackend {
         // `Firecracker v1.16.1` on the first line.
         let v = out.version_line(NAME, &self.jailer.firecracker_bin)?;
         // The fixed command line is part of what a snapshot holds (see
-        // `snapshot::machine_tag`).
-        let v = format!("{v}; {}", snapshot::machine_tag(&[DEFAULT_CMDLINE]));
+        // `snapshot::machine_tag`), and Firecracker restores a snapshot only
+        // on the CPU model it was taken on: a checkpoint kept across a move
+        // to other hardware is then reported stale, not loaded.
+        let v = format!(
+            "{v}; {}",
+            snapshot::machine_tag(&[DEFAULT_CMDLINE, &host_cpu()])
+        );
         *cached = Some(v.clone());
         Ok(v)
     }
@@ -501,18 +524,24 @@ impl FcVm {
     fn take_snapshot_file(&self, in_jail_name: &str, dst: &Path) -> Result<()> {
         let src = self.paths.host(in_jail_name);
         if fs::rename(&src, dst).is_err() {
-            // Across filesystems: copy, then drop the jail's copy.
-            fs::copy(&src, dst).map_err(|e| VmError::Io {
-                backend: NAME,
-                what: format!("copy {} to {}", src.display(), dst.display()),
-                source: e,
-            })?;
+            // Across filesystems: copy (keeping the memory file's holes),
+            // then drop the jail's copy. A torn copy is removed.
+            if let Err(e) = copy_sparse(&src, dst) {
+                let _ = fs::remove_file(dst);
+                return Err(VmError::Io {
+                    backend: NAME,
+                    what: format!("copy {} to {}", src.display(), dst.display()),
+                    source: e,
+                });
+            }
             let _ = fs::remove_file(&src);
         }
         // Restored VMs hard-link these files, each VM under its own uid and
         // gid: root's and read-only to all, so no VMM can write into the
-        // template others restore from. (A snapshot holds a freshly booted
-        // template, no session's data: like the images, not a secret.)
+        // snapshot others restore from. A template snapshot holds a freshly
+        // booted template, like the images not a secret; a checkpoint holds
+        // a session's state and relies on the directories above it (the
+        // state dir, each jail) being closed to other users.
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
             jailer::chown(dst, 0, 0)?;
@@ -524,6 +553,206 @@ impl FcVm {
             source: e,
         })
     }
+
+    /// Remove the files a `PUT /snapshot/create` writes into the jail.
+    fn remove_new_snapshot_files(&self) {
+        for f in [in_jail::NEW_SNAP_STATE, in_jail::NEW_SNAP_MEM] {
+            let _ = fs::remove_file(self.paths.host(f));
+        }
+    }
+
+    fn set_state(&self, state: &str) -> Result<()> {
+        self.api(
+            "PATCH",
+            "/vm",
+            &json!({ "state": state }),
+            self.timeouts.request,
+        )
+    }
+
+    /// Pause, write a full snapshot into the jail, resume: the part of a
+    /// checkpoint the guest is stopped for. The VM is resumed on every
+    /// error after the pause was asked for (a pause without an answer may
+    /// have happened). Returns how long the guest was paused.
+    fn pause_snapshot_resume(&self) -> Result<Duration> {
+        let t0 = Instant::now();
+        if let Err(e) = self.set_state("Paused") {
+            // It may have paused without answering in time: resume to be
+            // sure (a running VM stays running).
+            let _ = self.set_state("Resumed");
+            return Err(e);
+        }
+        // Full, each checkpoint standing alone: Diff needs dirty page
+        // tracking (`track_dirty_pages`, a KVM dirty-log cost on guest
+        // writes, which we do not turn on) and a restore that merges the
+        // diff onto its base, which Firecracker leaves to its user.
+        let created = self.api(
+            "PUT",
+            "/snapshot/create",
+            &json!({
+                "snapshot_type": "Full",
+                "snapshot_path": in_jail::NEW_SNAP_STATE,
+                "mem_file_path": in_jail::NEW_SNAP_MEM,
+            }),
+            self.timeouts.snapshot,
+        );
+        let resumed = self.set_state("Resumed");
+        let paused = t0.elapsed();
+        match (created, resumed) {
+            (Ok(()), Ok(())) => Ok(paused),
+            (Err(e), Ok(())) => Err(self.snapshot_create_error(e)),
+            (created, Err(r)) => Err(VmError::Api {
+                backend: NAME,
+                msg: format!(
+                    "VM {}: left paused after a checkpoint{}: {r} (destroy it)",
+                    self.id,
+                    match created {
+                        Ok(()) => String::new(),
+                        Err(e) => format!(" that failed ({})", self.snapshot_create_error(e)),
+                    }
+                ),
+            }),
+        }
+    }
+
+    /// A failed `PUT /snapshot/create`, naming the files it wrote; a full
+    /// disk becomes an `Io` error of kind `StorageFull` (Firecracker only
+    /// says so in its fault message).
+    fn snapshot_create_error(&self, e: VmError) -> VmError {
+        let files = format!(
+            "{} and {}",
+            self.paths.host(in_jail::NEW_SNAP_STATE).display(),
+            self.paths.host(in_jail::NEW_SNAP_MEM).display()
+        );
+        let msg = e.to_string();
+        let errno = [
+            (libc::ENOSPC, "No space left on device"),
+            (libc::EDQUOT, "Disk quota exceeded"),
+        ]
+        .into_iter()
+        .find(|(_, text)| msg.contains(text))
+        .map(|(n, _)| n);
+        match errno {
+            Some(n) => VmError::Io {
+                backend: NAME,
+                what: format!("VM {}: write snapshot {files} ({msg})", self.id),
+                source: io::Error::from_raw_os_error(n),
+            },
+            None => VmError::Api {
+                backend: NAME,
+                msg: format!("{msg} (writing {files})"),
+            },
+        }
+    }
+
+    /// The checkpoint's files into `dir` after [`Self::pause_snapshot_resume`]:
+    /// moved out of the jail under temporary names, renamed when both are
+    /// there, the manifest last.
+    fn seal_checkpoint(&self, dir: &Path) -> Result<u64> {
+        let files = [
+            (in_jail::NEW_SNAP_STATE, SNAP_STATE_FILE),
+            (in_jail::NEW_SNAP_MEM, SNAP_MEM_FILE),
+        ];
+        for (from, name) in files {
+            self.take_snapshot_file(from, &part_path(dir, name))?;
+        }
+        for (_, name) in files {
+            let (part, dst) = (part_path(dir, name), dir.join(name));
+            fs::rename(&part, &dst).map_err(|e| VmError::Io {
+                backend: NAME,
+                what: format!("rename {} to {}", part.display(), dst.display()),
+                source: e,
+            })?;
+        }
+        let mut bytes = 0;
+        for name in [SNAP_STATE_FILE, SNAP_MEM_FILE] {
+            let p = dir.join(name);
+            bytes += allocated_bytes(&p).map_err(|e| VmError::Io {
+                backend: NAME,
+                what: format!("stat {}", p.display()),
+                source: e,
+            })?;
+        }
+        Manifest::seal(
+            dir,
+            &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
+            &[SNAP_STATE_FILE, SNAP_MEM_FILE],
+        )?;
+        // Sealed: from here on nothing fails (a checkpoint is complete now).
+        Ok(bytes + allocated_bytes(&dir.join(snapshot::MANIFEST_FILE)).unwrap_or(0))
+    }
+}
+
+fn part_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}{PART_SUFFIX}"))
+}
+
+/// Remove a checkpoint's files, whole or partial, from a `dir` that has no
+/// manifest (so they are no checkpoint).
+fn clear_checkpoint_files(dir: &Path) {
+    for name in [SNAP_STATE_FILE, SNAP_MEM_FILE] {
+        let _ = fs::remove_file(part_path(dir, name));
+        let _ = fs::remove_file(dir.join(name));
+    }
+}
+
+/// Bytes a file takes on disk (allocated blocks, not its length).
+fn allocated_bytes(path: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(fs::metadata(path)?.blocks() * 512)
+}
+
+/// Copy `src` to a new `dst`, leaving `src`'s holes holes (the snapshot
+/// memory file of a guest that touched little of its RAM is mostly holes).
+fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let from = fs::File::open(src)?;
+    let len = from.metadata()?.len();
+    let to = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)?;
+    to.set_len(len)?;
+    let seek = |off: u64, whence: libc::c_int| -> io::Result<u64> {
+        let off = libc::off_t::try_from(off)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: lseek on a descriptor `from` owns; no memory is passed.
+        let r = unsafe { libc::lseek(from.as_raw_fd(), off, whence) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as u64)
+        }
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < len {
+        let data = match seek(off, libc::SEEK_DATA) {
+            Ok(d) => d,
+            // No data after `off`: the rest is a hole.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+            Err(e) => return Err(e),
+        };
+        let end = seek(data, libc::SEEK_HOLE)?.min(len);
+        let mut at = data;
+        while at < end {
+            let want = usize::try_from(end - at)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let n = from.read_at(&mut buf[..want], at)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{} shrank while being copied", src.display()),
+                ));
+            }
+            to.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+        off = end;
+    }
+    to.sync_all()
 }
 
 fn log_tail(path: &Path, max: u64) -> String {
@@ -570,15 +799,8 @@ impl Vm for FcVm {
         })?;
         // A stale manifest must not describe the files about to be replaced.
         let _ = fs::remove_file(dir.join(snapshot::MANIFEST_FILE));
-        for f in [in_jail::NEW_SNAP_STATE, in_jail::NEW_SNAP_MEM] {
-            let _ = fs::remove_file(self.paths.host(f));
-        }
-        self.api(
-            "PATCH",
-            "/vm",
-            &json!({ "state": "Paused" }),
-            self.timeouts.request,
-        )?;
+        self.remove_new_snapshot_files();
+        self.set_state("Paused")?;
         self.api(
             "PUT",
             "/snapshot/create",
@@ -596,6 +818,45 @@ impl Vm for FcVm {
             &snapshot::Inputs::of(NAME, &self.vmm_version, &self.cfg),
             &[SNAP_STATE_FILE, SNAP_MEM_FILE],
         )
+    }
+
+    fn checkpoint(&mut self, dir: &Path) -> Result<CheckpointStats> {
+        if dir.join(snapshot::MANIFEST_FILE).exists() {
+            return Err(VmError::BadFile {
+                path: dir.to_path_buf(),
+                problem: "holds a checkpoint already".into(),
+                fix: "checkpoint into a new directory".into(),
+            });
+        }
+        let made_dir = !dir.exists();
+        fs::create_dir_all(dir).map_err(|e| VmError::Io {
+            backend: NAME,
+            what: format!("VM {}: create checkpoint dir {}", self.id, dir.display()),
+            source: e,
+        })?;
+        // What a crash left here or in the jail would be taken for ours.
+        clear_checkpoint_files(dir);
+        self.remove_new_snapshot_files();
+        let r = self
+            .pause_snapshot_resume()
+            .and_then(|paused| Ok((paused, self.seal_checkpoint(dir)?)));
+        match r {
+            Ok((paused, bytes)) => Ok(CheckpointStats { paused, bytes }),
+            Err(e) => {
+                // Complete or absent: nothing of it stays, here or in the jail.
+                self.remove_new_snapshot_files();
+                clear_checkpoint_files(dir);
+                if made_dir {
+                    let _ = fs::remove_dir(dir);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn checkpoint_resets_agent(&self) -> bool {
+        // Firecracker resets the vsock transport at `PUT /snapshot/create`.
+        true
     }
 
     fn destroy(&mut self) -> Result<()> {

@@ -187,13 +187,24 @@ pub trait Vm: Send {
     /// written last, so a checkpoint is complete or absent), then let the
     /// guest run on: a checkpoint of a live session (issue #21). Works for
     /// booted and restored VMs alike; on error the VM keeps running and
-    /// `dir` holds nothing of it.
+    /// `dir` holds nothing of it. Where [`Vm::checkpoint_resets_agent`],
+    /// the agent stream open before it is dead afterwards, whether it
+    /// succeeded or not.
     fn checkpoint(&mut self, dir: &std::path::Path) -> Result<CheckpointStats> {
         let _ = dir;
         Err(VmError::Other(format!(
             "VM {}: this backend cannot checkpoint a running VM",
             self.id()
         )))
+    }
+    /// A [`Vm::checkpoint`] (tried, whatever its outcome) cuts the agent
+    /// connection (Firecracker: the snapshot resets the vsock transport;
+    /// the old stream may read EOF or nothing at all, never an answer): the
+    /// caller drops its `AgentClient` and opens a new one with
+    /// [`connect_agent`] (`restored: false`, the guest's clock and entropy
+    /// are its own) before the next call.
+    fn checkpoint_resets_agent(&self) -> bool {
+        false
     }
     /// Kill the VMM, reap it and remove everything it created. Idempotent.
     fn destroy(&mut self) -> Result<()>;

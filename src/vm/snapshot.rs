@@ -255,7 +255,11 @@ impl Manifest {
         };
         let json = serde_json::to_vec_pretty(self)
             .map_err(|e| VmError::Other(format!("serialize snapshot manifest: {e}")))?;
-        fs::write(&tmp, json).map_err(|e| io_err(format!("write {}", tmp.display()), e))?;
+        fs::write(&tmp, json).map_err(|e| {
+            // A torn temp file (disk full) must not stay behind either.
+            let _ = fs::remove_file(&tmp);
+            io_err(format!("write {}", tmp.display()), e)
+        })?;
         fs::rename(&tmp, &path).map_err(|e| {
             let _ = fs::remove_file(&tmp);
             io_err(format!("rename {} to {}", tmp.display(), path.display()), e)
