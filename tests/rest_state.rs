@@ -147,7 +147,10 @@ fn a_checkpoint_restores_memory_and_files_and_the_source_keeps_its_changes() {
     // Bad input: a clear 4xx each.
     let r = h.post("/v1/sessions", &json!({"fromSnapshot": sid, "vcpus": 3}));
     assert_eq!(r.status, 400, "{}", r.text());
-    let r = h.post("/v1/sessions", &json!({"fromSnapshot": "snap-000000000000"}));
+    let r = h.post(
+        "/v1/sessions",
+        &json!({"fromSnapshot": "snap-000000000000"}),
+    );
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(r.code(), "snapshot_not_found");
     let other = h.with_key(&mint_key(&h));
@@ -286,13 +289,20 @@ fn eight_forks_share_the_state_but_not_their_entropy() {
         assert_eq!(l.len(), 3, "{id}: {out:?}");
         assert_eq!(l[0], "from-root", "{id}");
         assert!(seen.insert(l[1].to_string()), "{id}: uuid {} repeats", l[1]);
-        assert!(seen.insert(l[2].to_string()), "{id}: urandom {} repeats", l[2]);
+        assert!(
+            seen.insert(l[2].to_string()),
+            "{id}: urandom {} repeats",
+            l[2]
+        );
     }
     // The source runs on.
     assert_eq!(sh(&h, "root", "cat /workspace/state"), "from-root\n");
     // A fork of a fork.
     sh(&h, &ids[0], "echo from-child > /workspace/state");
-    let r = h.post(&format!("/v1/sessions/{}/fork", ids[0]), &json!({"count": 1}));
+    let r = h.post(
+        &format!("/v1/sessions/{}/fork", ids[0]),
+        &json!({"count": 1}),
+    );
     assert_eq!(r.status, 201, "fork of a fork: {}", r.text());
     let g = r.json()["sessions"][0]["id"]
         .as_str()
@@ -325,7 +335,11 @@ fn a_paused_session_survives_sigterm_and_kill_9() {
     let h = d.http();
     create(&h, json!({"id": "keep"}));
     for (round, sig) in [(1, libc::SIGTERM), (2, libc::SIGKILL)] {
-        sh(&h_of(&d, &key), "keep", &format!("echo round-{round} >> /workspace/log"));
+        sh(
+            &h_of(&d, &key),
+            "keep",
+            &format!("echo round-{round} >> /workspace/log"),
+        );
         let r = h_of(&d, &key).post("/v1/sessions/keep/pause", &json!({}));
         assert_eq!(r.status, 200, "pause: {}", r.text());
         let st = d.terminate(sig);

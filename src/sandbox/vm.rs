@@ -360,6 +360,7 @@ impl VmSandboxFactory {
                     agent.set_close_note(note);
                 }
                 Ok(Box::new(VmSandbox {
+                    agent_timeout: self.agent_timeout,
                     id: prov.id,
                     vm,
                     net: prov.net,
@@ -430,6 +431,8 @@ fn sweep_run_dirs(run_root: &std::path::Path) -> usize {
 
 pub struct VmSandbox {
     id: String,
+    /// For the agent's reconnect after a checkpoint that resets it.
+    agent_timeout: Duration,
     vm: Box<dyn Vm>,
     net: Option<Box<dyn NetLease>>,
     agent: AgentClient,
@@ -489,11 +492,30 @@ impl Sandbox for VmSandbox {
     }
 
     fn checkpoint(&mut self, dir: &Path) -> Result<super::CheckpointStats> {
-        self.vm.checkpoint(dir).map_err(|e| SandboxError::Failed {
+        let r = self.vm.checkpoint(dir).map_err(|e| SandboxError::Failed {
             id: self.id.clone(),
             what: "checkpoint",
             msg: e.to_string(),
-        })
+        });
+        if self.vm.checkpoint_resets_agent() {
+            // Firecracker's snapshot resets the vsock connection (whatever
+            // the result): a new one, greeted as the same machine (its own
+            // clock and entropy stand).
+            self.agent.close();
+            let t = self.agent_timeout;
+            let agent = crate::vm::connect_agent(&mut *self.vm, false, t).map_err(|e| {
+                SandboxError::Failed {
+                    id: self.id.clone(),
+                    what: "agent reconnect after checkpoint",
+                    msg: e.to_string(),
+                }
+            })?;
+            if let Some(note) = self.vm.close_note() {
+                agent.set_close_note(note);
+            }
+            self.agent = agent;
+        }
+        r
     }
 
     fn timings(&self) -> Vec<(super::Phase, Duration)> {
