@@ -23,30 +23,32 @@ pub(super) fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResul
             .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(op_msg))
             .transpose()
     };
-    let spec =
-        SessionSpec {
-            id,
-            template,
-            vcpus: range("vcpus", &VCPUS)?,
-            memory_mib: range("memoryMib", &MEM_MIB)?,
-            disk_mib: range("diskMib", &DISK_MIB)?,
-            ttl: opt_f64(limits, "ttl")?.map(Span::Secs),
-            idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
-            env: opt_env(a)?,
-            egress: egress(a.get("egress"))?,
-            on_idle: opt_str(a, "onIdle")?
-                .map(|m| validate::on_idle(&m))
-                .transpose()
-                .map_err(op_msg)?,
-            paused_ttl: match a.get("pausedTtl") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(serde_json::from_value::<Span>(v.clone()).map_err(|_| {
-                    "argument pausedTtl must be seconds or text like 30m".to_string()
-                })?),
-            },
-            from_snapshot: opt_str(a, "fromSnapshot")?,
-            count: count_arg(a)?,
-        };
+    let on_idle = opt_str(a, "onIdle")?
+        .map(|m| validate::on_idle(&m))
+        .transpose()
+        .map_err(op_msg)?;
+    let paused_ttl = match a.get("pausedTtl") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<Span>(v.clone())
+                .map_err(|_| "argument pausedTtl must be seconds or text like 30m")?,
+        ),
+    };
+    let spec = SessionSpec {
+        id,
+        template,
+        vcpus: range("vcpus", &VCPUS)?,
+        memory_mib: range("memoryMib", &MEM_MIB)?,
+        disk_mib: range("diskMib", &DISK_MIB)?,
+        ttl: opt_f64(limits, "ttl")?.map(Span::Secs),
+        idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
+        env: opt_env(a)?,
+        egress: egress(a.get("egress"))?,
+        on_idle,
+        paused_ttl,
+        from_snapshot: opt_str(a, "fromSnapshot")?,
+        count: count_arg(a)?,
+    };
     if let Some(sid) = &spec.from_snapshot {
         validate::snapshot_id(sid, "fromSnapshot").map_err(op_msg)?;
     }
