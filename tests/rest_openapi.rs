@@ -84,3 +84,25 @@ fn method_not_allowed_names_the_paths_methods() {
     let e = find("GET", &t).err().expect("404");
     assert_eq!((e.status, e.allow), (404, None));
 }
+
+/// The spec's fork/create `count` bound is the operations layer's, and
+/// its snapshot id pattern is what the edge accepts.
+#[test]
+fn openapi_spells_the_stateful_limits() {
+    use agent_sandbox::ops::validate;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml");
+    let text = std::fs::read_to_string(path).expect("read docs/openapi.yaml");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("parse openapi.yaml");
+    let count = &doc["components"]["schemas"]["Count"];
+    assert_eq!(count["minimum"].as_u64(), Some(1));
+    assert_eq!(
+        count["maximum"].as_u64(),
+        Some(u64::from(agent_sandbox::ops::state::MAX_FORK))
+    );
+    let pattern = doc["components"]["parameters"]["Snapshot"]["schema"]["pattern"]
+        .as_str()
+        .expect("Snapshot pattern");
+    assert_eq!(pattern, "^snap-[0-9a-f]{12}$");
+    assert!(validate::snapshot_id("snap-00ff00ff00ff", "s").is_ok());
+    assert!(validate::snapshot_id("snap-00FF00FF00FF", "s").is_err());
+}

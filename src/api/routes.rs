@@ -156,6 +156,24 @@ pub static ROUTES: &[Route] = &[
         EXEC,
         v1::rename
     ),
+    // Stateful sessions (issue #21).
+    r!(
+        "POST",
+        "/v1/sessions/{session}/snapshots",
+        EXEC,
+        v1::checkpoint
+    ),
+    r!("POST", "/v1/sessions/{session}/fork", EXEC, v1::fork),
+    r!("POST", "/v1/sessions/{session}/pause", EXEC, v1::pause),
+    r!("POST", "/v1/sessions/{session}/resume", EXEC, v1::resume),
+    r!("GET", "/v1/snapshots", EXEC, v1::list_snapshots),
+    r!("GET", "/v1/snapshots/{snapshot}", EXEC, v1::get_snapshot),
+    r!(
+        "DELETE",
+        "/v1/snapshots/{snapshot}",
+        EXEC,
+        v1::delete_snapshot
+    ),
 ];
 
 fn matches(pattern: &str, segs: &[String]) -> Option<HashMap<&'static str, String>> {
@@ -180,6 +198,7 @@ fn static_name(name: &str) -> &'static str {
         "session" => "session",
         "key" => "key",
         "proc" => "proc",
+        "snapshot" => "snapshot",
         _ => "param",
     }
 }

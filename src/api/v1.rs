@@ -10,7 +10,9 @@ use super::{validate, Ctx};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
 use crate::ops::EgressPolicy;
-use crate::ops::{files, procs, OpsError, OpsResult, Session, SessionSpec, SessionView};
+use crate::ops::{
+    files, procs, Ops, OpsError, OpsResult, Session, SessionSpec, SessionView, SnapshotView,
+};
 use crate::proto::Signal;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -40,6 +42,14 @@ struct CreateBody {
     idle_timeout: Option<Span>,
     env: Option<BTreeMap<String, String>>,
     egress: Option<EgressPolicy>,
+    /// `destroy` or `pause` (read here, so the 400 names the field).
+    on_idle: Option<String>,
+    paused_ttl: Option<Span>,
+    /// Start from this checkpoint (issue #21).
+    from_snapshot: Option<String>,
+    /// Sessions to start (the answer is then a list).
+    #[serde(default, deserialize_with = "validate::opt_int")]
+    count: Option<i64>,
 }
 
 pub fn create_session(
@@ -49,6 +59,10 @@ pub fn create_session(
     _: &Params,
 ) -> ApiResult<Reply> {
     let b: CreateBody = json_body(req, ctx.cfg.max_body)?;
+    if let Some(sid) = &b.from_snapshot {
+        validate::snapshot_id(sid, "fromSnapshot")?;
+    }
+    let count = b.count.map(|n| validate::count(n, "count")).transpose()?;
     let spec = SessionSpec {
         id: b.id,
         template: b.template,
@@ -59,15 +73,58 @@ pub fn create_session(
         idle_timeout: b.idle_timeout,
         env: b.env.unwrap_or_default(),
         egress: b.egress,
-        ..Default::default()
+        on_idle: b.on_idle.as_deref().map(validate::on_idle).transpose()?,
+        paused_ttl: b.paused_ttl,
+        from_snapshot: b.from_snapshot,
+        count,
     };
-    let session = ctx.ops.create(p, spec)?;
     let ops = ctx.ops.clone();
-    // Answer once the sandbox is up, so start failures are reported here.
-    Ok(Reply::Later(Box::new(move || match ops.ready(&session) {
-        Ok(()) => Reply::Json(201, SessionView::of(&session).json()),
-        Err(e) => ApiError::from(e).into(),
-    })))
+    if count.is_none() && spec.from_snapshot.is_none() {
+        let session = ctx.ops.create(p, spec)?;
+        // Answer once the sandbox is up, so start failures are reported here.
+        return Ok(Reply::Later(Box::new(move || match ops.ready(&session) {
+            Ok(()) => Reply::Json(201, SessionView::of(&session).json()),
+            Err(e) => ApiError::from(e).into(),
+        })));
+    }
+    let sessions = ctx.ops.create_many(p, spec)?;
+    Ok(later_json(201, move || {
+        let list = ready_list(&ops, &sessions)?;
+        if count.is_some() {
+            return Ok(json!({ "sessions": list }));
+        }
+        // One session from a snapshot: answered as a create of one.
+        list.into_iter()
+            .next()
+            .ok_or_else(|| ApiError::internal("no session was started"))
+    }))
+}
+
+/// `{"sessions": [...]}` of copies started together, each waited for: a
+/// session's view, or for one that failed to start (and was removed) its
+/// id and error. Every one failed: that error (as a create of one).
+fn ready_list(ops: &Ops, sessions: &[Arc<Session>]) -> ApiResult<Vec<Value>> {
+    let each = ops.ready_each(sessions)?;
+    Ok(sessions
+        .iter()
+        .zip(each)
+        .map(|(s, r)| match r {
+            Ok(()) => SessionView::of(s).json(),
+            Err(e) => {
+                let e = ApiError::from(e);
+                json!({"id": s.id, "sessionId": s.id, "error": {"code": e.code, "message": e.message}})
+            }
+        })
+        .collect())
+}
+
+/// Work for a long-request thread (a checkpoint, a fork, a start): `Ok`
+/// answers `status` with the JSON.
+fn later_json(status: u16, op: impl FnOnce() -> ApiResult<Value> + Send + 'static) -> Reply {
+    Reply::Later(Box::new(move || match op() {
+        Ok(v) => Reply::Json(status, v),
+        Err(e) => e.into(),
+    }))
 }
 
 pub fn list_sessions(
@@ -547,4 +604,146 @@ pub fn rename(
         move |s| files::rename(s, &b.from, &b.to, overwrite, wait),
         success,
     ))
+}
+
+// ---- stateful sessions (issue #21) -------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointBody {
+    name: Option<String>,
+}
+
+/// `POST /v1/sessions/:id/snapshots`: the running session's whole state as
+/// a new snapshot of the caller's; the session runs on.
+pub fn checkpoint(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let b: CheckpointBody = json_body(req, ctx.cfg.max_body)?;
+    if let Some(n) = &b.name {
+        validate::snapshot_name(n)?;
+    }
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later_json(201, move || {
+        Ok(ops.checkpoint(&s, b.name)?.json())
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    #[serde(default, deserialize_with = "validate::opt_int")]
+    count: Option<i64>,
+}
+
+/// `POST /v1/sessions/:id/fork`: a checkpoint and `count` sessions started
+/// from it, answered once each is ready (as a create of several).
+pub fn fork(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let b: ForkBody = json_body(req, ctx.cfg.max_body)?;
+    let count = b
+        .count
+        .ok_or_else(|| ApiError::bad_request("count is required"))?;
+    let count = validate::count(count, "count")?;
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later_json(201, move || {
+        let f = ops.fork(&s, count)?;
+        Ok(json!({
+            "sourceId": f.source.id,
+            "pausedMs": f.paused_ms,
+            "snapshotBytes": f.snapshot_bytes,
+            "sessions": ready_list(&ops, &f.sessions)?,
+        }))
+    }))
+}
+
+/// `POST /v1/sessions/:id/pause`: its state saved and its VMM stopped; the
+/// answer is the paused session.
+pub fn pause(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later_json(200, move || {
+        ops.pause(&s)?;
+        Ok(SessionView::of(&s).json())
+    }))
+}
+
+/// `POST /v1/sessions/:id/resume`: restored where it was (a running
+/// session: nothing to do).
+pub fn resume(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later_json(200, move || {
+        ops.resume(&s)?;
+        Ok(SessionView::of(&s).json())
+    }))
+}
+
+/// The caller's snapshots; an admin key's list has every key's (as
+/// `GET /v1/sessions`).
+pub fn list_snapshots(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    let list: Vec<Value> = ctx
+        .ops
+        .snapshots(p, true)
+        .iter()
+        .map(SnapshotView::json)
+        .collect();
+    ok_json(json!({ "snapshots": list }))
+}
+
+fn snapshot_param(params: &Params) -> ApiResult<&str> {
+    let sid = params.get("snapshot");
+    validate::snapshot_id(sid, "snapshot")?;
+    Ok(sid)
+}
+
+pub fn get_snapshot(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let sid = snapshot_param(params)?;
+    ok_json(ctx.ops.snapshot(p, sid)?.json())
+}
+
+/// `DELETE /v1/snapshots/:sid`: 200 as a session's delete; sessions
+/// started from it run on. An unknown snapshot is 404.
+pub fn delete_snapshot(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let sid = snapshot_param(params)?.to_string();
+    let (ops, p) = (ctx.ops.clone(), p.clone());
+    // Removing its files can take a moment: not on an API worker thread.
+    Ok(later_json(200, move || {
+        ops.delete_snapshot(&p, &sid)?;
+        Ok(json!({"deleted": true, "success": true, "snapshotId": sid}))
+    }))
 }

@@ -2,7 +2,7 @@
 
 /// The checks are the operations layer's (one definition for every
 /// front end).
-pub use crate::ops::validate::{env, path, session_id};
+pub use crate::ops::validate::{count, env, on_idle, path, session_id, snapshot_id, snapshot_name};
 
 /// An integer body field that also takes an integral float (`2.0`): JSON
 /// Schema's `integer` admits it, and clients that compute sizes as floats

@@ -326,14 +326,25 @@ pub fn run<R: Read, W: Write + Send + 'static>(
                 Ok(resp) => {
                     let tool = msg["params"]["name"].as_str().unwrap_or("");
                     let stateless = msg["params"]["_meta"][META_VERSION].is_string()
-                        && matches!(tool, "create_session" | "execute" | "reset_session");
+                        && matches!(
+                            tool,
+                            "create_session" | "execute" | "reset_session" | "fork_session"
+                        );
                     // Recorded before the answer reaches the client, which
-                    // may close stdin as soon as it has it.
+                    // may close stdin as soon as it has it. A fork's copies
+                    // (and a create's with `count`) are its `sessions`.
                     let seen = |v: &Value| {
-                        if let Some(sid) = v["result"]["structuredContent"]["sessionId"].as_str() {
-                            if stateless {
-                                crate::sync::lock(&st2.created).insert(sid.to_string());
-                            }
+                        if !stateless {
+                            return;
+                        }
+                        let out = &v["result"]["structuredContent"];
+                        let copies = out["sessions"].as_array().into_iter().flatten();
+                        let ids = std::iter::once(&out["sessionId"])
+                            .chain(copies.map(|c| &c["sessionId"]))
+                            .filter_map(Value::as_str);
+                        let mut created = crate::sync::lock(&st2.created);
+                        for sid in ids {
+                            created.insert(sid.to_string());
                         }
                     };
                     relay(resp, id.as_ref(), &out2, &seen);

@@ -12,6 +12,10 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The most sessions one fork, or one create from a snapshot (`count`),
+/// starts.
+pub const MAX_FORK: u32 = 100;
+
 /// A checkpoint as the API shows it (`/v1/snapshots`, MCP
 /// `list_snapshots`). Times are ms since the epoch.
 #[derive(Debug, Clone, Serialize)]
@@ -362,5 +366,23 @@ impl Ops {
     /// do).
     pub fn resume(&self, s: &Arc<Session>) -> OpsResult<()> {
         s.resume(self.state_wait()).map_err(lift)
+    }
+}
+
+impl Ops {
+    /// Waits for each of `sessions` (started together, so the wait is the
+    /// slowest one's), for the front ends' answer to a fork or a create of
+    /// several. One that fails to start is removed ([`Ops::ready`]) and its
+    /// error is kept in its place; if every one failed, the first error is
+    /// the answer.
+    pub fn ready_each(&self, sessions: &[Arc<Session>]) -> OpsResult<Vec<OpsResult<()>>> {
+        let each: Vec<OpsResult<()>> = sessions.iter().map(|s| self.ready(s)).collect();
+        if each.iter().any(Result::is_ok) {
+            return Ok(each);
+        }
+        match each.into_iter().next() {
+            Some(Err(e)) => Err(e),
+            _ => Ok(Vec::new()),
+        }
     }
 }

@@ -59,3 +59,87 @@ pub fn env(env: BTreeMap<String, String>) -> OpsResult<BTreeMap<String, String>>
     }
     Ok(env)
 }
+
+/// A snapshot id as the checkpoint store makes them (`snap-` and 12
+/// lowercase hex digits); `what` names the field or parameter in the 400.
+pub fn snapshot_id(id: &str, what: &str) -> OpsResult<()> {
+    let hex = id.strip_prefix("snap-").unwrap_or_default();
+    if hex.len() == 12 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(OpsError::BadRequest(format!(
+            "{what} {:?} is not a snapshot id (snap- and 12 hex digits)",
+            truncate(id)
+        )))
+    }
+}
+
+/// A checkpoint's name: 1-64 characters.
+pub fn snapshot_name(name: &str) -> OpsResult<()> {
+    let n = name.chars().count();
+    if (1..=64).contains(&n) {
+        Ok(())
+    } else {
+        Err(OpsError::BadRequest(format!(
+            "name must be 1-64 characters, not {n}"
+        )))
+    }
+}
+
+/// How many sessions a fork or a create from a snapshot starts:
+/// `1..=MAX_FORK`; `what` names the field.
+pub fn count(n: i64, what: &str) -> OpsResult<u32> {
+    let max = super::state::MAX_FORK;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| OpsError::BadRequest(format!("{what} {n} outside 1..={max}")))
+}
+
+/// `onIdle` as a client spells it.
+pub fn on_idle(s: &str) -> OpsResult<super::OnIdle> {
+    super::OnIdle::parse(s).ok_or_else(|| {
+        OpsError::BadRequest(format!(
+            "onIdle {:?}: want \"destroy\" or \"pause\"",
+            truncate(s)
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_names_and_counts() {
+        assert!(snapshot_id("snap-0123456789ab", "snapshot").is_ok());
+        for bad in [
+            "",
+            "snap-",
+            "snap-0123456789AB",
+            "snap-0123456789a",
+            "snap-0123456789abc",
+            "s-0123456789ab",
+            "snap-0123456789ag",
+        ] {
+            let e = snapshot_id(bad, "fromSnapshot").unwrap_err().message();
+            assert!(e.starts_with("fromSnapshot "), "{bad}: {e}");
+        }
+        assert!(snapshot_name("x").is_ok());
+        assert!(snapshot_name(&"é".repeat(64)).is_ok());
+        assert!(snapshot_name("").is_err());
+        assert_eq!(
+            snapshot_name(&"x".repeat(65)).unwrap_err().message(),
+            "name must be 1-64 characters, not 65"
+        );
+        assert_eq!(count(1, "count").ok(), Some(1));
+        let max = crate::ops::state::MAX_FORK;
+        assert_eq!(count(max.into(), "count").ok(), Some(max));
+        for bad in [0, -1, i64::from(max) + 1, 1 << 40] {
+            let e = count(bad, "count").unwrap_err().message();
+            assert_eq!(e, format!("count {bad} outside 1..={max}"));
+        }
+        assert_eq!(on_idle("pause").ok(), Some(super::super::OnIdle::Pause));
+        assert!(on_idle("sleep").unwrap_err().message().contains("onIdle"));
+    }
+}

@@ -545,25 +545,39 @@ pub fn mcp_call(
     tool: &str,
     args: serde_json::Value,
 ) -> (u16, Option<String>, serde_json::Value) {
+    let params = serde_json::json!({"name": tool, "arguments": args});
+    mcp_rpc(d, key, "tools/call", Some(tool), params)
+}
+
+/// One stateless (2026-07-28) MCP request `method` over `/mcp` (`name`:
+/// the `Mcp-Name` header of a tools/call), as [`mcp_call`].
+pub fn mcp_rpc(
+    d: &Daemon,
+    key: &str,
+    method: &str,
+    name: Option<&str>,
+    mut params: serde_json::Value,
+) -> (u16, Option<String>, serde_json::Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(120)))
         .build()
         .into();
     let v = "2026-07-28";
-    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool,
-        "arguments": args,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": v,
+    params["_meta"] = serde_json::json!({"io.modelcontextprotocol/protocolVersion": v,
                   "io.modelcontextprotocol/clientCapabilities": {},
-                  "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}});
-    let mut resp = agent
+                  "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let mut req = agent
         .post(format!("{}/mcp", d.base))
         .header("Authorization", &format!("Bearer {key}"))
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", v)
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
+        .header("Mcp-Method", method);
+    if let Some(n) = name {
+        req = req.header("Mcp-Name", n);
+    }
+    let mut resp = req
         .content_type("application/json")
         .send(call.to_string().as_bytes())
         .expect("POST /mcp");

@@ -22,7 +22,8 @@ EXPECTED_TOOLS = [
     "create_session", "execute", "run_code", "list_templates", "write_file", "read_file",
     "list_files", "ping", "reset_session", "list_sessions", "destroy_session",
     "start_process", "read_process", "write_process", "kill_process", "kill_all_processes",
-    "get_process",
+    "get_process", "pause_session", "resume_session", "checkpoint_session", "fork_session",
+    "list_snapshots", "delete_snapshot",
 ]
 checks = 0
 

@@ -170,7 +170,7 @@ tool_outputs = {}
 
 def check_tools(version, result):
     names = [t["name"] for t in result["tools"]]
-    check(names[:2] == ["create_session", "execute"] and len(names) == 17, f"tools {names}")
+    check(names[:2] == ["create_session", "execute"] and len(names) == 23, f"tools {names}")
     for t in result["tools"]:
         jsonschema.Draft202012Validator.check_schema(t["inputSchema"])
         jsonschema.Draft202012Validator.check_schema(t["outputSchema"])
@@ -281,6 +281,14 @@ def stdio_main(cmd):
         r = s.tool(version, 64, "get_process", {"sessionId": sid, "procId": 999})
         check(r["isError"] and "no process 999" in r["content"][0]["text"], f"get_process unknown: {r}")
         s.tool(version, 65, "kill_process", {"sessionId": sid, "procId": proc, "signal": "KILL"})
+        # Stateful-session tools (issue #21): the list validates against its
+        # output schema; bad arguments are tool errors naming them.
+        r = s.tool(version, 66, "list_snapshots", {})
+        check(not r["isError"] and isinstance(r["structuredContent"]["snapshots"], list), f"list_snapshots: {r}")
+        r = s.tool(version, 67, "fork_session", {"sessionId": sid, "count": 0})
+        check(r["isError"] and "count 0 outside" in r["content"][0]["text"], f"fork_session count 0: {r}")
+        r = s.tool(version, 68, "delete_snapshot", {"snapshotId": "junk"})
+        check(r["isError"] and "snapshotId" in r["content"][0]["text"], f"delete_snapshot junk: {r}")
         # Protocol errors.
         s.send_raw(b'{"jsonrpc": "2.0", "id": 7, "method": \n')
         m = s.recv(lambda m: "error" in m and "id" not in m)

@@ -102,9 +102,10 @@ pub(super) fn wait(ctx: &ToolCtx) -> Duration {
     ctx.host.ops.cfg.create_timeout
 }
 
-/// A session as the tools show it.
+/// A session as the tools show it (a paused one with its checkpoint's
+/// size and times).
 pub(super) fn session_json(v: &SessionView) -> Value {
-    json!({
+    let mut j = json!({
         "sessionId": v.session_id,
         "template": v.template,
         "state": v.state,
@@ -113,7 +114,17 @@ pub(super) fn session_json(v: &SessionView) -> Value {
         "diskMib": v.disk_mib,
         "createdAt": v.created_at,
         "expiresAt": v.expires_at,
-    })
+    });
+    for (k, f) in [
+        ("snapshotBytes", v.snapshot_bytes),
+        ("pausedAt", v.paused_at),
+        ("pausedExpiresAt", v.paused_expires_at),
+    ] {
+        if let Some(n) = f {
+            j[k] = json!(n);
+        }
+    }
+    j
 }
 
 pub(super) fn new_id() -> Result<String, String> {

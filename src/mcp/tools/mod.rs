@@ -13,7 +13,7 @@ use crate::ops::sessions::{
 };
 use crate::ops::validate;
 use crate::ops::{
-    files as ops_files, procs, OpsError, Principal, Session, SessionSpec, SessionView,
+    files as ops_files, procs, OpsError, Principal, Session, SessionSpec, SessionView, SnapshotView,
 };
 use crate::ops::{EgressMode, EgressPolicy};
 use crate::proto::{signal, Response, Signal};
@@ -29,12 +29,14 @@ mod exec;
 mod files;
 mod schema;
 mod sessions;
+mod state;
 
 use args::*;
 use exec::*;
 use files::*;
 use schema::*;
 use sessions::*;
+use state::*;
 
 /// Everything a handler may use besides its arguments.
 pub struct ToolCtx<'a> {
@@ -103,9 +105,11 @@ pub static TOOLS: &[Tool] = &[
         name: "create_session",
         title: "Create sandbox session",
         description: "Create a new sandbox session (its own microVM) and return its sessionId. \
-            Other tools take that sessionId. Sessions are removed when idle for long, or with destroy_session.",
+            Other tools take that sessionId. Sessions are removed when idle for long (or paused, with \
+            onIdle=pause), or with destroy_session. fromSnapshot starts it from a checkpoint; count \
+            starts several (listed in sessions).",
         input: create_session_in,
-        output: session_out,
+        output: create_session_out,
         read_only: false,
         destructive: false,
         run: create_session,
@@ -282,6 +286,73 @@ pub static TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         run: get_process,
+    },
+    Tool {
+        name: "pause_session",
+        title: "Pause session",
+        description: "Save a session's whole state (processes, files, memory) and stop its VM; it \
+            stays listed as paused until resume_session, or any command or file call, restores it \
+            where it was. Refused while a command runs (background processes are kept).",
+        input: session_id_in,
+        output: session_out,
+        read_only: false,
+        destructive: false,
+        run: pause_session,
+    },
+    Tool {
+        name: "resume_session",
+        title: "Resume session",
+        description: "Restore a paused session where it was (a running session: nothing to do).",
+        input: session_id_in,
+        output: session_out,
+        read_only: false,
+        destructive: false,
+        run: resume_session,
+    },
+    Tool {
+        name: "checkpoint_session",
+        title: "Checkpoint session",
+        description: "Save a running session's whole state as a snapshot (it runs on) and return its \
+            snapshot id: create_session with fromSnapshot starts new sessions from it, as it was. \
+            Refused while a command runs.",
+        input: checkpoint_in,
+        output: snapshot_out,
+        read_only: false,
+        destructive: false,
+        run: checkpoint_session,
+    },
+    Tool {
+        name: "fork_session",
+        title: "Fork session",
+        description: "Checkpoint a session and start count copies of it (each its own VM and network, \
+            with the source's files, processes and memory); the source runs on. Returns the copies' \
+            sessionIds. Refused while a command runs.",
+        input: fork_in,
+        output: fork_out,
+        read_only: false,
+        destructive: false,
+        run: fork_session,
+    },
+    Tool {
+        name: "list_snapshots",
+        title: "List snapshots",
+        description: "List the snapshots this caller owns (from checkpoint_session and fork_session), \
+            with their size and whether this host can restore them.",
+        input: empty_in,
+        output: list_snapshots_out,
+        read_only: true,
+        destructive: false,
+        run: list_snapshots,
+    },
+    Tool {
+        name: "delete_snapshot",
+        title: "Delete snapshot",
+        description: "Delete a snapshot; sessions started from it run on.",
+        input: snapshot_id_in,
+        output: delete_snapshot_out,
+        read_only: false,
+        destructive: true,
+        run: delete_snapshot,
     },
 ];
 

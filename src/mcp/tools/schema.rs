@@ -58,25 +58,130 @@ pub(super) fn create_session_in() -> Value {
                 ]
             },
             "env": {"type": "object", "additionalProperties": {"type": "string"},
-                    "description": "Environment for every command in the session"}
+                    "description": "Environment for every command in the session"},
+            "onIdle": {"type": "string", "enum": ["destroy", "pause"],
+                       "description": "Idle past its timeout, the session is destroyed (default) or paused"},
+            "pausedTtl": {"description": "How long it may stay paused: seconds, or text like 30m",
+                          "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
+            "fromSnapshot": snapshot_id(),
+            "count": count("Start this many sessions (from fromSnapshot); the answer lists them in sessions")
         }),
         &[],
     )
 }
 
+pub(super) fn snapshot_id() -> Value {
+    json!({"type": "string", "pattern": "^snap-[0-9a-f]{12}$",
+           "description": "Snapshot id (from checkpoint_session or list_snapshots)"})
+}
+
+pub(super) fn count(description: &str) -> Value {
+    json!({"type": "integer", "minimum": 1, "maximum": crate::ops::state::MAX_FORK,
+           "description": description})
+}
+
+fn session_props() -> Value {
+    json!({
+        "sessionId": {"type": "string"},
+        "template": {"type": "string"},
+        "state": {"type": "string"},
+        "vcpus": {"type": "integer"},
+        "memoryMib": {"type": "integer"},
+        "diskMib": {"type": "integer"},
+        "createdAt": {"type": "integer"},
+        "expiresAt": {"type": "integer"},
+        "snapshotBytes": {"type": "integer", "description": "While paused: its checkpoint's size on disk"},
+        "pausedAt": {"type": "integer", "description": "While paused: when it was paused (ms since the epoch)"},
+        "pausedExpiresAt": {"type": "integer", "description": "While paused: when it is removed unless resumed"}
+    })
+}
+
 pub(super) fn session_out() -> Value {
+    out(session_props(), &["sessionId", "template", "state"])
+}
+
+/// A session of several started together, or one that failed to start.
+fn started_items() -> Value {
+    json!({"type": "array", "items": {"type": "object", "properties": {
+        "sessionId": {"type": "string"}, "template": {"type": "string"}, "state": {"type": "string"},
+        "error": {"type": "string", "description": "Why this one did not start (it is removed)"}
+    }, "required": ["sessionId"]}})
+}
+
+/// `session_out`, and with `count` every session started.
+pub(super) fn create_session_out() -> Value {
+    let mut p = session_props();
+    p["sessions"] = started_items();
+    out(p, &["sessionId", "template", "state"])
+}
+
+pub(super) fn checkpoint_in() -> Value {
+    obj(
+        json!({"sessionId": sid(),
+               "name": {"type": "string", "minLength": 1, "maxLength": 64, "description": "A label for listings"}}),
+        &["sessionId"],
+    )
+}
+
+pub(super) fn fork_in() -> Value {
+    obj(
+        json!({"sessionId": sid(), "count": count("How many copies to start")}),
+        &["sessionId", "count"],
+    )
+}
+
+pub(super) fn snapshot_id_in() -> Value {
+    obj(json!({"snapshotId": snapshot_id()}), &["snapshotId"])
+}
+
+fn snapshot_props() -> Value {
+    json!({
+        "id": {"type": "string"},
+        "name": {"type": ["string", "null"]},
+        "sessionId": {"type": "string", "description": "The session it was taken of"},
+        "template": {"type": "string"},
+        "vcpus": {"type": "integer"},
+        "memoryMib": {"type": "integer"},
+        "diskMib": {"type": "integer"},
+        "sizeBytes": {"type": "integer", "description": "Bytes its files take on disk"},
+        "pausedMs": {"type": "integer", "description": "How long the source's guest was stopped to write it"},
+        "createdAt": {"type": "integer"},
+        "restorable": {"type": "boolean", "description": "Whether this host can start sessions from it"},
+        "problem": {"type": "string", "description": "Why not, when restorable is false"}
+    })
+}
+
+pub(super) fn snapshot_out() -> Value {
+    out(
+        snapshot_props(),
+        &["id", "sessionId", "sizeBytes", "pausedMs", "restorable"],
+    )
+}
+
+pub(super) fn list_snapshots_out() -> Value {
+    out(
+        json!({"snapshots": {"type": "array", "items": {"type": "object", "properties": snapshot_props(),
+                                                        "required": ["id", "sessionId", "restorable"]}}}),
+        &["snapshots"],
+    )
+}
+
+pub(super) fn fork_out() -> Value {
     out(
         json!({
-            "sessionId": {"type": "string"},
-            "template": {"type": "string"},
-            "state": {"type": "string"},
-            "vcpus": {"type": "integer"},
-            "memoryMib": {"type": "integer"},
-            "diskMib": {"type": "integer"},
-            "createdAt": {"type": "integer"},
-            "expiresAt": {"type": "integer"}
+            "sourceId": {"type": "string"},
+            "pausedMs": {"type": "integer", "description": "How long the source's guest was stopped"},
+            "snapshotBytes": {"type": "integer"},
+            "sessions": started_items()
         }),
-        &["sessionId", "template", "state"],
+        &["sourceId", "pausedMs", "snapshotBytes", "sessions"],
+    )
+}
+
+pub(super) fn delete_snapshot_out() -> Value {
+    out(
+        json!({"snapshotId": {"type": "string"}, "deleted": {"type": "boolean"}}),
+        &["snapshotId", "deleted"],
     )
 }
 

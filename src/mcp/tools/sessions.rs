@@ -23,6 +23,17 @@ pub(super) fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResul
             .map(|v| check_range(&format!("limits.{k}"), v, r).map_err(op_msg))
             .transpose()
     };
+    let on_idle = opt_str(a, "onIdle")?
+        .map(|m| validate::on_idle(&m))
+        .transpose()
+        .map_err(op_msg)?;
+    let paused_ttl = match a.get("pausedTtl") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<Span>(v.clone())
+                .map_err(|_| "argument pausedTtl must be seconds or text like 30m")?,
+        ),
+    };
     let spec = SessionSpec {
         id,
         template,
@@ -33,12 +44,34 @@ pub(super) fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResul
         idle_timeout: opt_f64(limits, "idleTimeout")?.map(Span::Secs),
         env: opt_env(a)?,
         egress: egress(a.get("egress"))?,
-        ..Default::default()
+        on_idle,
+        paused_ttl,
+        from_snapshot: opt_str(a, "fromSnapshot")?,
+        count: count_arg(a)?,
     };
-    let s = ctx.host.ops.create(ctx.caller, spec).map_err(op_msg)?;
-    (ctx.created)(&s.id);
-    ctx.host.ops.ready(&s).map_err(op_msg)?;
-    Ok(session_json(&SessionView::of(&s)).into())
+    if let Some(sid) = &spec.from_snapshot {
+        validate::snapshot_id(sid, "fromSnapshot").map_err(op_msg)?;
+    }
+    if spec.count.is_none() && spec.from_snapshot.is_none() {
+        let s = ctx.host.ops.create(ctx.caller, spec).map_err(op_msg)?;
+        (ctx.created)(&s.id);
+        ctx.host.ops.ready(&s).map_err(op_msg)?;
+        return Ok(session_json(&SessionView::of(&s)).into());
+    }
+    // From a snapshot, or several: the first session that started is the
+    // answer's own fields (as a create of one), `sessions` lists them all.
+    let many = spec.count.is_some();
+    let list = ctx.host.ops.create_many(ctx.caller, spec).map_err(op_msg)?;
+    let each = started(ctx, &list)?;
+    let mut out = each
+        .iter()
+        .find(|v| v.get("error").is_none())
+        .cloned()
+        .ok_or("no session was started")?;
+    if many {
+        out["sessions"] = Value::Array(each);
+    }
+    Ok(out.into())
 }
 
 /// Validates seed-style arguments as a command ([`ExecSpec::prepare`]).
