@@ -7,12 +7,12 @@
 //!
 //!   cargo bench --bench lifecycle [-- ITERATIONS] [template=NAME]   (default 10, base)
 
+#[path = "common/mod.rs"]
+mod bench;
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "../tests/common/skip.rs"]
 mod skip;
-#[path = "common/mod.rs"]
-mod bench;
 
 use bench::{report, report_count};
 use common::daemon::{Daemon, Http};
@@ -90,10 +90,7 @@ fn main() {
         common::test_backend()
     );
     let src = ok(&h, "/v1/sessions", &json!({"id": "src"}), 201);
-    println!(
-        "guest: {} vCPU, {} MiB",
-        src["vcpus"], src["memoryMib"]
-    );
+    println!("guest: {} vCPU, {} MiB", src["vcpus"], src["memoryMib"]);
     exec_true(&h, "src");
 
     // Checkpoints of a running session.
@@ -137,12 +134,7 @@ fn main() {
         let mut src_paused = Vec::new();
         for _ in 0..runs {
             let t = Instant::now();
-            let v = ok(
-                &h,
-                "/v1/sessions/src/fork",
-                &json!({ "count": count }),
-                201,
-            );
+            let v = ok(&h, "/v1/sessions/src/fork", &json!({ "count": count }), 201);
             let ids = ids_of(&v);
             assert_eq!(ids.len(), count, "{v}");
             all_answer(&h, &ids);
@@ -154,8 +146,11 @@ fn main() {
                 let _ = fresh;
                 exec_true(&h, "fresh");
                 let f = d.vmm_of("fresh").map(mem_kib);
-                let forks: Vec<(u64, u64, u64)> =
-                    ids.iter().filter_map(|id| d.vmm_of(id)).map(mem_kib).collect();
+                let forks: Vec<(u64, u64, u64)> = ids
+                    .iter()
+                    .filter_map(|id| d.vmm_of(id))
+                    .map(mem_kib)
+                    .collect();
                 if let (Some((fp, fr, fd)), false) = (f, forks.is_empty()) {
                     let k = forks.len() as u64;
                     let (pss, rss, dirty) = forks

@@ -6,7 +6,7 @@
 use super::sessions::new_id;
 use super::{validate, Ops, OpsError, OpsResult, Principal, SessionSpec};
 use crate::sandbox::SandboxSpec;
-use crate::session::checkpoints::{self, Entry, Kind};
+use crate::session::checkpoints::{Entry, Kind};
 use crate::session::{Session, SessionError, SessionOptions, State};
 use serde::Serialize;
 use std::sync::Arc;
@@ -58,10 +58,6 @@ pub struct Fork {
     pub snapshot_bytes: u64,
     pub sessions: Vec<Arc<Session>>,
 }
-
-/// The most sessions one fork, or one create from a snapshot (`count`),
-/// starts.
-pub const MAX_FORK: u32 = 100;
 
 /// A state change of the session layer in this layer's terms.
 fn lift(e: SessionError) -> OpsError {
@@ -133,12 +129,7 @@ impl Ops {
     }
 
     fn snapshot_entry(&self, owner: &str, sid: &str) -> OpsResult<Arc<Entry>> {
-        if !checkpoints::valid_id(sid) {
-            return Err(OpsError::BadRequest(format!(
-                "snapshot id {:?} is invalid: snap- and 12 hex digits",
-                sid.chars().take(80).collect::<String>()
-            )));
-        }
+        validate::snapshot_id(sid, "snapshot")?;
         self.mgr
             .checkpoints
             .get(owner, sid)
@@ -150,12 +141,7 @@ impl Ops {
     /// state is written: `pausedMs`).
     pub fn checkpoint(&self, s: &Arc<Session>, name: Option<String>) -> OpsResult<SnapshotView> {
         if let Some(n) = &name {
-            let len = n.chars().count();
-            if !(1..=64).contains(&len) || n.chars().any(char::is_control) {
-                return Err(OpsError::BadRequest(
-                    "name must be 1-64 characters, no control characters".into(),
-                ));
-            }
+            validate::snapshot_name(n)?;
         }
         busy(s, "checkpoint it")?;
         let store = &self.mgr.checkpoints;
@@ -237,17 +223,13 @@ impl Ops {
             }
             return Ok(vec![self.create(p, spec)?]);
         };
-        let count = spec.count.unwrap_or(1);
-        if !(1..=MAX_FORK).contains(&count) {
-            return Err(OpsError::BadRequest(format!(
-                "count {count} outside 1..={MAX_FORK}"
-            )));
-        }
+        let count = validate::count(spec.count.unwrap_or(1).into(), "count")?;
         if count > 1 && spec.id.is_some() {
             return Err(OpsError::BadRequest(
                 "id names one session: leave it out with count > 1".into(),
             ));
         }
+        validate::snapshot_id(&sid, "fromSnapshot")?;
         let e = self.snapshot_entry(&p.id, &sid)?;
         let m = e.meta();
         let differs = [
@@ -305,11 +287,7 @@ impl Ops {
     /// namespace, VMM uid and cgroup and the source's egress policy,
     /// lifetime left, timeouts and env; the source runs on.
     pub fn fork(&self, s: &Arc<Session>, count: u32) -> OpsResult<Fork> {
-        if !(1..=MAX_FORK).contains(&count) {
-            return Err(OpsError::BadRequest(format!(
-                "count {count} outside 1..={MAX_FORK}"
-            )));
-        }
+        let count = validate::count(count.into(), "count")?;
         busy(s, "fork it")?;
         let e = s
             .checkpoint(Kind::Fork, None, self.state_wait())

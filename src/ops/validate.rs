@@ -63,8 +63,7 @@ pub fn env(env: BTreeMap<String, String>) -> OpsResult<BTreeMap<String, String>>
 /// A snapshot id as the checkpoint store makes them (`snap-` and 12
 /// lowercase hex digits); `what` names the field or parameter in the 400.
 pub fn snapshot_id(id: &str, what: &str) -> OpsResult<()> {
-    let hex = id.strip_prefix("snap-").unwrap_or_default();
-    if hex.len() == 12 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+    if crate::session::checkpoints::valid_id(id) {
         Ok(())
     } else {
         Err(OpsError::BadRequest(format!(
