@@ -362,3 +362,161 @@ fn a_paused_session_survives_sigterm_and_kill_9() {
 fn h_of(d: &Daemon, key: &str) -> Http {
     Http::new(&d.base, Some(key))
 }
+
+fn tmp_dirs(d: &Daemon) -> Vec<String> {
+    std::fs::read_dir(d.state_dir().join("checkpoints"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".tmp-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `kill -9` of the daemon while it pauses, and while it forks: after the
+/// restart no half-written checkpoint, no VMM, cgroup or namespace is
+/// left, and each session is either gone with the crash (a running one,
+/// as before) or paused and resumable. Then the VMM is killed while it
+/// loads a checkpoint: the resume fails clearly, the session stays paused
+/// and a second resume works.
+#[test]
+fn kill_9_while_pausing_or_forking_and_a_vmm_killed_while_loading() {
+    if !common::daemon::vm_backend() {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    }
+    let args = ["--standby-vmms", "0"];
+    let mut d = Daemon::start(&args);
+    let key = d.key.clone();
+    for what in ["pause", "fork"] {
+        let h = h_of(&d, &key);
+        create(&h, json!({"id": what}));
+        sh(&h, what, "echo kept > /workspace/f");
+        let h2 = h.clone();
+        let path = if what == "pause" {
+            "/v1/sessions/pause/pause".to_string()
+        } else {
+            "/v1/sessions/fork/fork".to_string()
+        };
+        let body = if what == "pause" {
+            json!({})
+        } else {
+            json!({"count": 2})
+        };
+        let req = std::thread::spawn(move || h2.post(&path, &body).status);
+        // Killed as soon as the checkpoint is being written.
+        let caught = wait_until(Duration::from_secs(60), || !tmp_dirs(&d).is_empty());
+        let _ = d.terminate(libc::SIGKILL);
+        let _ = req.join();
+        eprintln!(
+            "{what}: killed {} the checkpoint was written",
+            if caught { "while" } else { "after" }
+        );
+        let dir = d.into_dir();
+        d = Daemon::start_in(dir, &args);
+        assert!(tmp_dirs(&d).is_empty(), "half-written checkpoints left");
+        let h = h_of(&d, &key);
+        let r = h.get(&format!("/v1/sessions/{what}"));
+        if r.status == 200 {
+            assert_eq!(r.json()["state"], "paused", "{}", r.text());
+            assert_eq!(sh(&h, what, "cat /workspace/f"), "kept\n");
+            assert!(h.delete(&format!("/v1/sessions/{what}")).status < 300);
+        } else {
+            assert_eq!(r.status, 404, "{}", r.text());
+        }
+        let listed = h.get("/v1/sessions").json();
+        assert!(
+            listed["sessions"].as_array().is_some_and(Vec::is_empty),
+            "{listed}"
+        );
+        assert!(
+            wait_until(Duration::from_secs(10), || d.leftovers().is_empty()),
+            "after kill -9 while {what}: {:?}",
+            d.leftovers()
+        );
+    }
+
+    // A VMM killed while it loads the checkpoint.
+    let h = h_of(&d, &key);
+    create(&h, json!({"id": "load"}));
+    sh(&h, "load", "echo kept > /workspace/f");
+    assert_eq!(h.post("/v1/sessions/load/pause", &json!({})).status, 200);
+    assert!(d.sandbox_procs().is_empty(), "a paused session runs no VMM");
+    let h2 = h.clone();
+    let resume = std::thread::spawn(move || h2.post("/v1/sessions/load/resume", &json!({})));
+    let mut killed = None;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) && killed.is_none() {
+        if let Some(p) = d.sandbox_procs().first() {
+            unsafe { libc::kill(*p, libc::SIGKILL) };
+            killed = Some(*p);
+        }
+    }
+    let r = resume.join().expect("resume thread");
+    eprintln!(
+        "resume with its VMM {killed:?} killed: {} {}",
+        r.status,
+        r.text()
+    );
+    if r.status == 200 {
+        // The load won the race: the session then notices its VMM died.
+        eprintln!("the restore finished before the kill");
+    } else {
+        assert!(r.status >= 500, "{}", r.text());
+        assert_eq!(state_of(&h, "load")["state"], "paused");
+        let r = h.post("/v1/sessions/load/resume", &json!({}));
+        assert_eq!(r.status, 200, "second resume: {}", r.text());
+        assert_eq!(sh(&h, "load", "cat /workspace/f"), "kept\n");
+    }
+    assert!(h.delete("/v1/sessions/load").status < 300);
+    assert!(
+        wait_until(Duration::from_secs(10), || d.leftovers().is_empty()),
+        "{:?}",
+        d.leftovers()
+    );
+}
+
+/// A checkpoint that does not fit on the disk: 507 naming the path, the
+/// session runs on, nothing of the checkpoint is left.
+#[test]
+fn a_full_disk_fails_the_checkpoint_and_harms_nothing() {
+    if !common::daemon::vm_backend() {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    }
+    let d = Daemon::start(&["--standby-vmms", "0"]);
+    let h = d.http();
+    create(&h, json!({"id": "full"}));
+    // The checkpoint store on a 4 MiB tmpfs: far less than a guest's RAM.
+    let store = d.state_dir().join("checkpoints");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
+        .arg(&store)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount tmpfs on {}", store.display());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(store.clone());
+    let r = h.post("/v1/sessions/full/snapshots", &json!({}));
+    assert_eq!(r.status, 507, "{}", r.text());
+    assert_eq!(r.code(), "checkpoint_failed");
+    assert!(
+        r.message().contains(&store.display().to_string()),
+        "the error names the path: {}",
+        r.text()
+    );
+    let left: Vec<_> = std::fs::read_dir(&store)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left after a failed checkpoint: {left:?}");
+    assert_eq!(sh(&h, "full", "echo alive"), "alive\n");
+    let r = h.post("/v1/sessions/full/pause", &json!({}));
+    assert_eq!(r.status, 507, "{}", r.text());
+    assert_eq!(state_of(&h, "full")["state"], "ready");
+    assert_eq!(sh(&h, "full", "echo still"), "still\n");
+}
