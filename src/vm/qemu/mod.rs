@@ -24,6 +24,7 @@ mod argv;
 mod console;
 mod jail;
 mod memory;
+mod stream;
 mod vm;
 
 pub use accel::{kvm_device_usable, probe_kvm, Accel};
@@ -485,6 +486,13 @@ impl Backend for QemuBackend {
         snapshot_dir: &Path,
     ) -> Result<Box<dyn PreparedRestore>> {
         Ok(Box::new(self.prepare_restore_vm(cfg, snapshot_dir)?))
+    }
+
+    /// Drops the sealed RAM copies of files under `dir`: checkpoints come
+    /// and go, and the cache would keep each one's RAM for good. VMs
+    /// restored from it keep their own reference.
+    fn forget_snapshot(&self, dir: &Path) {
+        lock(&self.snap_mem).retain(|path, _| !path.starts_with(dir));
     }
 }
 
