@@ -414,6 +414,8 @@ fn booted_vm_checkpoint_and_a_256_mib_restore() {
         "256 MiB restored guest paused {:?} (target < 150 ms)",
         s.paused
     );
+    let dir3 = ckpt_dir(e, "ck-boot-r-again");
+    checkpoint(&mut r, &dir3.0, "restored_256mib_again");
     drop(r);
     let r2 = restore_from(e, &cfg, &dir2.0, "ck-boot-r2");
     assert_eq!(files(r2.c()), "b1 b1");

@@ -17,6 +17,16 @@
 //! once per snapshot, shared by every VM restored from it, and immutable
 //! (`F_SEAL_WRITE`, `F_SEAL_SEAL`).
 //!
+//! A checkpoint of a running VM ([`Vm::checkpoint`]) writes the same
+//! snapshot format and lets the guest run on. A booted VM's is made like a
+//! snapshot (device state, then a copy of the memfd, the guest stopped). A
+//! restored VM's dirtied pages exist only in QEMU's private mapping, so
+//! its RAM comes through the migration stream (`x-ignore-shared` does not
+//! leave out a `share=off` block), read from a pipe by the calling thread
+//! and split into `memory` and `state` (`stream.rs`); a first pass while
+//! the guest runs has QEMU map all of it in, so the guest is stopped only
+//! for the copy.
+//!
 //! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
 
 mod accel;
