@@ -324,6 +324,37 @@ mod tests {
     }
 
     #[test]
+    fn a_forgotten_snapshot_dir_loses_its_cached_ram() {
+        use crate::vm::Backend;
+        let d = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let mut paths = Vec::new();
+        for dir in [&a, &b] {
+            fs::create_dir(dir).expect("mkdir");
+            let p = dir.join("memory");
+            fs::File::create(&p)
+                .and_then(|f| f.set_len(1 << 20))
+                .expect("memory");
+            paths.push(p);
+        }
+        let be = QemuBackend::new(QemuConfig::default());
+        let ma = be.snapshot_memory(&paths[0], 1 << 20).expect("a");
+        let mb = be.snapshot_memory(&paths[1], 1 << 20).expect("b");
+        be.forget_snapshot(&a);
+        // A restore still running holds its copy; the cache does not.
+        assert_eq!(Arc::strong_count(&ma), 1);
+        assert_eq!(Arc::strong_count(&mb), 2);
+        assert!(!Arc::ptr_eq(
+            &ma,
+            &be.snapshot_memory(&paths[0], 1 << 20).expect("a again")
+        ));
+        assert!(Arc::ptr_eq(
+            &mb,
+            &be.snapshot_memory(&paths[1], 1 << 20).expect("b again")
+        ));
+    }
+
+    #[test]
     fn guest_ram_is_a_sealed_memfd_saved_sparsely() {
         use std::os::unix::fs::FileExt;
         let ram = GuestRam::new(64).expect("memfd");

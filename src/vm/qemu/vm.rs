@@ -349,7 +349,10 @@ impl CkptFiles {
     }
 
     fn discard(&mut self) {
-        for p in [&self.state_tmp, &self.mem_tmp]
+        self.files = None;
+        // The manifest's temp file too: a full disk can fail its write.
+        let manifest_tmp = self.dir.join(format!(".{}.tmp", snapshot::MANIFEST_FILE));
+        for p in [&self.state_tmp, &self.mem_tmp, &manifest_tmp]
             .into_iter()
             .chain(self.committed.iter())
         {
