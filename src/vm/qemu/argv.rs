@@ -33,6 +33,10 @@ pub const TCG_CMDLINE: &str = "noapictimer lpj=163072";
 /// own [`GuestRam`], or a restore's [`SnapshotMemory`]).
 pub(super) const MEM_PATH: &str = "/proc/self/fd/5";
 
+/// Id of the guest RAM's memory backend, and so of its RAM block in a
+/// migration stream.
+pub(super) const MEM_BACKEND_ID: &str = "mem";
+
 /// Where QEMU finds the fds it is handed: the TAP (`-netdev tap,fd=`), the
 /// snapshot state (`migrate-incoming fd:`) and the snapshot RAM.
 pub(super) const TAP_FD: RawFd = 3;
@@ -112,7 +116,7 @@ pub(super) fn build_argv(cfg: &VmConfig, spec: &ArgvSpec) -> Vec<OsString> {
         format!("agent-sandbox-{}", cfg.id),
         // Devices on the kernel command line need acpi=off (see MEASURED.md).
         "-M".into(),
-        "microvm,acpi=off,memory-backend=mem".into(),
+        format!("microvm,acpi=off,memory-backend={MEM_BACKEND_ID}"),
         "-nodefaults".into(),
         "-no-user-config".into(),
         "-nographic".into(),
@@ -133,7 +137,7 @@ pub(super) fn build_argv(cfg: &VmConfig, spec: &ArgvSpec) -> Vec<OsString> {
         format!("{}M", cfg.mem_mib),
         "-object".into(),
         format!(
-            "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
+            "memory-backend-file,id={MEM_BACKEND_ID},size={}M,mem-path={},share={}",
             cfg.mem_mib,
             MEM_PATH,
             // A restore maps the snapshot RAM privately (module docs).

@@ -94,18 +94,36 @@ impl GuestRam {
     /// Copies the RAM's data into a new 0600 file `dst` of the same size,
     /// keeping holes (most of a fresh guest's RAM was never touched).
     pub(super) fn save(self, dst: &Path, mem_mib: u32) -> Result<()> {
-        let len = u64::from(mem_mib) << 20;
-        let d = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(dst)
-            .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
-        d.set_len(len)
-            .map_err(|e| io_err(format!("size {}", dst.display()), e))?;
-        let src = fs::File::from(self.fd);
-        copy_extents(&src, &d, len, Path::new("guest RAM memfd"), dst).map(|_| ())
+        let d = new_ram_file(dst, mem_mib)?;
+        self.copy_to(&d, dst, mem_mib).map(|_| ())
     }
+
+    /// Copies the RAM's data into `d` (a new file of the RAM's size, at
+    /// `dst`), keeping holes; the RAM stays the VM's. Returns the bytes
+    /// copied.
+    pub(super) fn copy_to(&self, d: &fs::File, dst: &Path, mem_mib: u32) -> Result<u64> {
+        let src = fs::File::from(
+            self.fd
+                .try_clone()
+                .map_err(|e| io_err("dup the guest RAM memfd".into(), e))?,
+        );
+        let len = u64::from(mem_mib) << 20;
+        copy_extents(&src, d, len, Path::new("guest RAM memfd"), dst)
+    }
+}
+
+/// A new 0600 file `dst` of `mem_mib` MiB, all hole: a snapshot's `memory`
+/// before its data is written.
+pub(super) fn new_ram_file(dst: &Path, mem_mib: u32) -> Result<fs::File> {
+    let d = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dst)
+        .map_err(|e| io_err(format!("create {}", dst.display()), e))?;
+    d.set_len(u64::from(mem_mib) << 20)
+        .map_err(|e| io_err(format!("size {}", dst.display()), e))?;
+    Ok(d)
 }
 
 /// A snapshot's RAM in a sealed memfd: QEMU maps it privately (reads share
@@ -303,6 +321,37 @@ mod tests {
             Err(VmError::BadFile { path, .. }) => assert_eq!(path, src),
             other => panic!("{:?}", other.err()),
         }
+    }
+
+    #[test]
+    fn a_forgotten_snapshot_dir_loses_its_cached_ram() {
+        use crate::vm::Backend;
+        let d = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let mut paths = Vec::new();
+        for dir in [&a, &b] {
+            fs::create_dir(dir).expect("mkdir");
+            let p = dir.join("memory");
+            fs::File::create(&p)
+                .and_then(|f| f.set_len(1 << 20))
+                .expect("memory");
+            paths.push(p);
+        }
+        let be = QemuBackend::new(QemuConfig::default());
+        let ma = be.snapshot_memory(&paths[0], 1 << 20).expect("a");
+        let mb = be.snapshot_memory(&paths[1], 1 << 20).expect("b");
+        be.forget_snapshot(&a);
+        // A restore still running holds its copy; the cache does not.
+        assert_eq!(Arc::strong_count(&ma), 1);
+        assert_eq!(Arc::strong_count(&mb), 2);
+        assert!(!Arc::ptr_eq(
+            &ma,
+            &be.snapshot_memory(&paths[0], 1 << 20).expect("a again")
+        ));
+        assert!(Arc::ptr_eq(
+            &mb,
+            &be.snapshot_memory(&paths[1], 1 << 20).expect("b again")
+        ));
     }
 
     #[test]

@@ -17,6 +17,16 @@
 //! once per snapshot, shared by every VM restored from it, and immutable
 //! (`F_SEAL_WRITE`, `F_SEAL_SEAL`).
 //!
+//! A checkpoint of a running VM ([`Vm::checkpoint`]) writes the same
+//! snapshot format and lets the guest run on. A booted VM's is made like a
+//! snapshot (device state, then a copy of the memfd, the guest stopped). A
+//! restored VM's dirtied pages exist only in QEMU's private mapping, so
+//! its RAM comes through the migration stream (`x-ignore-shared` does not
+//! leave out a `share=off` block), read from a pipe by the calling thread
+//! and split into `memory` and `state` (`stream.rs`); a first pass while
+//! the guest runs has QEMU map all of it in, so the guest is stopped only
+//! for the copy.
+//!
 //! Migration uses `fd:` URIs because `-sandbox spawn=deny` forbids `exec:`.
 
 mod accel;
@@ -24,6 +34,7 @@ mod argv;
 mod console;
 mod jail;
 mod memory;
+mod stream;
 mod vm;
 
 pub use accel::{kvm_device_usable, probe_kvm, Accel};
@@ -485,6 +496,13 @@ impl Backend for QemuBackend {
         snapshot_dir: &Path,
     ) -> Result<Box<dyn PreparedRestore>> {
         Ok(Box::new(self.prepare_restore_vm(cfg, snapshot_dir)?))
+    }
+
+    /// Drops the sealed RAM copies of files under `dir`: checkpoints come
+    /// and go, and the cache would keep each one's RAM for good. VMs
+    /// restored from it keep their own reference.
+    fn forget_snapshot(&self, dir: &Path) {
+        lock(&self.snap_mem).retain(|path, _| !path.starts_with(dir));
     }
 }
 
