@@ -172,11 +172,32 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
         .collect::<String>())
 }
 
+/// [`sha256_file`], remembered while the file's fingerprint stands: a
+/// checkpoint seals the same kernel and rootfs (hundreds of MiB) every
+/// time, which took most of a checkpoint's time (issue #21).
+fn sha256_cached(path: &Path, fp: &Fingerprint) -> io::Result<String> {
+    type Key = (PathBuf, u64, u64, u64, i64);
+    static SEEN: std::sync::Mutex<Vec<(Key, String)>> = std::sync::Mutex::new(Vec::new());
+    let key: Key = (path.to_path_buf(), fp.size, fp.dev, fp.inode, fp.mtime_ns);
+    if let Some((_, h)) = crate::sync::lock(&SEEN).iter().find(|(k, _)| *k == key) {
+        return Ok(h.clone());
+    }
+    let h = sha256_file(path)?;
+    let mut seen = crate::sync::lock(&SEEN);
+    // Kernels and rootfs images: a handful; old ones drop off.
+    if seen.len() >= 32 {
+        seen.remove(0);
+    }
+    seen.push((key, h.clone()));
+    Ok(h)
+}
+
 impl FileId {
     pub fn of(path: &Path) -> Result<Self> {
         let fix = "check the path, or rebuild the image";
         let fp = fingerprint(path).map_err(|e| bad(path, format!("cannot stat: {e}"), fix))?;
-        let sha256 = sha256_file(path).map_err(|e| bad(path, format!("cannot read: {e}"), fix))?;
+        let sha256 =
+            sha256_cached(path, &fp).map_err(|e| bad(path, format!("cannot read: {e}"), fix))?;
         Ok(FileId {
             path: path.to_path_buf(),
             sha256,
