@@ -568,6 +568,10 @@ impl NetProvider for NoNetwork {
         let at = attachment(iso.path(), &self.cfg);
         Ok(Box::new(IsolatedLease { iso: Some(iso), at }))
     }
+
+    fn guest_mac(&self) -> Option<String> {
+        Some(guest_mac(&self.cfg))
+    }
 }
 
 impl NetLease for IsolatedLease {
