@@ -12,9 +12,9 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The most sessions one fork, or one create from a snapshot (`count`),
-/// starts.
-pub const MAX_FORK: u32 = 100;
+/// The most sessions one fork, or one create from a snapshot, starts
+/// (defined with the other request limits in `validate`).
+pub use super::validate::MAX_FORK;
 
 /// A checkpoint as the API shows it (`/v1/snapshots`, MCP
 /// `list_snapshots`). Times are ms since the epoch.

@@ -85,10 +85,14 @@ pub fn snapshot_name(name: &str) -> OpsResult<()> {
     }
 }
 
+/// The most sessions one fork, or one create from a snapshot (`count`),
+/// starts.
+pub const MAX_FORK: u32 = 100;
+
 /// How many sessions a fork or a create from a snapshot starts:
 /// `1..=MAX_FORK`; `what` names the field.
 pub fn count(n: i64, what: &str) -> OpsResult<u32> {
-    let max = super::state::MAX_FORK;
+    let max = MAX_FORK;
     u32::try_from(n)
         .ok()
         .filter(|n| (1..=max).contains(n))
@@ -132,7 +136,7 @@ mod tests {
             "name must be 1-64 characters, not 65"
         );
         assert_eq!(count(1, "count").ok(), Some(1));
-        let max = crate::ops::state::MAX_FORK;
+        let max = MAX_FORK;
         assert_eq!(count(max.into(), "count").ok(), Some(max));
         for bad in [0, -1, i64::from(max) + 1, 1 << 40] {
             let e = count(bad, "count").unwrap_err().message();
