@@ -465,6 +465,7 @@ fn kill_9_while_pausing_or_forking_and_a_vmm_killed_while_loading() {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) && killed.is_none() {
         if let Some(p) = d.sandbox_procs().first() {
+            // SAFETY: kill(2) with a pid of this daemon's VMM.
             unsafe { libc::kill(*p, libc::SIGKILL) };
             killed = Some(*p);
         }
