@@ -15,9 +15,7 @@
 //! the JSON description) follows all RAM and is copied as it is. Anything
 //! else (compression, xbzrle, RDMA, postcopy commands, unknown flags or
 //! sections) is refused: a QEMU that changes the format fails a
-//! checkpoint loudly instead of writing a torn one. [`first_pass`] reads
-//! a stream only until every guest RAM page came once (QEMU has then read
-//! all of the RAM), writing nothing.
+//! checkpoint loudly instead of writing a torn one.
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -73,8 +71,7 @@ fn bad(msg: String) -> VmError {
 /// written in runs; a page sent again as zero (a live migration resends
 /// pages the guest dirtied) is zeroed.
 struct MemSink<'a> {
-    /// `None`: a dry run ([`first_pass`]), nothing written.
-    f: Option<&'a fs::File>,
+    f: &'a fs::File,
     path: &'a Path,
     len: u64,
     run_off: u64,
@@ -82,17 +79,15 @@ struct MemSink<'a> {
     /// One bit per page: written with data.
     written: Vec<u64>,
     bytes: u64,
-    /// One bit per page: sent at least once; and how many are not yet.
-    seen: Vec<u64>,
-    unseen: u64,
 }
 
 impl MemSink<'_> {
     fn flush(&mut self) -> Result<()> {
-        let Some(f) = self.f.filter(|_| !self.run.is_empty()) else {
+        if self.run.is_empty() {
             return Ok(());
-        };
-        f.write_all_at(&self.run, self.run_off)
+        }
+        self.f
+            .write_all_at(&self.run, self.run_off)
             .map_err(|e| io_err(format!("write {}", self.path.display()), e))?;
         self.run.clear();
         Ok(())
@@ -110,29 +105,7 @@ impl MemSink<'_> {
         was
     }
 
-    fn see(&mut self, off: u64) {
-        let p = (off / PAGE) as usize;
-        let (w, b) = (p / 64, 1u64 << (p % 64));
-        if self.seen[w] & b == 0 {
-            self.seen[w] |= b;
-            self.unseen -= 1;
-        }
-    }
-
     fn page(&mut self, off: u64, src: &mut impl BufRead) -> Result<()> {
-        self.see(off);
-        if self.f.is_none() {
-            let mut need = PAGE as usize;
-            while need > 0 {
-                let n = src.fill_buf().map_err(|e| read_err(e, "a RAM page"))?.len();
-                if n == 0 {
-                    return Err(read_err(io::ErrorKind::UnexpectedEof.into(), "a RAM page"));
-                }
-                src.consume(n.min(need));
-                need -= n.min(need);
-            }
-            return Ok(());
-        }
         let contiguous = self.run_off + self.run.len() as u64 == off;
         if !contiguous || self.run.len() >= RUN_MAX {
             self.flush()?;
@@ -157,8 +130,6 @@ impl MemSink<'_> {
     }
 
     fn fill(&mut self, off: u64, ch: u8) -> Result<()> {
-        self.see(off);
-        let Some(f) = self.f else { return Ok(()) };
         if ch != 0 {
             // QEMU 7.2 always sends 0; a fill byte is still a valid page.
             let data = vec![ch; PAGE as usize];
@@ -167,7 +138,8 @@ impl MemSink<'_> {
         // A page still in the run was marked when it joined it.
         if self.mark(off, false) {
             self.flush()?;
-            f.write_all_at(&[0u8; PAGE as usize], off)
+            self.f
+                .write_all_at(&[0u8; PAGE as usize], off)
                 .map_err(|e| io_err(format!("write {}", self.path.display()), e))?;
             self.bytes -= PAGE;
         }
@@ -293,14 +265,6 @@ impl<R: Read, W: Write> Splitter<'_, R, W> {
     }
 }
 
-/// Whether to read on after a part of the "ram" section.
-#[derive(PartialEq)]
-enum Flow {
-    Go,
-    /// A dry run has seen every guest RAM page once.
-    FirstPassDone,
-}
-
 /// The RAM blocks and how far the entries of the "ram" section got.
 struct Ram {
     /// (idstr, length) from the MEM_SIZE list.
@@ -318,7 +282,7 @@ impl Ram {
         s: &mut Splitter<'_, R, W>,
         mem: &mut MemSink<'_>,
         mem_block: &str,
-    ) -> Result<Flow> {
+    ) -> Result<()> {
         loop {
             let raw = u64::from_be_bytes(s.take::<8>("a RAM entry")?);
             let flags = raw & (PAGE - 1);
@@ -326,7 +290,7 @@ impl Ram {
             match flags {
                 FLAG_EOS => {
                     s.emit(&raw.to_be_bytes())?;
-                    return Ok(Flow::Go);
+                    return Ok(());
                 }
                 FLAG_MEM_SIZE => {
                     s.emit(&raw.to_be_bytes())?;
@@ -364,9 +328,6 @@ impl Ram {
                             mem.fill(addr, ch)?;
                         } else {
                             mem.page(addr, &mut s.r)?;
-                        }
-                        if mem.f.is_none() && mem.unseen == 0 {
-                            return Ok(Flow::FirstPassDone);
                         }
                         continue;
                     }
@@ -445,30 +406,15 @@ pub(super) fn split(
     mem: MemTarget<'_>,
     ignore_shared: bool,
 ) -> Result<Split> {
-    let (f, path, block, len) = (Some(mem.file), mem.path, mem.block, mem.len);
+    let (f, path, block, len) = (mem.file, mem.path, mem.block, mem.len);
     parse(src, state, state_path, (f, path, block, len), ignore_shared)
-}
-
-/// Reads the stream of a migration until QEMU has sent every page of RAM
-/// block `block` (`len` bytes) once, writing nothing; the caller then
-/// closes it (QEMU's migration fails) or reads on.
-pub(super) fn first_pass(src: impl Read, block: &str, len: u64, ignore_shared: bool) -> Result<()> {
-    let none = Path::new("(nowhere)");
-    parse(
-        src,
-        io::sink(),
-        none,
-        (None, none, block, len),
-        ignore_shared,
-    )
-    .map(|_| ())
 }
 
 fn parse(
     src: impl Read,
     state: impl Write,
     state_path: &Path,
-    (mem_file, mem_path, mem_block, mem_len): (Option<&fs::File>, &Path, &str, u64),
+    (mem_file, mem_path, mem_block, mem_len): (&fs::File, &Path, &str, u64),
     ignore_shared: bool,
 ) -> Result<Split> {
     let mut s = Splitter {
@@ -485,8 +431,6 @@ fn parse(
         run: Vec::with_capacity(RUN_MAX + PAGE as usize),
         written: vec![0; (mem_len / PAGE).div_ceil(64) as usize],
         bytes: 0,
-        seen: vec![0; (mem_len / PAGE).div_ceil(64) as usize],
-        unseen: mem_len / PAGE,
     };
     let magic = s.be32("the header")?;
     let version = s.be32("the header")?;
@@ -519,9 +463,7 @@ fn parse(
                     )));
                 }
                 ram_id = Some(id);
-                if ram.entries(&mut s, &mut mem, mem_block)? == Flow::FirstPassDone {
-                    return Ok(Split::default());
-                }
+                ram.entries(&mut s, &mut mem, mem_block)?;
                 s.footer(id)?;
             }
             SECTION_PART | SECTION_END => {
@@ -529,9 +471,7 @@ fn parse(
                 if ram_id != Some(id) || ram_done {
                     return Err(bad(format!("part of section {id}, not of an open \"ram\"")));
                 }
-                if ram.entries(&mut s, &mut mem, mem_block)? == Flow::FirstPassDone {
-                    return Ok(Split::default());
-                }
+                ram.entries(&mut s, &mut mem, mem_block)?;
                 s.footer(id)?;
                 ram_done = t == SECTION_END;
             }
@@ -843,30 +783,6 @@ mod tests {
             MEM,
             "footer of section 7",
         );
-    }
-
-    #[test]
-    fn a_first_pass_ends_once_every_page_came() {
-        let mut s = S::default()
-            .header()
-            .start(2, &[("mem", 4 * PAGE), ("pc.bios", PAGE)])
-            .eos(2)
-            .part(2, false)
-            .page(0, Some("mem"), 1)
-            .zero(PAGE, None)
-            .page(0, Some("pc.bios"), 2)
-            .zero(2 * PAGE, Some("mem"))
-            .eos(2)
-            .part(2, false)
-            .page(PAGE, Some("mem"), 3);
-        // Without the last page it needs more.
-        assert!(first_pass(&s.0[..], "mem", 4 * PAGE, true).is_err());
-        s = s.page(3 * PAGE, None, 4);
-        // What follows is never read (QEMU is cut off there).
-        s = s.b(b"not a stream");
-        first_pass(&s.0[..], "mem", 4 * PAGE, true).expect("first pass");
-        // A block of another size than the VM's RAM is refused.
-        assert!(first_pass(&s.0[..], "mem", 8 * PAGE, true).is_err());
     }
 
     fn hex(b: &[u8]) -> String {
