@@ -164,6 +164,26 @@ pub fn check_range(field: &str, v: u64, range: &RangeInclusive<u32>) -> OpsResul
     Ok(crate::session::limits::check_range(field, v, range)?)
 }
 
+/// What the session manager takes of `spec`: its durations and env
+/// checked (ttl, idleTimeout, env, pausedTtl, in that order).
+pub(super) fn options(spec: SessionSpec) -> OpsResult<SessionOptions> {
+    Ok(SessionOptions {
+        template: spec.template,
+        vcpus: spec.vcpus,
+        mem_mib: spec.memory_mib,
+        disk_mib: spec.disk_mib,
+        ttl: spec.ttl.map(|d| d.get("ttl")).transpose()?,
+        idle_timeout: spec
+            .idle_timeout
+            .map(|d| d.get("idleTimeout"))
+            .transpose()?,
+        env: validate::env(spec.env)?,
+        egress: spec.egress,
+        on_idle: spec.on_idle,
+        paused_ttl: spec.paused_ttl.map(|d| d.get("pausedTtl")).transpose()?,
+    })
+}
+
 /// A new session id: `s-` and 12 hex digits.
 pub fn new_id() -> OpsResult<String> {
     let r = crate::agent::random_u64()
@@ -184,8 +204,8 @@ impl Ops {
     /// template, ttl, idle timeout, env; the shape (against the configured
     /// and host maxima, defaults filled in) by the session manager. The sandbox starts in the background: [`Ops::ready`]
     /// waits for it.
-    pub fn create(&self, p: &Principal, spec: SessionSpec) -> OpsResult<Arc<Session>> {
-        let id = match spec.id {
+    pub fn create(&self, p: &Principal, mut spec: SessionSpec) -> OpsResult<Arc<Session>> {
+        let id = match spec.id.take() {
             Some(id) => id,
             None => new_id()?,
         };
@@ -200,21 +220,7 @@ impl Ops {
                 ));
             }
         }
-        let opts = SessionOptions {
-            template: spec.template,
-            vcpus: spec.vcpus,
-            mem_mib: spec.memory_mib,
-            disk_mib: spec.disk_mib,
-            ttl: spec.ttl.map(|d| d.get("ttl")).transpose()?,
-            idle_timeout: spec
-                .idle_timeout
-                .map(|d| d.get("idleTimeout"))
-                .transpose()?,
-            env: validate::env(spec.env)?,
-            egress: spec.egress,
-            on_idle: spec.on_idle,
-            paused_ttl: spec.paused_ttl.map(|d| d.get("pausedTtl")).transpose()?,
-        };
+        let opts = options(spec)?;
         let (s, _) = self.mgr.get_or_create(&p.id, &id, opts, true)?;
         Ok(s)
     }

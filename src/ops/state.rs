@@ -3,7 +3,7 @@
 //! in the session layer's checkpoint store (`session::checkpoints`); this
 //! module checks what a caller may do and shows it.
 
-use super::sessions::new_id;
+use super::sessions::{new_id, options};
 use super::{validate, Ops, OpsError, OpsResult, Principal, SessionSpec};
 use crate::sandbox::SandboxSpec;
 use crate::session::checkpoints::{Entry, Kind};
@@ -214,7 +214,11 @@ impl Ops {
     /// `spec.count` sessions (default 1) from checkpoint
     /// `spec.from_snapshot`, started in the background ([`Ops::ready`]
     /// waits for each); without `from_snapshot`, [`Ops::create`].
-    pub fn create_many(&self, p: &Principal, spec: SessionSpec) -> OpsResult<Vec<Arc<Session>>> {
+    pub fn create_many(
+        &self,
+        p: &Principal,
+        mut spec: SessionSpec,
+    ) -> OpsResult<Vec<Arc<Session>>> {
         let Some(sid) = spec.from_snapshot.clone() else {
             if spec.count.is_some() {
                 return Err(OpsError::BadRequest(
@@ -259,25 +263,15 @@ impl Ops {
                 why: err.to_string(),
             });
         }
-        let ids = match spec.id {
+        let ids = match spec.id.take() {
             Some(id) => {
                 validate::session_id(&id)?;
                 vec![id]
             }
             None => (0..count).map(|_| new_id()).collect::<OpsResult<_>>()?,
         };
-        let opts = SessionOptions {
-            ttl: spec.ttl.map(|d| d.get("ttl")).transpose()?,
-            idle_timeout: spec
-                .idle_timeout
-                .map(|d| d.get("idleTimeout"))
-                .transpose()?,
-            env: validate::env(spec.env)?,
-            egress: spec.egress,
-            on_idle: spec.on_idle,
-            paused_ttl: spec.paused_ttl.map(|d| d.get("pausedTtl")).transpose()?,
-            ..Default::default()
-        };
+        // Template and shape are the checkpoint's (checked above).
+        let opts = options(spec)?;
         self.mgr
             .create_from(&p.id, &ids, &e, opts)
             .map_err(OpsError::from)

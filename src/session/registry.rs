@@ -248,16 +248,12 @@ impl Manager {
             .filter(|s| s.owner == owner)
             .map(|s| s.charge)
             .collect();
-        for _ in 1..n {
+        for _ in 0..n {
             if let Err(e) = self.limits.check_quota(owner, &held, charge) {
                 self.metrics.error("quota_exceeded");
                 return Err(e);
             }
             held.push(charge);
-        }
-        if let Err(e) = self.limits.check_quota(owner, &held, charge) {
-            self.metrics.error("quota_exceeded");
-            return Err(e);
         }
         if map.values().filter(counted).count() + n > self.cfg.max_sessions {
             self.metrics.error("at_capacity");
@@ -302,34 +298,20 @@ impl Manager {
             }
         }
         self.admit_locked(&map, owner, charge, ids.len(), None)?;
-        let lifetime = opts
-            .ttl
-            .unwrap_or(self.cfg.max_lifetime)
-            .min(self.cfg.max_lifetime);
         let mut env = m.env.clone();
         env.extend(opts.env.clone());
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let n = NewSession {
-                id: id.clone(),
-                owner: owner.to_string(),
-                spec: SandboxSpec {
-                    id: new_sandbox_id(),
-                    template: m.template.clone(),
-                    vcpus: m.vcpus,
-                    mem_mib: m.mem_mib,
-                    disk_mib: m.disk_mib,
-                    env: env.clone(),
-                    egress: opts.egress.clone().unwrap_or_else(|| m.egress.clone()),
-                },
-                charge,
-                lifetime,
-                idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
-                on_idle: opts.on_idle.unwrap_or(self.default_on_idle()),
-                paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
-                created_unix_ms: super::now_unix_ms(),
-                paused: None,
+            let spec = SandboxSpec {
+                id: new_sandbox_id(),
+                template: m.template.clone(),
+                vcpus: m.vcpus,
+                mem_mib: m.mem_mib,
+                disk_mib: m.disk_mib,
+                env: env.clone(),
+                egress: opts.egress.clone().unwrap_or_else(|| m.egress.clone()),
             };
+            let n = self.new_session(id, owner, spec, charge, &opts);
             match self.insert(&mut map, n, Origin::Checkpoint(entry.clone())) {
                 Ok(s) => out.push(s),
                 Err(e) => {
@@ -344,6 +326,32 @@ impl Manager {
             }
         }
         Ok(out)
+    }
+
+    /// A new running session of `opts` (defaults from the config).
+    fn new_session(
+        &self,
+        id: &str,
+        owner: &str,
+        spec: SandboxSpec,
+        charge: Charge,
+        opts: &SessionOptions,
+    ) -> NewSession {
+        NewSession {
+            id: id.to_string(),
+            owner: owner.to_string(),
+            spec,
+            charge,
+            lifetime: opts
+                .ttl
+                .unwrap_or(self.cfg.max_lifetime)
+                .min(self.cfg.max_lifetime),
+            idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
+            on_idle: opts.on_idle.unwrap_or(self.default_on_idle()),
+            paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
+            created_unix_ms: super::now_unix_ms(),
+            paused: None,
+        }
     }
 
     fn default_on_idle(&self) -> OnIdle {
@@ -434,33 +442,19 @@ impl Manager {
         // Checked and inserted under one lock: concurrent creates of one
         // key see each other.
         self.admit_locked(&map, owner, charge, 1, None)?;
-        let lifetime = opts
-            .ttl
-            .unwrap_or(self.cfg.max_lifetime)
-            .min(self.cfg.max_lifetime);
         let spec = SandboxSpec {
             id: new_sandbox_id(),
             template,
             vcpus,
             mem_mib,
             disk_mib,
-            env: opts.env,
+            env: opts.env.clone(),
             egress: opts
                 .egress
+                .clone()
                 .unwrap_or_else(|| self.cfg.default_egress.clone()),
         };
-        let n = NewSession {
-            id: id.to_string(),
-            owner: owner.to_string(),
-            spec,
-            charge,
-            lifetime,
-            idle_timeout: opts.idle_timeout.unwrap_or(self.cfg.idle_timeout),
-            on_idle: opts.on_idle.unwrap_or(self.default_on_idle()),
-            paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
-            created_unix_ms: super::now_unix_ms(),
-            paused: None,
-        };
+        let n = self.new_session(id, owner, spec, charge, &opts);
         let session = self.insert(&mut map, n, Origin::Template)?;
         Ok((session, true))
     }
