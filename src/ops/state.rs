@@ -87,16 +87,7 @@ fn busy(s: &Session, what: &str) -> OpsResult<()> {
 /// The spec a restore from `e` is checked with: the checkpoint's template
 /// and shape.
 fn spec_of(e: &Entry) -> SandboxSpec {
-    let m = e.meta();
-    SandboxSpec {
-        id: m.id.clone(),
-        template: m.template.clone(),
-        vcpus: m.vcpus,
-        mem_mib: m.mem_mib,
-        disk_mib: m.disk_mib,
-        env: m.env.clone(),
-        egress: m.egress.clone(),
-    }
+    e.meta().sandbox_spec(e.meta().id.clone())
 }
 
 impl Ops {

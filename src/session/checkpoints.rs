@@ -73,6 +73,22 @@ pub struct Meta {
     pub paused: Option<PausedRecord>,
 }
 
+impl Meta {
+    /// A sandbox of this checkpoint's template, shape, env and egress
+    /// policy, named `id`.
+    pub fn sandbox_spec(&self, id: String) -> crate::sandbox::SandboxSpec {
+        crate::sandbox::SandboxSpec {
+            id,
+            template: self.template.clone(),
+            vcpus: self.vcpus,
+            mem_mib: self.mem_mib,
+            disk_mib: self.disk_mib,
+            env: self.env.clone(),
+            egress: self.egress.clone(),
+        }
+    }
+}
+
 /// Drops what a backend keeps of a checkpoint about to be removed.
 pub type Forget = Arc<dyn Fn(&Path) + Send + Sync>;
 

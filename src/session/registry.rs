@@ -130,15 +130,7 @@ impl Manager {
                 continue;
             };
             let charge = self.charge_of(&m.template, m.vcpus, m.mem_mib);
-            let spec = SandboxSpec {
-                id: new_sandbox_id(),
-                template: m.template.clone(),
-                vcpus: m.vcpus,
-                mem_mib: m.mem_mib,
-                disk_mib: m.disk_mib,
-                env: m.env.clone(),
-                egress: m.egress.clone(),
-            };
+            let spec = m.sandbox_spec(new_sandbox_id());
             let ttl = Duration::from_millis(p.paused_ttl_ms);
             let n = NewSession {
                 id: m.session_id.clone(),
@@ -303,13 +295,9 @@ impl Manager {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let spec = SandboxSpec {
-                id: new_sandbox_id(),
-                template: m.template.clone(),
-                vcpus: m.vcpus,
-                mem_mib: m.mem_mib,
-                disk_mib: m.disk_mib,
                 env: env.clone(),
                 egress: opts.egress.clone().unwrap_or_else(|| m.egress.clone()),
+                ..m.sandbox_spec(new_sandbox_id())
             };
             let n = self.new_session(id, owner, spec, charge, &opts);
             match self.insert(&mut map, n, Origin::Checkpoint(entry.clone())) {

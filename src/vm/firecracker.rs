@@ -561,6 +561,21 @@ impl FcVm {
         }
     }
 
+    /// `PUT /snapshot/create`, Full, into the jail's new-snapshot files.
+    fn create_full_snapshot(&self) -> Result<()> {
+        self.api(
+            "PUT",
+            "/snapshot/create",
+            &json!({
+                "snapshot_type": "Full",
+                "snapshot_path": in_jail::NEW_SNAP_STATE,
+                "mem_file_path": in_jail::NEW_SNAP_MEM,
+            }),
+            self.timeouts.snapshot,
+        )
+        .map(|_| ())
+    }
+
     fn set_state(&self, state: &str) -> Result<()> {
         self.api(
             "PATCH",
@@ -586,16 +601,7 @@ impl FcVm {
         // tracking (`track_dirty_pages`, a KVM dirty-log cost on guest
         // writes, which we do not turn on) and a restore that merges the
         // diff onto its base, which Firecracker leaves to its user.
-        let created = self.api(
-            "PUT",
-            "/snapshot/create",
-            &json!({
-                "snapshot_type": "Full",
-                "snapshot_path": in_jail::NEW_SNAP_STATE,
-                "mem_file_path": in_jail::NEW_SNAP_MEM,
-            }),
-            self.timeouts.snapshot,
-        );
+        let created = self.create_full_snapshot();
         let resumed = self.set_state("Resumed");
         let paused = t0.elapsed();
         match (created, resumed) {
@@ -801,16 +807,7 @@ impl Vm for FcVm {
         let _ = fs::remove_file(dir.join(snapshot::MANIFEST_FILE));
         self.remove_new_snapshot_files();
         self.set_state("Paused")?;
-        self.api(
-            "PUT",
-            "/snapshot/create",
-            &json!({
-                "snapshot_type": "Full",
-                "snapshot_path": in_jail::NEW_SNAP_STATE,
-                "mem_file_path": in_jail::NEW_SNAP_MEM,
-            }),
-            self.timeouts.snapshot,
-        )?;
+        self.create_full_snapshot()?;
         self.take_snapshot_file(in_jail::NEW_SNAP_STATE, &dir.join(SNAP_STATE_FILE))?;
         self.take_snapshot_file(in_jail::NEW_SNAP_MEM, &dir.join(SNAP_MEM_FILE))?;
         Manifest::seal(
