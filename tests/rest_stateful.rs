@@ -76,13 +76,10 @@ fn stateful_routes_answer_on_local_process() {
             r.text()
         );
     }
-    // Resuming a running session is nothing to do (200, as it is) once
-    // the operation is built; 501 from the backend until then.
+    // Resuming a running session is nothing to do: 200, as it is.
     let r = owner.post("/v1/sessions/src/resume", &json!({}));
-    match r.status {
-        200 => assert_eq!(r.json()["state"], "ready", "{}", r.text()),
-        _ => refused(&r, 501, "not_supported", ""),
-    }
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "ready", "{}", r.text());
     let r = owner.get("/v1/sessions/src");
     assert_eq!((r.status, &r.json()["state"]), (200, &json!("ready")));
     assert_eq!(
@@ -239,17 +236,16 @@ fn stateful_bad_bodies_are_400_naming_the_field() {
             r.message()
         );
     }
-    // A valid create from a snapshot this daemon does not have: 404 once
-    // the store is built (501 from the backend until then); no session is
-    // left behind either way.
+    // A valid create from a snapshot this daemon does not have: 404, and
+    // no session is left behind.
     for body in [
         json!({ "fromSnapshot": UNKNOWN }),
         json!({"fromSnapshot": UNKNOWN, "count": 2}),
     ] {
         let r = h.post("/v1/sessions", &body);
-        assert!(
-            [(404, "snapshot_not_found"), (501, "not_supported")]
-                .contains(&(r.status, r.code().as_str())),
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (404, "snapshot_not_found"),
             "{body}: {}",
             r.text()
         );
