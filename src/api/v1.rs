@@ -674,12 +674,7 @@ pub fn pause(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let s = own_session(ctx, p, params)?;
-    let ops = ctx.ops.clone();
-    Ok(later_json(200, move || {
-        ops.pause(&s)?;
-        Ok(SessionView::of(&s).json())
-    }))
+    state_change(ctx, p, params, Ops::pause)
 }
 
 /// `POST /v1/sessions/:id/resume`: restored where it was (a running
@@ -690,10 +685,20 @@ pub fn resume(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
+    state_change(ctx, p, params, Ops::resume)
+}
+
+/// Pause or resume (`change`), answered with the session as it is then.
+fn state_change(
+    ctx: &Arc<Ctx>,
+    p: &Principal,
+    params: &Params,
+    change: fn(&Ops, &Arc<Session>) -> OpsResult<()>,
+) -> ApiResult<Reply> {
     let s = own_session(ctx, p, params)?;
     let ops = ctx.ops.clone();
     Ok(later_json(200, move || {
-        ops.resume(&s)?;
+        change(&ops, &s)?;
         Ok(SessionView::of(&s).json())
     }))
 }

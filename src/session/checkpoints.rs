@@ -189,6 +189,10 @@ impl Store {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let path = e.path();
+            // Written by the rename that completes a checkpoint: one whose
+            // meta.json is there but unreadable (another daemon version, a
+            // disk fault) is not ours to delete; it is left and named.
+            let published = valid_id(&name) && path.join(META_FILE).is_file();
             let meta = if name.starts_with(TMP_PREFIX) || !valid_id(&name) {
                 Err("incomplete".to_string())
             } else {
@@ -218,6 +222,12 @@ impl Store {
                     } else {
                         lock(&store.listed).insert(name, entry);
                     }
+                }
+                Err(why) if published => {
+                    log::error!(
+                        "checkpoints: {} cannot be used ({why}); left as it is",
+                        path.display()
+                    );
                 }
                 Err(why) => {
                     log::warn!(
@@ -423,8 +433,16 @@ mod tests {
         std::mem::forget(fork); // as if the daemon died holding it
         let paused = s.commit(s.begin().expect("begin"), meta("k2", Kind::Pause));
         drop(paused);
+        // A complete one this daemon cannot read: kept, not listed.
+        let alien = root.join("snap-00000000abcd");
+        fs::create_dir_all(&alien).expect("mkdir");
+        fs::write(alien.join(META_FILE), b"{\"format\": 99}").expect("write");
         drop(s);
         let s = store(&root);
+        assert!(
+            alien.join(META_FILE).exists(),
+            "an unreadable checkpoint was deleted"
+        );
         assert!(!torn.tmp.exists(), "torn checkpoint swept");
         assert!(!fork_dir.exists(), "fork leftover swept");
         let listed = s.list(None);
