@@ -3,7 +3,9 @@
 # (run by `agent-sandbox up` / `image build` as root, and by .ci/run).
 # Safe to run again: only missing packages are installed. It never removes
 # a package: on a conflict with what is installed it stops, naming the
-# package and what apt would remove (images/lib.sh apt_install).
+# package and what apt would remove (images/lib.sh apt_install). The one
+# change to an installed package: qemu-utils follows qemu-system-x86's
+# release (below).
 set -euo pipefail
 # shellcheck source=images/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -38,8 +40,23 @@ if ((${#missing[@]})); then
   for p in "${missing[@]}"; do
     if apt-cache show "$p" >/dev/null 2>&1; then avail+=("$p"); else echo "not available here: $p"; fi
   done
-  echo "installing: ${avail[*]}"
-  if ((${#avail[@]})); then apt_install "${avail[@]}" || die "not installed: ${avail[*]} (see above)"; fi
+  # qemu-utils is part of QEMU: a qemu-utils of another release (Debian
+  # images ship backports' qemu-img without qemu-system) blocks
+  # qemu-system-x86, and apt would remove it. It is moved to the release
+  # qemu-system-x86 installs, so qemu-img stays; nothing else is touched.
+  extra=()
+  if [[ " ${avail[*]} " == *" qemu-system-x86 "* ]] &&
+    dpkg-query -W -f='${Status}' qemu-utils 2>/dev/null | grep -q "install ok installed"; then
+    want=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ { print $2 }')
+    have=$(dpkg-query -W -f='${Version}' qemu-utils)
+    if [ -n "$want" ] && [ "$want" != "(none)" ] && [ "$have" != "$want" ]; then
+      echo "qemu-utils $have is another QEMU release than qemu-system-x86 $want: installing qemu-utils $want beside it"
+      extra=("qemu-utils=$want")
+      export APT_ALLOW_DOWNGRADES=1
+    fi
+  fi
+  echo "installing: ${avail[*]} ${extra[*]}"
+  if ((${#avail[@]})); then apt_install "${avail[@]}" "${extra[@]}" || die "not installed: ${avail[*]} (see above)"; fi
 else
   echo "all packages present"
 fi

@@ -48,11 +48,14 @@ ensure_packages() {
 apt_install() {
 	local p bad=0
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get install -y -q --no-install-recommends --no-remove "$@" && return 0
+	local down=()
+	# Only for a caller that pins a version on purpose (install-deps.sh).
+	[ "${APT_ALLOW_DOWNGRADES:-}" = 1 ] && down=(--allow-downgrades)
+	apt-get install -y -q --no-install-recommends --no-remove "${down[@]}" "$@" && return 0
 	echo "apt-get could not install: $*" >&2
 	for p in "$@"; do
 		# -s: a simulation, changes nothing.
-		apt-get install -s -q --no-install-recommends --no-remove "$p" >/dev/null 2>&1 && continue
+		apt-get install -s -q --no-install-recommends --no-remove "${down[@]}" "$p" >/dev/null 2>&1 && continue
 		bad=1
 		local removes
 		removes=$(apt-get install -s -q --no-install-recommends "$p" 2>/dev/null | awk '/^Remv / { printf " %s", $2 }')
