@@ -13,10 +13,21 @@ use std::process::Command;
 pub fn doctor(cfg: &Config, backend: &str, json: bool) -> Result<(), String> {
     let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
     let reg = Registry::new(wiring::registry_config(cfg), be);
-    let opts = doctor::Options {
+    let mut opts = doctor::Options {
         kvm_probe_kernel: reg.kernel().ok(),
         ..Default::default()
     };
+    // The binaries `serve` would run (config, else AGENT_SANDBOX_*), else
+    // the names looked up on PATH.
+    if let Some(p) = &cfg.artifacts.firecracker {
+        opts.firecracker = p.clone();
+    }
+    if let Some(p) = &cfg.artifacts.jailer {
+        opts.jailer = p.clone();
+    }
+    if let Some(p) = &cfg.artifacts.qemu {
+        opts.qemu = p.clone();
+    }
     let report = doctor::run(&opts, Some(&reg));
     if json {
         println!(

@@ -292,6 +292,13 @@ struct Shared {
     /// Jail root -> the host ends of its open vsock connections, which a
     /// snapshot resets (Firecracker sends VIRTIO_VSOCK_EVENT_TRANSPORT_RESET).
     vsock_conns: HashMap<PathBuf, Vec<UnixStream>>,
+    /// Jail root -> its serial console file (`PUT /serial`).
+    serial: HashMap<PathBuf, PathBuf>,
+    /// Nothing on the guest's console at InstanceStart.
+    no_console: bool,
+    /// No agent on the guest's vsock (with `no_console`: a guest that
+    /// never boots).
+    no_agent: bool,
 }
 
 /// Apparent size of the fake's snapshot memory file; only two 4 KiB pages
@@ -564,7 +571,23 @@ fn act(
     let jail = |p: &Json| root.join(p.as_str().unwrap_or("").trim_start_matches('/'));
     let paused = s.paused.get(root).copied().unwrap_or(false);
     match (method, path) {
-        ("PUT", "/vsock") => start_vsock(jail(&body["uds_path"]), root, shared),
+        // A mute guest has no agent either: nothing listens on the vsock.
+        ("PUT", "/vsock") if !s.no_agent => start_vsock(jail(&body["uds_path"]), root, shared),
+        // A booting kernel's first words on the console `PUT /serial` named.
+        ("PUT", "/serial") => {
+            s.serial
+                .insert(root.to_path_buf(), jail(&body["serial_out_path"]));
+        }
+        ("PUT", "/actions") if body["action_type"] == "InstanceStart" && !s.no_console => {
+            if let Some(p) = s.serial.get(root) {
+                let mut f = fs::OpenOptions::new()
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| format!("serial_out_path {}: {e}", p.display()))?;
+                f.write_all(b"Linux version 6.1 (fake)\n")
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         ("PATCH", "/vm") => {
             s.paused
                 .insert(root.to_path_buf(), body["state"] == "Paused");
@@ -697,6 +720,7 @@ fn fixture(tag: &str, id: &str) -> Fixture {
         request: Duration::from_millis(500),
         snapshot: Duration::from_secs(2),
         teardown: Duration::from_secs(2),
+        first_output: Duration::from_secs(2),
     });
     let images = tmp.0.join("images");
     fs::create_dir_all(&images).unwrap();
@@ -841,6 +865,7 @@ fn boot_snapshot_restore_send_exactly_the_spec_valid_requests() {
         calls(&log),
         [
             "PUT /logger",
+            "PUT /serial",
             "PUT /boot-source",
             "PUT /drives/rootfs",
             "PUT /machine-config",
@@ -854,24 +879,31 @@ fn boot_snapshot_restore_send_exactly_the_spec_valid_requests() {
         *bodies[0],
         json!({"log_path": "/firecracker.log", "level": "Warning", "show_level": true})
     );
+    // The console goes to a file in the jail, rate-limited (a boot's
+    // burst, then 4 KiB/s).
     assert_eq!(
         *bodies[1],
-        json!({"kernel_image_path": "/vmlinux", "boot_args": format!("{DEFAULT_CMDLINE} quiet")})
+        json!({"serial_out_path": "/serial.log", "rate_limiter":
+            {"size": 4096, "one_time_burst": 1048576, "refill_time": 1000}})
     );
     assert_eq!(
         *bodies[2],
-        json!({"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": true, "is_read_only": true})
+        json!({"kernel_image_path": "/vmlinux", "boot_args": format!("{DEFAULT_CMDLINE} quiet")})
     );
     assert_eq!(
         *bodies[3],
-        json!({"vcpu_count": 2, "mem_size_mib": 256, "smt": false})
+        json!({"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": true, "is_read_only": true})
     );
     assert_eq!(
         *bodies[4],
+        json!({"vcpu_count": 2, "mem_size_mib": 256, "smt": false})
+    );
+    assert_eq!(
+        *bodies[5],
         json!({"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"})
     );
-    assert_eq!(*bodies[5], json!({"guest_cid": 3, "uds_path": "/v.sock"}));
-    assert_eq!(*bodies[6], json!({"action_type": "InstanceStart"}));
+    assert_eq!(*bodies[6], json!({"guest_cid": 3, "uds_path": "/v.sock"}));
+    assert_eq!(*bodies[7], json!({"action_type": "InstanceStart"}));
 
     // The jail holds the linked kernel and rootfs at the paths sent above.
     let root = jail_dir(&f).join("root");
@@ -1550,4 +1582,89 @@ fn checkpoint_onto_another_filesystem_keeps_the_memory_file_sparse() {
     b.destroy().unwrap();
     vm.destroy().unwrap();
     assert_eq!(f.fake.violations(), Vec::<String>::new());
+}
+
+/// A guest that never prints on its console (a KVM that runs no guest,
+/// as on a nested-PVM host) fails `connect_agent` once `first_output`
+/// passes, well before the agent timeout, naming the console and KVM.
+#[test]
+fn a_guest_that_prints_nothing_fails_in_seconds_with_its_evidence() {
+    let f = fixture("mute", "vm-mute");
+    {
+        let mut s = f.fake.shared.lock().unwrap();
+        (s.no_console, s.no_agent) = (true, true);
+    }
+    let mut vm = f.backend.boot(&f.cfg).expect("boot");
+    let t = Instant::now();
+    let e = vm
+        .connect_agent(Instant::now() + Duration::from_secs(60))
+        .expect_err("a guest that prints nothing must not connect");
+    let took = t.elapsed();
+    let msg = e.to_string();
+    assert!(matches!(e, VmError::Timeout { .. }), "{e:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {msg}");
+    for want in ["first console output", "no console output", "kvm: "] {
+        assert!(msg.contains(want), "{want:?} missing: {msg}");
+    }
+    vm.destroy().expect("destroy");
+    assert!(!jail_dir(&f).exists());
+}
+
+/// A booted guest's console lines come with a VMM's death: the kernel's
+/// words, escaped (guest output is untrusted), and the VMM's log tail.
+#[test]
+fn a_vmm_that_dies_after_boot_reports_console_and_log() {
+    let f = fixture("diesboot", "vm-diesboot");
+    let mut vm = f.backend.boot(&f.cfg).expect("boot");
+    let root = jail_dir(&f).join("root");
+    fs::write(
+        root.join("firecracker.log"),
+        "[Error] vcpu: Unexpected exit reason on vcpu run: InternalError\n",
+    )
+    .unwrap();
+    let mut serial = fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("serial.log"))
+        .unwrap();
+    serial
+        .write_all(b"Kernel panic - not syncing: \x1b[31mVFS\n")
+        .unwrap();
+    drop(serial);
+    let pid = vm.pid().expect("stand-in VMM pid");
+    // SAFETY: kill of the stand-in VMM this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let t = Instant::now();
+    while !process_gone(pid) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let e = vm
+        .connect_agent(Instant::now() + Duration::from_secs(30))
+        .expect_err("a dead VMM must not connect");
+    let msg = e.to_string();
+    for want in [
+        "exited",
+        "InternalError",
+        "console: ",
+        "Kernel panic - not syncing",
+        "kvm: ",
+    ] {
+        assert!(msg.contains(want), "{want:?} missing: {msg}");
+    }
+    assert!(!msg.contains('\x1b'), "unescaped guest output: {msg:?}");
+    vm.destroy().expect("destroy");
+}
+
+/// The console is a diagnosis, never a gate: a guest whose agent answers
+/// connects though it printed nothing (a Firecracker that writes no
+/// serial file, a kernel without a console).
+#[test]
+fn an_answering_agent_connects_without_console_output() {
+    let f = fixture("quiet", "vm-quiet");
+    f.fake.shared.lock().unwrap().no_console = true;
+    let mut vm = f.backend.boot(&f.cfg).expect("boot");
+    let mut s = vm
+        .connect_agent(Instant::now() + Duration::from_secs(5))
+        .expect("the agent answers");
+    echo(&mut s, b"hello");
+    vm.destroy().expect("destroy");
 }

@@ -594,3 +594,27 @@ fn cgroup2_mount_is_found_like_the_jailer_finds_it() {
         .map(PathBuf::from);
     assert_eq!(jailer::cgroup2_mount(), want);
 }
+
+/// The jailer copies only the exec file into an empty chroot: a
+/// dynamically linked Firecracker is named as such before anyone looks
+/// for why the jail's VMM "exited while starting".
+#[test]
+fn a_dynamically_linked_vmm_binary_is_named() {
+    let sh = Path::new("/bin/sh");
+    let interp = jailer::elf_interpreter(sh).expect("read /bin/sh");
+    assert!(
+        interp.as_deref().is_some_and(|i| i.contains("ld-linux")),
+        "{interp:?}"
+    );
+    let e = jailer::check_static_exec(sh).expect_err("/bin/sh is dynamic");
+    assert!(e.to_string().contains("dynamically linked"), "{e}");
+    // busybox-static (an install-deps package) is a static ELF.
+    let bb = Path::new("/bin/busybox");
+    assert_eq!(jailer::elf_interpreter(bb).expect("read busybox"), None);
+    jailer::check_static_exec(bb).expect("static busybox");
+    // Not an ELF: left for exec to judge.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = dir.path().join("script");
+    fs::write(&text, "#!/bin/sh\n").expect("write");
+    assert_eq!(jailer::elf_interpreter(&text).expect("read"), None);
+}

@@ -126,6 +126,30 @@ fn version(bin: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Whether the jailer can start this Firecracker: it must be static
+/// (`jailer::check_static_exec`).
+/// `None` without the binary (the `firecracker` check says so).
+fn firecracker_static(bin: &Path) -> Option<Check> {
+    let p = find(bin)?;
+    Some(match super::jailer::check_static_exec(&p) {
+        Ok(()) => check(
+            "firecracker-static",
+            Status::Ok,
+            format!(
+                "{}: statically linked (runs in the jailer's chroot)",
+                p.display()
+            ),
+            None,
+        ),
+        Err(e) => check(
+            "firecracker-static",
+            Status::Warn,
+            e.to_string(),
+            Some("use a static firecracker build (the releases are)"),
+        ),
+    })
+}
+
 fn tool(name: &str, bin: &Path, fix: &str, missing: Status) -> Check {
     match find(bin) {
         Some(p) => match version(&p) {
@@ -146,21 +170,48 @@ fn tool(name: &str, bin: &Path, fix: &str, missing: Status) -> Check {
     }
 }
 
-fn kvm(opts: &Options) -> Check {
-    const FIX: &str =
-        "enable virtualization (VT-x/AMD-V) in the firmware and `modprobe kvm_intel` \
+const KVM_FIX: &str =
+    "enable virtualization (VT-x/AMD-V) in the firmware and `modprobe kvm_intel` \
                        or `modprobe kvm_amd`; in a cloud VM, pick an instance type with nested \
                        virtualization. Without KVM only the QEMU backend (TCG, slow) works";
+
+/// The `kvm` check's verdict on the device alone, `None` when it answers.
+fn kvm_device() -> Option<Check> {
     if !Path::new("/dev/kvm").exists() {
-        return check("kvm", Status::Missing, "/dev/kvm does not exist", Some(FIX));
+        return Some(check(
+            "kvm",
+            Status::Missing,
+            "/dev/kvm does not exist",
+            Some(KVM_FIX),
+        ));
     }
     if !kvm_device_usable() {
-        return check(
+        return Some(check(
             "kvm",
             Status::Missing,
             "/dev/kvm exists but cannot be opened or answers no KVM API version",
             Some("check its permissions (run as root or join the kvm group)"),
-        );
+        ));
+    }
+    None
+}
+
+/// The doctor's KVM verdict without its guest boot (which runs QEMU: not
+/// from a hardened daemon thread), for the error of a guest that did not
+/// come up: the device's state, and how to get the full probe.
+pub fn kvm_quick_verdict() -> String {
+    match kvm_device() {
+        Some(c) => format!("{} ({})", c.detail, c.fix.unwrap_or_default()),
+        None => "/dev/kvm answers, but that does not prove it runs guests (nested or \
+                 paravirtual KVM may run none): `agent-sandbox doctor` boots a guest kernel \
+                 under it"
+            .into(),
+    }
+}
+
+fn kvm(opts: &Options) -> Check {
+    if let Some(c) = kvm_device() {
+        return c;
     }
     let Some(kernel) = &opts.kvm_probe_kernel else {
         return check(
@@ -176,7 +227,7 @@ fn kvm(opts: &Options) -> Check {
             "kvm",
             Status::Missing,
             format!("/dev/kvm answers but a guest does not boot under it: {why}"),
-            Some(FIX),
+            Some(KVM_FIX),
         ),
     }
 }
@@ -214,6 +265,9 @@ fn cgroups() -> Check {
         }
     }
     if missing.is_empty() {
+        // What the jailer is told to use (the same plan `serve` makes).
+        let (v, _) = super::cgroup::jailer_plan(&hs, &["cpu", "memory", "pids"]);
+        found.push(format!("the jailer gets --cgroup-version {v}"));
         check("cgroups", Status::Ok, found.join("; "), None)
     } else {
         check(
@@ -371,6 +425,7 @@ pub fn run(opts: &Options, registry: Option<&Registry>) -> Report {
         ),
         cgroups(),
     ];
+    checks.extend(firecracker_static(&opts.firecracker));
     checks.extend(firewall());
     checks.push(ip_forward());
     checks.push(tun());

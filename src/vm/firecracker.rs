@@ -30,6 +30,14 @@ pub const SNAP_MEM_FILE: &str = "memory";
 /// their final names only once complete, and the manifest comes last.
 const PART_SUFFIX: &str = ".part";
 
+/// The serial console of a booted VM (`PUT /serial`): a file in its jail,
+/// read for error messages. Firecracker's rate limiter bounds it: a burst
+/// of this much (a boot prints ~50 KiB) ...
+const SERIAL_BURST: u64 = 1 << 20;
+/// ... then this many bytes a second (a flooding guest adds 14 MiB an
+/// hour, under the jailer's fsize limit). Restored VMs get no serial file.
+const SERIAL_RATE: u64 = 4096;
+
 /// Guest vsock CID (3 is the first one not reserved).
 pub const GUEST_CID: u32 = 3;
 
@@ -52,6 +60,11 @@ pub struct Timeouts {
     pub snapshot: Duration,
     /// Kill to exit, and cgroup removal.
     pub teardown: Duration,
+    /// InstanceStart to the guest's first byte on its serial console. A
+    /// kernel under KVM prints within a second; one that printed nothing
+    /// by then is not booting (a KVM that runs no guest), and waiting the
+    /// whole agent timeout for it would only hide that.
+    pub first_output: Duration,
 }
 
 impl Default for Timeouts {
@@ -62,6 +75,7 @@ impl Default for Timeouts {
             request: Duration::from_secs(5),
             snapshot: Duration::from_secs(120),
             teardown: Duration::from_secs(5),
+            first_output: Duration::from_secs(10),
         }
     }
 }
@@ -110,7 +124,7 @@ impl FirecrackerBackend {
 
     /// Start a jailed VMM with `files` in its chroot and wait until its API
     /// socket answers. On error everything created is removed.
-    fn launch(&self, cfg: &VmConfig, files: Vec<JailFile>) -> Result<FcVm> {
+    fn launch(&self, cfg: &VmConfig, files: Vec<JailFile>, writable: &[&str]) -> Result<FcVm> {
         let paths = JailPaths::new(&self.jailer, &cfg.id)?;
         jailer::check_socket_path(&paths.api_sock())?;
         jailer::check_socket_path(&paths.vsock())?;
@@ -139,9 +153,11 @@ impl FirecrackerBackend {
             cfg: cfg.clone(),
             vmm_version: String::new(),
             destroyed: false,
+            booted: None,
+            answered: false,
         };
         // From here on `vm` owns the cleanup: its Drop tears everything down.
-        jailer::prepare_chroot(&vm.paths, cfg.uid, cfg.gid, &files, &[in_jail::LOG])?;
+        jailer::prepare_chroot(&vm.paths, cfg.uid, cfg.gid, &files, writable)?;
         self.start(&mut vm, &argv)?;
         vm.api(
             "PUT",
@@ -192,6 +208,14 @@ impl FirecrackerBackend {
             }
             if let Some(p) = &vm.vmm {
                 if !p.is_alive() {
+                    // A dynamic binary dies in the chroot without a word
+                    // (the jailer's exec error goes to /dev/null): name it.
+                    if let Err(e) = jailer::check_static_exec(&self.jailer.firecracker_bin) {
+                        return Err(VmError::Api {
+                            backend: NAME,
+                            msg: format!("VM {}: firecracker exited while starting: {e}", vm.id),
+                        });
+                    }
                     return Err(vm.died("while starting"));
                 }
                 if UnixStream::connect(vm.paths.api_sock()).is_ok() {
@@ -307,9 +331,23 @@ impl Backend for FirecrackerBackend {
                 in_jail: in_jail::ROOTFS,
             },
         ];
-        let mut vm = self.launch(cfg, files)?;
+        let mut vm = self.launch(cfg, files, &[in_jail::LOG, in_jail::SERIAL])?;
         vm.vmm_version = version;
         let t = self.timeouts.request;
+        vm.api(
+            "PUT",
+            "/serial",
+            &json!({
+                "serial_out_path": in_jail::SERIAL,
+                // A TokenBucket itself here, not a RateLimiter's bandwidth.
+                "rate_limiter": {
+                    "size": SERIAL_RATE,
+                    "one_time_burst": SERIAL_BURST,
+                    "refill_time": 1000,
+                },
+            }),
+            t,
+        )?;
         vm.api(
             "PUT",
             "/boot-source",
@@ -357,6 +395,7 @@ impl Backend for FirecrackerBackend {
             &json!({ "action_type": "InstanceStart" }),
             t,
         )?;
+        vm.booted = Some(Instant::now());
         Ok(Box::new(vm))
     }
 
@@ -382,7 +421,7 @@ impl Backend for FirecrackerBackend {
                 in_jail: in_jail::SNAP_MEM,
             },
         ];
-        let mut vm = self.launch(cfg, files)?;
+        let mut vm = self.launch(cfg, files, &[in_jail::LOG])?;
         vm.vmm_version = version;
         Ok(Box::new(FcPrepared { vm }))
     }
@@ -438,6 +477,12 @@ pub struct FcVm {
     cfg: VmConfig,
     vmm_version: String,
     destroyed: bool,
+    /// When InstanceStart was accepted: a booted VM (its serial console is
+    /// in the jail), not a restored one.
+    booted: Option<Instant>,
+    /// The agent answered once: later connects (after a checkpoint's vsock
+    /// reset) get no first-output window.
+    answered: bool,
 }
 
 impl FcVm {
@@ -499,21 +544,52 @@ impl FcVm {
         })
     }
 
-    /// Error for a VMM that exited, with the tail of its log.
+    /// Error for a VMM that exited, with the tail of its log (and of a
+    /// booted guest's console, with what this host's KVM looks like).
     fn died(&self, when: &str) -> VmError {
         let pid = self.vmm.as_ref().map(Pidfd::pid).unwrap_or(0);
-        let tail = log_tail(&self.paths.host(in_jail::LOG), 1024);
         VmError::Api {
             backend: NAME,
             msg: format!(
                 "VM {}: firecracker (pid {pid}) exited {when}{}",
                 self.id,
-                if tail.is_empty() {
-                    String::new()
-                } else {
-                    format!("; log: {tail}")
-                }
+                self.evidence()
             ),
+        }
+    }
+
+    /// What the VMM and a booted guest said, for an error: `; log: ...`,
+    /// `; console: ...` and, for a booted guest, the KVM verdict.
+    fn evidence(&self) -> String {
+        let mut out = String::new();
+        let log = log_tail(&self.paths.host(in_jail::LOG), 1024);
+        if !log.is_empty() {
+            out.push_str(&format!("; log: {log}"));
+        }
+        if self.booted.is_some() {
+            let console = serial_tail(&self.paths.host(in_jail::SERIAL));
+            if console.is_empty() {
+                out.push_str("; no console output");
+            } else {
+                out.push_str(&format!("; console: {console}"));
+            }
+            out.push_str(&format!("; kvm: {}", super::doctor::kvm_quick_verdict()));
+        }
+        out
+    }
+
+    /// The error for a booted guest that printed nothing on its console
+    /// and did not answer by `first_output`.
+    fn silent(&self, started: Instant) -> VmError {
+        VmError::Timeout {
+            backend: NAME,
+            what: format!(
+                "VM {}: the guest's first console output or its agent (a kernel under KVM \
+                 prints within a second; this one is not booting){}",
+                self.id,
+                self.evidence()
+            ),
+            ms: ms(started, Instant::now()),
         }
     }
 
@@ -761,20 +837,30 @@ fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
     to.sync_all()
 }
 
-fn log_tail(path: &Path, max: u64) -> String {
+/// The last `max` bytes of a file (empty if it cannot be read).
+fn read_tail(path: &Path, max: u64) -> Vec<u8> {
+    use std::io::Seek;
+    let mut buf = Vec::new();
     let Ok(mut f) = fs::File::open(path) else {
-        return String::new();
+        return buf;
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut buf = Vec::new();
-    use std::io::Seek;
-    if f.seek(io::SeekFrom::Start(len.saturating_sub(max)))
-        .is_err()
-    {
-        return String::new();
+    if f.seek(io::SeekFrom::Start(len.saturating_sub(max))).is_ok() {
+        let _ = f.take(max).read_to_end(&mut buf);
     }
-    let _ = f.take(max).read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).trim().replace('\n', " | ")
+    buf
+}
+
+fn log_tail(path: &Path, max: u64) -> String {
+    String::from_utf8_lossy(&read_tail(path, max))
+        .trim()
+        .replace('\n', " | ")
+}
+
+/// The last lines of a booted guest's serial console file (see
+/// [`SERIAL_BURST`]), escaped; empty without output.
+fn serial_tail(path: &Path) -> String {
+    super::console::tail_text(&read_tail(path, 8 * 1024))
 }
 
 impl Vm for FcVm {
@@ -788,11 +874,38 @@ impl Vm for FcVm {
 
     fn connect_agent(&mut self, deadline: Instant) -> Result<UnixStream> {
         let vmm = &self.vmm;
-        vsock_connect(&self.paths.vsock(), self.agent_port, deadline, &|| {
-            vmm.as_ref().is_some_and(Pidfd::is_alive)
-        })
-        .map_err(|e| match e {
+        let alive = || vmm.as_ref().is_some_and(Pidfd::is_alive);
+        let (uds, port) = (self.paths.vsock(), self.agent_port);
+        // A booted guest that neither printed on its console nor answered
+        // by `first_output` is not booting: say so then, not at `deadline`.
+        // One that printed gets the whole wait; so does one whose agent
+        // answers first (console capture is a diagnosis, never a gate).
+        let first = self
+            .booted
+            .filter(|_| !self.answered)
+            .map(|s| (s, s + self.timeouts.first_output))
+            .filter(|(_, until)| *until < deadline);
+        let r = match first {
+            Some((started, until)) => match vsock_connect(&uds, port, until, &alive) {
+                Err(VmError::Timeout { .. })
+                    if fs::metadata(self.paths.host(in_jail::SERIAL))
+                        .is_ok_and(|m| m.len() == 0) =>
+                {
+                    return Err(self.silent(started));
+                }
+                Err(VmError::Timeout { .. }) => vsock_connect(&uds, port, deadline, &alive),
+                other => other,
+            },
+            None => vsock_connect(&uds, port, deadline, &alive),
+        };
+        self.answered |= r.is_ok();
+        r.map_err(|e| match e {
             VmError::Api { msg, .. } if !self.alive() => self.died(&format!("({msg})")),
+            VmError::Timeout { what, ms, .. } if self.booted.is_some() => VmError::Timeout {
+                backend: NAME,
+                what: format!("{what}{}", self.evidence()),
+                ms,
+            },
             other => other,
         })
     }

@@ -40,6 +40,8 @@ pub mod in_jail {
     pub const KERNEL: &str = "/vmlinux";
     pub const ROOTFS: &str = "/rootfs";
     pub const LOG: &str = "/firecracker.log";
+    /// A booted guest's serial console (`PUT /serial`).
+    pub const SERIAL: &str = "/serial.log";
     /// Snapshot being restored (hard links to the template's files).
     pub const SNAP_STATE: &str = "/snapshot.state";
     pub const SNAP_MEM: &str = "/snapshot.mem";
@@ -341,6 +343,71 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
     push(&"--api-sock");
     push(&in_jail::API_SOCK);
     Ok(a)
+}
+
+/// The jailer copies only the exec file into an empty chroot, so a
+/// dynamically linked Firecracker cannot start there (the jailer's exec
+/// fails with ENOENT for the missing loader, and with `--daemonize` nobody
+/// sees it). `Err` names the interpreter; Firecracker's releases are static
+/// (musl) builds. A file that is not a 64-bit ELF is left to exec to judge.
+pub fn check_static_exec(path: &Path) -> Result<()> {
+    let bad = |problem: String| VmError::BadFile {
+        path: path.to_path_buf(),
+        problem,
+        fix: "use a statically linked firecracker (the releases are static musl builds; \
+              a source build: --target x86_64-unknown-linux-musl, or RUSTFLAGS='-C \
+              target-feature=+crt-static')"
+            .into(),
+    };
+    match elf_interpreter(path) {
+        Ok(Some(interp)) => Err(bad(format!(
+            "is dynamically linked (interpreter {interp}); the jailer runs it in an \
+             empty chroot, where that loader does not exist"
+        ))),
+        Ok(None) => Ok(()),
+        Err(e) => Err(VmError::Io {
+            backend: BACKEND,
+            what: format!("read firecracker binary {}", path.display()),
+            source: e,
+        }),
+    }
+}
+
+/// The `PT_INTERP` of a 64-bit little-endian ELF file, `None` for a static
+/// one or a file that is not such an ELF.
+pub fn elf_interpreter(path: &Path) -> io::Result<Option<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = fs::File::open(path)?;
+    let mut h = [0u8; 64];
+    if f.read_exact(&mut h).is_err() || &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return Ok(None);
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u64_at = |b: &[u8], o: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(a)
+    };
+    let (phoff, phentsize, phnum) = (u64_at(&h, 0x20), u16_at(&h, 0x36), u16_at(&h, 0x38));
+    if phentsize < 56 || phnum > 512 {
+        return Ok(None);
+    }
+    let mut ph = vec![0u8; usize::from(phentsize) * usize::from(phnum)];
+    f.seek(SeekFrom::Start(phoff))?;
+    f.read_exact(&mut ph)?;
+    const PT_INTERP: u32 = 3;
+    for e in ph.chunks_exact(usize::from(phentsize)) {
+        if u32::from_le_bytes([e[0], e[1], e[2], e[3]]) != PT_INTERP {
+            continue;
+        }
+        let (off, size) = (u64_at(e, 0x08), u64_at(e, 0x20).min(4096));
+        let mut name = vec![0u8; usize::try_from(size).unwrap_or(0)];
+        f.seek(SeekFrom::Start(off))?;
+        f.read_exact(&mut name)?;
+        let name = String::from_utf8_lossy(&name);
+        return Ok(Some(name.trim_end_matches('\0').to_string()));
+    }
+    Ok(None)
 }
 
 /// Read the VMM pid the jailer wrote; `None` while the file is missing or

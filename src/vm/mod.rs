@@ -4,6 +4,7 @@
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
 pub mod cgroup;
+pub mod console;
 pub mod doctor;
 pub mod firecracker;
 pub mod http;

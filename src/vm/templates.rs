@@ -169,6 +169,10 @@ impl SnapshotInfo {
 pub struct Registry {
     cfg: RegistryConfig,
     backend: Arc<dyn Backend>,
+    /// Held while a snapshot VM runs: every build of this registry uses the
+    /// one network of `cfg.net` (a TAP only one VMM can attach to), so the
+    /// builds of two templates take turns (the file lock is per template).
+    building: std::sync::Mutex<()>,
 }
 
 fn bad(path: &Path, problem: String, fix: &str) -> VmError {
@@ -237,7 +241,11 @@ pub(crate) fn newest_artifact(dir: &Path, prefix: &str, suffix: &str) -> Option<
 
 impl Registry {
     pub fn new(cfg: RegistryConfig, backend: Arc<dyn Backend>) -> Self {
-        Registry { cfg, backend }
+        Registry {
+            cfg,
+            backend,
+            building: std::sync::Mutex::new(()),
+        }
     }
 
     pub fn config(&self) -> &RegistryConfig {
@@ -502,7 +510,12 @@ impl Registry {
                 SnapshotState::Missing => log::info!("making the snapshot of {}", t.name),
             }
         }
-        self.build(&t, &info)?;
+        {
+            // Another template's build may hold the TAP (a poisoned lock
+            // only means that build panicked; the TAP is free again).
+            let _turn = self.building.lock().unwrap_or_else(|p| p.into_inner());
+            self.build(&t, &info)?;
+        }
         Ok(SnapshotInfo {
             rebuilt: true,
             ..info

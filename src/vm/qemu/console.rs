@@ -114,22 +114,7 @@ impl Console {
         let st = lock(&self.state);
         let bytes: Vec<u8> = st.tail.iter().copied().collect();
         drop(st);
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let last = &lines[lines.len().saturating_sub(12)..];
-        // A panic's reason is above its stack dump: keep it in view.
-        let mut out: Vec<&str> = lines
-            .iter()
-            .filter(|l| l.contains("Kernel panic") && !last.contains(l))
-            .take(2)
-            .copied()
-            .collect();
-        out.extend_from_slice(last);
-        // Guest output, bound for error messages and the daemon's log.
-        out.iter()
-            .map(|l| crate::agent::guestlog::untrusted(l).to_string())
-            .collect::<Vec<_>>()
-            .join(" | ")
+        crate::vm::console::tail_text(&bytes)
     }
 
     /// Wait until the VMM's output has been read to its end.
