@@ -181,6 +181,7 @@ pub fn snapshot_create(
     force: bool,
 ) -> Result<(), String> {
     let be = wiring::backend(backend, cfg).map_err(|e| e.to_string())?;
+    let be_name = be.name();
     let mut rc = wiring::registry_config(cfg);
     let _snap_net = wiring::snapshot_net(cfg, &mut rc).map_err(|e| e.to_string())?;
     let reg = Registry::new(rc, be);
@@ -204,7 +205,29 @@ pub fn snapshot_create(
         } else {
             reg.ensure_snapshot(&t)
         }
-        .map_err(|e| format!("{t}: {e}"))?;
+        .map_err(|e| {
+            // A guest that did not come up: the doctor's full KVM verdict
+            // (a guest boot under KVM), which the daemon's error can only
+            // point to.
+            let kvm = match &e {
+                crate::vm::VmError::Timeout { .. } | crate::vm::VmError::Api { .. }
+                    if be_name == "firecracker" =>
+                {
+                    let c = doctor::kvm_check(&doctor::Options {
+                        kvm_probe_kernel: reg.kernel().ok(),
+                        qemu: cfg
+                            .artifacts
+                            .qemu
+                            .clone()
+                            .unwrap_or_else(|| "qemu-system-x86_64".into()),
+                        ..Default::default()
+                    });
+                    format!("\ndoctor:\n{}", doctor::Report { checks: vec![c] })
+                }
+                _ => String::new(),
+            };
+            format!("{t}: {e}{kvm}")
+        })?;
         println!(
             "{t}: {} {} ({:.1} s)",
             if info.rebuilt { "made" } else { "fresh" },

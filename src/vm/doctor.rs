@@ -209,6 +209,12 @@ pub fn kvm_quick_verdict() -> String {
     }
 }
 
+/// The doctor's `kvm` check alone, with its guest boot (runs QEMU: for
+/// the admin commands, not a hardened daemon).
+pub fn kvm_check(opts: &Options) -> Check {
+    kvm(opts)
+}
+
 fn kvm(opts: &Options) -> Check {
     if let Some(c) = kvm_device() {
         return c;
