@@ -689,3 +689,73 @@ fn stale_manifest_triggers_a_rebuild() {
         .any(|t| t.name == "base" && t.snapshot == SnapshotState::Fresh));
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// A backend whose boots take a while and fail, counting how many run at
+/// once: what the snapshot builds of a registry do to their one network.
+struct CountingBoots {
+    active: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    boots: std::sync::atomic::AtomicUsize,
+}
+
+impl Backend for CountingBoots {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+    fn vmm_version(&self) -> agent_sandbox::vm::Result<String> {
+        Ok("counting 1".into())
+    }
+    fn boot(&self, _cfg: &agent_sandbox::vm::VmConfig) -> agent_sandbox::vm::Result<Box<dyn Vm>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.active.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        self.boots.fetch_add(1, SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        self.active.fetch_sub(1, SeqCst);
+        Err(VmError::Other("counting backend: no VM".into()))
+    }
+    fn prepare_restore(
+        &self,
+        _cfg: &agent_sandbox::vm::VmConfig,
+        _dir: &Path,
+    ) -> agent_sandbox::vm::Result<Box<dyn agent_sandbox::vm::PreparedRestore>> {
+        Err(VmError::Other("counting backend: no restore".into()))
+    }
+}
+
+/// Every snapshot VM of a registry uses its one network (one TAP, which
+/// one VMM can attach to: Firecracker answered EBUSY when `serve` built
+/// `dev` and `base` at once), so builds of two templates take turns.
+#[test]
+fn snapshot_builds_of_two_templates_take_turns() {
+    let Some(e) = env() else { return };
+    let backend = Arc::new(CountingBoots {
+        active: Default::default(),
+        most: Default::default(),
+        boots: Default::default(),
+    });
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut rc = RegistryConfig::new(
+        e.images_dir.join("templates"),
+        e.cache_dir.clone(),
+        state.path().to_path_buf(),
+    );
+    rc.run_dir = state.path().join("run");
+    rc.pinned_kernel = Some(e.kernel.clone());
+    rc.pinned_rootfs = e.rootfs.clone();
+    let reg = Arc::new(Registry::new(rc, backend.clone()));
+    let builds: Vec<_> = ["base", "python"]
+        .into_iter()
+        .map(|t| {
+            let reg = reg.clone();
+            std::thread::spawn(move || reg.ensure_snapshot(t).map(|_| ()))
+        })
+        .collect();
+    for b in builds {
+        let r = b.join().expect("build thread");
+        assert!(r.is_err(), "the counting backend makes no snapshot");
+    }
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(backend.boots.load(SeqCst), 2, "both templates were built");
+    assert_eq!(backend.most.load(SeqCst), 1, "two snapshot VMs ran at once");
+}
