@@ -228,18 +228,28 @@ fn argv_on_a_cgroup_v1_host_carries_the_same_limits_as_v1_files() {
     };
     assert_eq!(get("--cgroup-version"), ["1"]);
     // The same figures as the v2 argv above: 2 vCPUs + 25 %, 256 + 64 MiB,
-    // 64 pids; io.max's "max" is no v1 rule at all.
-    assert_eq!(
-        get("--cgroup"),
-        [
-            "cpu.cfs_period_us=100000",
-            "cpu.cfs_quota_us=225000",
-            "memory.limit_in_bytes=335544320",
-            "pids.max=64",
-            "blkio.throttle.write_bps_device=8:0 1048576",
-            "blkio.throttle.write_iops_device=8:0 100",
-        ]
-    );
+    // 64 pids; io.max's "max" is no v1 rule at all. memsw (swap included)
+    // where this host's memory hierarchy has it, right after the limit.
+    let mut want = vec![
+        "cpu.cfs_period_us=100000",
+        "cpu.cfs_quota_us=225000",
+        "memory.limit_in_bytes=335544320",
+        "pids.max=64",
+        "blkio.throttle.write_bps_device=8:0 1048576",
+        "blkio.throttle.write_iops_device=8:0 100",
+    ];
+    if Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists() {
+        want.insert(3, "memory.memsw.limit_in_bytes=335544320");
+    }
+    assert_eq!(get("--cgroup"), want);
+    // A memory hierarchy without swap accounting gets no memsw.
+    let bare = tempfile::tempdir().expect("tempdir");
+    let no_swap = JailerConfig {
+        cgroup_v1_roots: vec![bare.path().to_path_buf()],
+        ..cfg.clone()
+    };
+    let argv = strs(&build_argv(&no_swap, &spec(None)).unwrap());
+    assert!(!argv.iter().any(|a| a.contains("memsw")), "{argv:?}");
     // <controller>.<file>=<value>: the jailer takes the controller from
     // the part before the first dot.
     for c in get("--cgroup") {

@@ -316,10 +316,16 @@ pub fn build_argv(cfg: &JailerConfig, spec: &LaunchSpec) -> Result<Vec<OsString>
             }
         }
         1 => {
-            // memsw exists only with swap accounting, which the jailer
-            // cannot test for: the memory limit alone.
+            // memsw exists only with swap accounting: passed where the
+            // memory hierarchy has it (as QEMU's cgroup gets it), after the
+            // memory limit (the jailer writes a controller's files in order,
+            // and memsw may not be below the limit).
+            let memsw = cfg
+                .cgroup_v1_roots
+                .iter()
+                .any(|r| r.join("memory.memsw.limit_in_bytes").exists());
             for (_, file, value) in limits.v1_files() {
-                if file != "memory.memsw.limit_in_bytes" {
+                if file != "memory.memsw.limit_in_bytes" || memsw {
                     push(&"--cgroup");
                     push(&format!("{file}={value}"));
                 }
