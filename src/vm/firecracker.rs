@@ -399,6 +399,34 @@ impl Backend for FirecrackerBackend {
         Ok(Box::new(vm))
     }
 
+    fn sweep_orphans(&self) -> usize {
+        // A jailed Firecracker's command line names none of our dirs
+        // (`/firecracker --id ...` in its chroot): it is found by its jail,
+        // `<chroot_base>/<exec name>/<id>/`, whose pid file `teardown`
+        // checks against the process before it kills anything.
+        let Some(base) = JailPaths::new(&self.jailer, "sweep")
+            .ok()
+            .and_then(|p| p.jail_dir.parent().map(Path::to_path_buf))
+        else {
+            return 0;
+        };
+        let Ok(rd) = fs::read_dir(&base) else {
+            return 0;
+        };
+        let mut n = 0;
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            match self.cleanup_stale(&id) {
+                Ok(()) => {
+                    log::warn!("sweep: removed the jail of orphaned Firecracker VM {id}");
+                    n += 1;
+                }
+                Err(e) => log::warn!("sweep: Firecracker VM {id}: {e}"),
+            }
+        }
+        n
+    }
+
     fn prepare_restore(
         &self,
         cfg: &VmConfig,

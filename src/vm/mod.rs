@@ -142,6 +142,13 @@ pub trait Backend: Send + Sync {
     fn forget_snapshot(&self, dir: &std::path::Path) {
         let _ = dir;
     }
+    /// Remove what VMs of this backend left in its own directories when a
+    /// daemon died (processes, jails, cgroups): one daemon owns a state
+    /// dir, so all of it is orphaned at start. Returns how many VMs. QEMU's
+    /// VMMs are found by their run dirs instead (the factory's sweep).
+    fn sweep_orphans(&self) -> usize {
+        0
+    }
 }
 
 /// A VMM started for a restore that has not loaded its guest yet
