@@ -18,6 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "common/process.rs"]
+mod process;
+use process::process_gone;
+
 use agent_sandbox::vm::firecracker::{FirecrackerBackend, Timeouts, DEFAULT_CMDLINE};
 use agent_sandbox::vm::jailer::{JailerConfig, DOCUMENTED_JAILER_FLAGS};
 use agent_sandbox::vm::launch::{Output, Spawner};
@@ -767,17 +771,6 @@ fn calls(log: &[Req]) -> Vec<String> {
     log.iter()
         .map(|r| format!("{} {}", r.method, r.path))
         .collect()
-}
-
-fn process_gone(pid: i32) -> bool {
-    // Gone or a zombie nobody will reap (not ours): either way not running.
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('Z')),
-    }
 }
 
 // --------------------------------------------------------------- tests ---

@@ -10,6 +10,8 @@
 //! network namespace, rlimits), the API, InstanceStart, pause, snapshot
 //! create and load into a second jail, teardown and the crash sweep.
 
+#[path = "common/process.rs"]
+mod process;
 #[path = "common/skip.rs"]
 mod skip;
 
@@ -29,6 +31,7 @@ use agent_sandbox::vm::jailer::{JailPaths, JailerConfig};
 use agent_sandbox::vm::launch::DirectSpawner;
 use agent_sandbox::vm::templates::Registry;
 use agent_sandbox::vm::{Backend, NetAttachment, VmConfig};
+use process::process_gone;
 
 const SKIP: &str =
     "needs real Firecracker binaries (AGENT_SANDBOX_FIRECRACKER, AGENT_SANDBOX_JAILER)";
@@ -205,16 +208,6 @@ fn dir_id(p: &str) -> (u64, u64) {
     (m.dev(), m.ino())
 }
 
-fn gone(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('Z')),
-    }
-}
-
 /// A network namespace with a persistent TAP the VM uid may open, as the
 /// daemon's network layer makes one; removed on drop.
 struct Netns(String);
@@ -386,7 +379,7 @@ fn the_jail_holds_the_vmm_as_configured_and_every_call_is_accepted() {
     }
 
     vm.destroy().expect("destroy");
-    assert!(gone(pid), "VMM still running");
+    assert!(process_gone(pid), "VMM still running");
     assert_nothing_left(&r, &id);
 }
 
@@ -453,7 +446,7 @@ fn teardown_after_the_vmm_died_leaves_nothing() {
     // SAFETY: kill of the VMM this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let t = Instant::now();
-    while !gone(pid) && t.elapsed() < Duration::from_secs(5) {
+    while !process_gone(pid) && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
     }
     vm.destroy().expect("destroy after the VMM died");
@@ -481,10 +474,10 @@ fn the_crash_sweep_finds_a_jailed_firecracker() {
     let next = FirecrackerBackend::new(r.jc.clone(), Arc::new(DirectSpawner));
     assert_eq!(next.sweep_orphans(), 1, "the orphan is found");
     let t = Instant::now();
-    while !gone(pid) && t.elapsed() < Duration::from_secs(5) {
+    while !process_gone(pid) && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(gone(pid), "orphaned VMM still running");
+    assert!(process_gone(pid), "orphaned VMM still running");
     assert_nothing_left(&r, &id);
     assert_eq!(next.sweep_orphans(), 0, "nothing left to sweep");
 }
