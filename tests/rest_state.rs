@@ -244,6 +244,16 @@ fn twenty_pause_resume_cycles_lose_nothing() {
             .unwrap_or_else(|| panic!("cycle {n}: no count in {out:?}"));
         let files: HashSet<&str> = lines.into_iter().collect();
         let want: HashSet<String> = (1..=n).map(|i| i.to_string()).collect();
+        if files != want.iter().map(String::as_str).collect() {
+            // Say what the guest sees before failing.
+            let r = h.post(
+                "/v1/sessions/p/exec",
+                &json!({"command": "ls -la /workspace; cat /workspace/cycle-1; \
+                                    grep -E ' / | /workspace ' /proc/mounts; dmesg | tail -30"}),
+            );
+            eprintln!("cycle {n}: the guest after the resume: {}", r.text());
+            eprintln!("daemon log: {}", d.log());
+        }
         assert_eq!(
             files,
             want.iter().map(String::as_str).collect(),
