@@ -25,8 +25,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_sandbox::config::Config;
-use agent_sandbox::sandbox::wiring;
+use agent_sandbox::sandbox::seams::{ResolvedTemplate, TemplateSource};
+use agent_sandbox::sandbox::standby::Standby;
+use agent_sandbox::sandbox::vm::VmSandboxFactory;
+use agent_sandbox::sandbox::{wiring, SandboxFactory, TemplateInfo};
 use agent_sandbox::vm::firecracker::FirecrackerBackend;
+use agent_sandbox::vm::ids::{IdRange, VmIds};
 use agent_sandbox::vm::jailer::{JailPaths, JailerConfig};
 use agent_sandbox::vm::launch::DirectSpawner;
 use agent_sandbox::vm::templates::Registry;
@@ -39,6 +43,9 @@ const SKIP: &str =
 /// What every test here needs; `None` (after recording the skip) without it.
 struct Real {
     tmp: tempfile::TempDir,
+    /// The chroot base when `tmp` is on another filesystem than the images
+    /// (the jail hard-links them).
+    _jail_tmp: Option<tempfile::TempDir>,
     jc: JailerConfig,
     backend: Arc<FirecrackerBackend>,
     kernel: PathBuf,
@@ -58,9 +65,17 @@ fn real() -> Option<Real> {
         skip::skipped(SKIP);
         return None;
     };
+    // Binaries given, but this host cannot run them: a skip of its own,
+    // which CI does not accept (it runs none of these).
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the jailer needs root");
-    assert!(Path::new("/dev/kvm").exists(), "Firecracker needs /dev/kvm");
+    if unsafe { libc::geteuid() } != 0 {
+        skip::skipped("the jailer needs root (chroot, uid switch, cgroups, netns)");
+        return None;
+    }
+    if !Path::new("/dev/kvm").exists() {
+        skip::skipped("Firecracker needs /dev/kvm, which this host does not have");
+        return None;
+    }
     let tmp = tempfile::Builder::new()
         .prefix("fc-real")
         .tempdir()
@@ -72,7 +87,7 @@ fn real() -> Option<Real> {
     cfg.artifacts.firecracker = Some(fc);
     cfg.artifacts.jailer = Some(jailer);
     // The daemon's own jailer settings for this host (cgroup v1 or v2).
-    let jc = wiring::jailer_config(&cfg);
+    let mut jc = wiring::jailer_config(&cfg);
     let backend = Arc::new(FirecrackerBackend::new(jc.clone(), Arc::new(DirectSpawner)));
     let reg = Registry::new(wiring::registry_config(&cfg), backend.clone());
     let kernel = reg
@@ -81,8 +96,26 @@ fn real() -> Option<Real> {
     let rootfs = reg
         .rootfs("base")
         .expect("the base image (agent-sandbox image build)");
+    // The jail on the images' filesystem, so that they are hard-linked in
+    // as in production (the cache and the state dir share /var).
+    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).ok();
+    let mut jail_tmp = None;
+    if dev(tmp.path()) != dev(&kernel) {
+        let cache_root = kernel
+            .ancestors()
+            .nth(3)
+            .expect("kernel path under a cache dir");
+        let t = tempfile::Builder::new()
+            .prefix("fc-real-jail")
+            .tempdir_in(cache_root)
+            .expect("jail tempdir next to the image cache");
+        jc.chroot_base = t.path().to_path_buf();
+        jail_tmp = Some(t);
+    }
+    let backend = Arc::new(FirecrackerBackend::new(jc.clone(), Arc::new(DirectSpawner)));
     Some(Real {
         tmp,
+        _jail_tmp: jail_tmp,
         jc,
         backend,
         kernel,
@@ -247,12 +280,43 @@ impl Drop for Netns {
     }
 }
 
-/// Nothing of VM `id` is left: jail, cgroup dirs, mounts.
+/// Every cgroup hierarchy mounted here (v1 controllers and the unified
+/// one), from /proc/self/mountinfo.
+fn cgroup_mounts() -> Vec<PathBuf> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let fstype = post.split_whitespace().next()?;
+            let mount = pre.split_whitespace().nth(4)?;
+            (fstype == "cgroup" || fstype == "cgroup2").then(|| PathBuf::from(mount))
+        })
+        .collect()
+}
+
+/// Nothing of VM `id` is left: jail, a cgroup dir named after it in any
+/// hierarchy, a process whose command line names it, a mount.
 fn assert_nothing_left(r: &Real, id: &str) {
     let p = r.paths(id);
     assert!(!p.jail_dir.exists(), "jail {} left", p.jail_dir.display());
     for d in &p.cgroup_dirs {
         assert!(!d.exists(), "cgroup {} left", d.display());
+    }
+    for m in cgroup_mounts() {
+        let d = m.join(&r.jc.parent_cgroup).join(id);
+        assert!(!d.exists(), "cgroup {} left", d.display());
+    }
+    // A jailed Firecracker's command line is `/firecracker --id <id> ...`.
+    let needle = format!("--id\0{id}\0");
+    for e in fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).contains(&needle) && !process_gone(pid) {
+            panic!("process {pid} of VM {id} left");
+        }
     }
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     assert!(
@@ -264,10 +328,9 @@ fn assert_nothing_left(r: &Real, id: &str) {
 /// The jailer's work, checked from outside: the VMM runs chrooted in our
 /// jail with our files linked in, as the VM's uid/gid, in the network
 /// namespace given, inside its cgroups (v1 or v2, whichever this host has)
-/// with our limits, under our rlimits, and every pre-boot call and
-/// InstanceStart is accepted by the real API.
+/// with our limits, under our rlimits; its API socket answers.
 #[test]
-fn the_jail_holds_the_vmm_as_configured_and_every_call_is_accepted() {
+fn the_jail_holds_the_vmm_as_configured() {
     let Some(r) = real() else { return };
     let uid = 424_201;
     let ns = Netns::new("jail", uid);
@@ -299,16 +362,12 @@ fn the_jail_holds_the_vmm_as_configured_and_every_call_is_accepted() {
             fs::metadata(src).expect("source"),
             fs::metadata(p.root.join(name)).expect("linked into the jail"),
         );
-        if a.dev() == b.dev() {
-            assert_eq!(
-                a.ino(),
-                b.ino(),
-                "{name} is a hard link of {}",
-                src.display()
-            );
-        } else {
-            assert_eq!(a.len(), b.len(), "{name} copied across filesystems");
-        }
+        assert_eq!(
+            (a.dev(), a.ino()),
+            (b.dev(), b.ino()),
+            "{name} is a hard link of {}",
+            src.display()
+        );
     }
     // uid/gid switch.
     for f in ["Uid", "Gid"] {
@@ -383,6 +442,73 @@ fn the_jail_holds_the_vmm_as_configured_and_every_call_is_accepted() {
     assert_nothing_left(&r, &id);
 }
 
+/// Every pre-boot call `Backend::boot` makes (logger, serial, boot source,
+/// root drive, machine config, network interface on a TAP in the VM's
+/// namespace, vsock) and InstanceStart are accepted by the real API, and
+/// the VMM's own view of its configuration (`GET /vm/config`) is what we
+/// asked for.
+#[test]
+fn every_pre_boot_call_and_instance_start_are_accepted() {
+    let Some(r) = real() else { return };
+    let uid = 424_261;
+    let ns = Netns::new("calls", uid);
+    let id = vm_id("calls");
+    let net = ns.attachment();
+    let cfg = r.config(&id, uid, Some(net.clone()));
+    let mut vm = r
+        .backend
+        .boot(&cfg)
+        .expect("boot: every pre-boot call and InstanceStart");
+    let p = r.paths(&id);
+    assert_eq!(instance_state(&p), "Running");
+    let (status, body) = api(&p.api_sock(), "GET", "/vm/config", None);
+    assert_eq!(status, 200, "GET /vm/config: {body}");
+    let c: serde_json::Value = serde_json::from_str(&body).expect("vm config JSON");
+    let field = |ptr: &str| c.pointer(ptr).cloned().unwrap_or_default();
+    assert_eq!(
+        field("/boot-source/kernel_image_path"),
+        "/vmlinux",
+        "{body}"
+    );
+    let args = field("/boot-source/boot_args");
+    assert!(
+        args.as_str().is_some_and(|a| a.contains("root=/dev/vda")),
+        "{body}"
+    );
+    assert_eq!(field("/drives/0/drive_id"), "rootfs", "{body}");
+    assert_eq!(field("/drives/0/path_on_host"), "/rootfs", "{body}");
+    assert_eq!(field("/drives/0/is_root_device"), true, "{body}");
+    assert_eq!(field("/drives/0/is_read_only"), true, "{body}");
+    assert_eq!(field("/machine-config/vcpu_count"), 1, "{body}");
+    assert_eq!(field("/machine-config/mem_size_mib"), 256, "{body}");
+    assert_eq!(field("/machine-config/smt"), false, "{body}");
+    assert_eq!(field("/network-interfaces/0/iface_id"), "eth0", "{body}");
+    assert_eq!(
+        field("/network-interfaces/0/host_dev_name"),
+        net.tap.as_str(),
+        "{body}"
+    );
+    assert_eq!(
+        field("/network-interfaces/0/guest_mac"),
+        net.guest_mac.as_str(),
+        "{body}"
+    );
+    assert_eq!(field("/vsock/guest_cid"), 3, "{body}");
+    assert_eq!(field("/vsock/uds_path"), "/v.sock", "{body}");
+    // The logger is not part of /vm/config (null there although PUT
+    // /logger was accepted): its file shows it instead. The vsock's UDS is
+    // made by the VMM in the jail.
+    let log = fs::read_to_string(p.root.join("firecracker.log")).unwrap_or_default();
+    assert!(!log.is_empty(), "nothing in the VMM's log");
+    assert!(
+        p.vsock().exists(),
+        "no vsock UDS at {}",
+        p.vsock().display()
+    );
+    vm.destroy().expect("destroy");
+    assert_nothing_left(&r, &id);
+}
+
 /// PATCH /vm Paused, PUT /snapshot/create and PATCH Resumed on a running
 /// VM (a checkpoint), the files moved out of the jail with their manifest;
 /// then PUT /snapshot/load of them into a second jailed Firecracker, which
@@ -453,33 +579,112 @@ fn teardown_after_the_vmm_died_leaves_nothing() {
     assert_nothing_left(&r, &id);
 }
 
+/// Tears down, when dropped, the jail of a VM the test let go of
+/// (`mem::forget`): nothing outlives a failed test.
+struct Forgotten<'a>(&'a FirecrackerBackend, String);
+
+impl Drop for Forgotten<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cleanup_stale(&self.1);
+    }
+}
+
+/// No templates: the sweep needs none.
+struct NoTemplates;
+
+impl TemplateSource for NoTemplates {
+    fn list(&self) -> Vec<TemplateInfo> {
+        Vec::new()
+    }
+    fn resolve(
+        &self,
+        name: &str,
+        _: u32,
+        _: u32,
+    ) -> agent_sandbox::sandbox::Result<ResolvedTemplate> {
+        panic!("the sweep resolved template {name}")
+    }
+}
+
 /// A jailed Firecracker a crashed daemon left behind (its command line
-/// names none of our dirs) is found by the start-up sweep through its
-/// jail: process killed, jail and cgroups removed.
+/// names none of our dirs) is found by the next daemon's start-up sweep
+/// (the VM factory's, over a new backend on the same jail dir) through its
+/// jail: process killed, jail and cgroups removed. A jailed Firecracker in
+/// the same jail dir whose id is none of ours is left alone.
 #[test]
 fn the_crash_sweep_finds_a_jailed_firecracker() {
     let Some(r) = real() else { return };
     let id = vm_id("orphan");
-    let cfg = r.config(&id, 424_231, None);
-    let vm = r.backend.boot(&cfg).expect("boot");
+    let foreign = format!("fcreal-foreign-{}", std::process::id());
+    let _guards = (
+        Forgotten(&r.backend, id.clone()),
+        Forgotten(&r.backend, foreign.clone()),
+    );
+    let vm = r.backend.boot(&r.config(&id, 424_231, None)).expect("boot");
     let pid = vm.pid().expect("pid");
-    // The daemon "crashes": nothing tears this VM down.
+    let other = r
+        .backend
+        .boot(&r.config(&foreign, 424_232, None))
+        .expect("boot the foreign VM");
+    let other_pid = other.pid().expect("pid");
+    // The daemon "crashes": nothing tears these VMs down.
     std::mem::forget(vm);
+    std::mem::forget(other);
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     assert!(
         !String::from_utf8_lossy(&cmdline).contains(&r.tmp.path().display().to_string()),
         "a jailed Firecracker's command line names our dirs after all"
     );
-    // A new backend on the same state dir, as the next daemon has.
-    let next = FirecrackerBackend::new(r.jc.clone(), Arc::new(DirectSpawner));
-    assert_eq!(next.sweep_orphans(), 1, "the orphan is found");
+    // The next daemon: a new backend on the same state dir, in the factory
+    // `serve` sweeps through at start (no cgroup parents: the jailer's are
+    // host-wide, shared with the other tests' VMs; the backend removes its
+    // VMs' own cgroups).
+    let run_root = r.tmp.path().join("run");
+    let factory = VmSandboxFactory {
+        backend: Arc::new(FirecrackerBackend::new(
+            r.jc.clone(),
+            Arc::new(DirectSpawner),
+        )),
+        templates: Arc::new(NoTemplates),
+        net: None,
+        run_root: run_root.clone(),
+        cgroup_parents: Vec::new(),
+        ids: VmIds::new(
+            IdRange {
+                first: 424_233,
+                count: 2,
+            },
+            &r.tmp.path().join("ids.lock"),
+        )
+        .expect("VM ids"),
+        agent_timeout: Duration::from_secs(5),
+        standby: Standby::new(0),
+    };
+    let swept = factory.sweep_orphans().expect("sweep");
+    // The orphan's VMM and its run dir.
+    assert!(swept >= 1, "the orphan is not found ({swept})");
     let t = Instant::now();
     while !process_gone(pid) && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(process_gone(pid), "orphaned VMM still running");
     assert_nothing_left(&r, &id);
-    assert_eq!(next.sweep_orphans(), 0, "nothing left to sweep");
+    // Not ours: untouched.
+    assert!(!process_gone(other_pid), "the foreign VMM was killed");
+    assert!(
+        r.paths(&foreign).root.is_dir(),
+        "the foreign jail was removed"
+    );
+    assert_eq!(
+        factory.backend.sweep_orphans(&["asbx-", "snap-"]),
+        0,
+        "nothing left to sweep"
+    );
+    r.backend
+        .cleanup_stale(&foreign)
+        .expect("tear the foreign VM down");
+    assert!(process_gone(other_pid), "foreign VMM still running");
+    assert_nothing_left(&r, &foreign);
 }
 
 /// Two VMs at once share nothing: uid, jail, cgroups, sockets.

@@ -297,7 +297,8 @@ impl SandboxFactory for VmSandboxFactory {
     }
 
     fn sweep_orphans(&self) -> Result<usize> {
-        let vmms = sweep_vmm_processes(&self.run_root) + self.backend.sweep_orphans();
+        let ours = [super::ID_PREFIX, crate::vm::templates::BUILD_ID_PREFIX];
+        let vmms = sweep_vmm_processes(&self.run_root) + self.backend.sweep_orphans(&ours);
         let dirs = sweep_run_dirs(&self.run_root);
         let cgroups = crate::vm::cgroup::sweep(&self.cgroup_parents, super::ID_PREFIX);
         let net = match &self.net {

@@ -399,7 +399,7 @@ impl Backend for FirecrackerBackend {
         Ok(Box::new(vm))
     }
 
-    fn sweep_orphans(&self) -> usize {
+    fn sweep_orphans(&self, prefixes: &[&str]) -> usize {
         // A jailed Firecracker's command line names none of our dirs
         // (`/firecracker --id ...` in its chroot): it is found by its jail,
         // `<chroot_base>/<exec name>/<id>/`, whose pid file `teardown`
@@ -416,6 +416,9 @@ impl Backend for FirecrackerBackend {
         let mut n = 0;
         for e in rd.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
+            if !prefixes.iter().any(|p| id.starts_with(p)) {
+                continue;
+            }
             match self.cleanup_stale(&id) {
                 Ok(()) => {
                     log::warn!("sweep: removed the jail of orphaned Firecracker VM {id}");

@@ -144,9 +144,13 @@ pub trait Backend: Send + Sync {
     }
     /// Remove what VMs of this backend left in its own directories when a
     /// daemon died (processes, jails, cgroups): one daemon owns a state
-    /// dir, so all of it is orphaned at start. Returns how many VMs. QEMU's
-    /// VMMs are found by their run dirs instead (the factory's sweep).
-    fn sweep_orphans(&self) -> usize {
+    /// dir, so all of its VMs are orphaned at start. Only VMs whose id
+    /// starts with one of `prefixes` (the ids the daemon makes) are
+    /// touched: a jail dir may be shared with VMs that are not ours.
+    /// Returns how many VMs. QEMU's VMMs are found by their run dirs
+    /// instead (the factory's sweep).
+    fn sweep_orphans(&self, prefixes: &[&str]) -> usize {
+        let _ = prefixes;
         0
     }
 }

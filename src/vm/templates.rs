@@ -19,6 +19,10 @@ use super::snapshot::{self, Manifest};
 use super::{connect_agent, Backend, NetAttachment, Result, VmConfig, VmError};
 use crate::proto::ExecRequest;
 
+/// How the id of a snapshot build's VM starts (`snap-<template>-<pid>`):
+/// with the sessions' `asbx-`, what the start-up sweep may remove.
+pub const BUILD_ID_PREFIX: &str = "snap-";
+
 /// One template file, with `extends` applied.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Template {
@@ -528,7 +532,11 @@ impl Registry {
         let started = Instant::now();
         let tmp = info.dir.with_file_name(format!(".{}.new", t.name));
         let _ = fs::remove_dir_all(&tmp);
-        let id = format!("snap-{}-{}", t.name.replace('_', "-"), std::process::id());
+        let id = format!(
+            "{BUILD_ID_PREFIX}{}-{}",
+            t.name.replace('_', "-"),
+            std::process::id()
+        );
         let mut cfg = VmConfig {
             run_dir: self.cfg.run_dir.join(&id),
             ..info.vm_config(&id, PathBuf::new(), self.cfg.uid, self.cfg.gid)
