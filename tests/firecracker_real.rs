@@ -505,19 +505,36 @@ fn every_pre_boot_call_and_instance_start_are_accepted() {
         "no vsock UDS at {}",
         p.vsock().display()
     );
+    assert_eq!(deprecations(&p), Vec::<String>::new(), "deprecated calls");
     vm.destroy().expect("destroy");
     assert_nothing_left(&r, &id);
 }
 
+/// Lines of the VMM's log (in its jail) that mention a deprecation: a
+/// field or endpoint of ours the real API still takes but means to drop.
+fn deprecations(p: &JailPaths) -> Vec<String> {
+    fs::read_to_string(p.root.join("firecracker.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains("deprecat"))
+        .map(str::to_string)
+        .collect()
+}
+
 /// PATCH /vm Paused, PUT /snapshot/create and PATCH Resumed on a running
-/// VM (a checkpoint), the files moved out of the jail with their manifest;
-/// then PUT /snapshot/load of them into a second jailed Firecracker, which
-/// runs the loaded VM. The template path (`Vm::snapshot`) too.
+/// VM with a network interface (a checkpoint), the files moved out of the
+/// jail with their manifest; then PUT /snapshot/load of them, with
+/// `network_overrides` naming the TAP in another namespace, into a second
+/// jailed Firecracker (other id, uid, netns), which runs the loaded VM and
+/// can be checkpointed again. The template path (`Vm::snapshot`) too, and
+/// a load of that.
 #[test]
 fn checkpoint_loads_into_a_second_jail() {
     let Some(r) = real() else { return };
+    let (uid, uid2, uid3) = (424_211, 424_212, 424_213);
+    let (ns, ns2) = (Netns::new("ckpt", uid), Netns::new("ckpt2", uid2));
     let id = vm_id("ckpt");
-    let cfg = r.config(&id, 424_211, None);
+    let cfg = r.config(&id, uid, Some(ns.attachment()));
     let mut vm = r.backend.boot(&cfg).expect("boot");
     let dir = r.tmp.path().join("checkpoint");
     let stats = vm
@@ -534,20 +551,29 @@ fn checkpoint_loads_into_a_second_jail() {
         "resumed after the checkpoint"
     );
 
-    // Load into a second jail (new id, new uid).
+    // Load into a second jail (new id, new uid, its own netns and TAP).
     let id2 = vm_id("ckpt2");
-    let cfg2 = r.config(&id2, 424_212, None);
+    let cfg2 = r.config(&id2, uid2, Some(ns2.attachment()));
     let prepared = r
         .backend
         .prepare_restore(&cfg2, &dir)
         .expect("second jail up with the checkpoint's files");
-    let mut vm2 = prepared.finish().expect("PUT /snapshot/load accepted");
-    assert_eq!(
-        instance_state(&r.paths(&id2)),
-        "Running",
-        "the loaded VM runs"
-    );
+    let mut vm2 = prepared
+        .finish()
+        .expect("PUT /snapshot/load (network_overrides) accepted");
+    let p2 = r.paths(&id2);
+    assert_eq!(instance_state(&p2), "Running", "the loaded VM runs");
     assert_ne!(vm2.pid(), vm.pid());
+    let want = fs::metadata(format!("/run/netns/{}", ns2.0)).unwrap().ino();
+    let pid2 = vm2.pid().expect("pid");
+    let got = fs::metadata(format!("/proc/{pid2}/ns/net")).unwrap().ino();
+    assert_eq!(got, want, "the loaded VMM's network namespace");
+    // A restored VM is checkpointed again (a resumed session paused).
+    let again = r.tmp.path().join("checkpoint-again");
+    vm2.checkpoint(&again).expect("checkpoint of the loaded VM");
+    assert!(again.join("vmstate").is_file());
+    assert_eq!(instance_state(&p2), "Running");
+    assert_eq!(deprecations(&p2), Vec::<String>::new(), "deprecated calls");
     vm2.destroy().expect("destroy the restored VM");
     assert_nothing_left(&r, &id2);
 
@@ -557,8 +583,25 @@ fn checkpoint_loads_into_a_second_jail() {
     for f in ["vmstate", "memory", "manifest.json"] {
         assert!(tdir.join(f).is_file(), "{f} missing in {}", tdir.display());
     }
+    assert_eq!(
+        deprecations(&r.paths(&id)),
+        Vec::<String>::new(),
+        "deprecated calls"
+    );
     vm.destroy().expect("destroy");
     assert_nothing_left(&r, &id);
+    // ... and the template snapshot loads as a session's restore does.
+    let id3 = vm_id("ckpt3");
+    let ns3 = Netns::new("ckpt3", uid3);
+    let mut vm3 = r
+        .backend
+        .prepare_restore(&r.config(&id3, uid3, Some(ns3.attachment())), &tdir)
+        .expect("third jail up with the template snapshot")
+        .finish()
+        .expect("PUT /snapshot/load of the template snapshot");
+    assert_eq!(instance_state(&r.paths(&id3)), "Running");
+    vm3.destroy().expect("destroy");
+    assert_nothing_left(&r, &id3);
 }
 
 /// A VMM killed from outside is still torn down completely.
