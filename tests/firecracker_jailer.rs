@@ -209,6 +209,59 @@ fn argv_uses_only_documented_flags_with_the_right_values() {
     assert_eq!(io, ["io.max=253:0 wbps=1048576", "io.max=8:0 wbps=1048576"]);
 }
 
+/// The real jailer (v1.17.0-dev) copies each v1 file from the parent
+/// cgroup first and fails on an empty one, as a `blkio.throttle.*` file is
+/// without rules: the parent gets a rule that never binds for each device
+/// and file, once, and an operator's own rule is left as it is.
+#[test]
+fn a_v1_blkio_parent_gets_rules_that_never_bind_before_the_jailer_runs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let files = [
+        "blkio.throttle.read_bps_device",
+        "blkio.throttle.write_bps_device",
+        "blkio.throttle.read_iops_device",
+        "blkio.throttle.write_iops_device",
+    ];
+    for f in files {
+        fs::write(root.path().join(f), "").unwrap();
+    }
+    let cfg = JailerConfig {
+        cgroup_version: 1,
+        cgroup_v1_roots: vec![root.path().to_path_buf()],
+        io_max: vec![
+            "8:0 rbps=1048576 wiops=100 riops=max".into(),
+            "253:1 wbps=5".into(),
+        ],
+        ..JailerConfig::default()
+    };
+    let parent = root.path().join(&cfg.parent_cgroup);
+    fs::create_dir_all(&parent).unwrap();
+    for f in files {
+        fs::write(parent.join(f), "").unwrap();
+    }
+    // An operator's rule for 253:1 stays.
+    fs::write(parent.join(files[1]), "253:1 7\n").unwrap();
+    jailer::prepare_v1_parents(&cfg).expect("prepare");
+    jailer::prepare_v1_parents(&cfg).expect("again: nothing to add");
+    let read = |f: &str| fs::read_to_string(parent.join(f)).unwrap();
+    assert_eq!(read(files[0]), format!("8:0 {}\n", u64::MAX - 1));
+    assert_eq!(read(files[1]), "253:1 7\n");
+    assert_eq!(read(files[2]), "", "riops=max is no v1 rule");
+    assert_eq!(read(files[3]), format!("8:0 {}\n", u32::MAX - 1));
+    // Nothing on v2, nor without io_max.
+    let v2 = JailerConfig {
+        cgroup_version: 2,
+        ..cfg.clone()
+    };
+    jailer::prepare_v1_parents(&v2).expect("v2");
+    let none = JailerConfig {
+        io_max: Vec::new(),
+        cgroup_v1_roots: vec!["/nonexistent".into()],
+        ..cfg
+    };
+    jailer::prepare_v1_parents(&none).expect("no io_max");
+}
+
 #[test]
 fn argv_on_a_cgroup_v1_host_carries_the_same_limits_as_v1_files() {
     let cfg = JailerConfig {

@@ -53,6 +53,11 @@ struct Real {
 }
 
 fn real() -> Option<Real> {
+    real_with(|_| {})
+}
+
+/// As [`real`], with the daemon's config changed by `f` first.
+fn real_with(f: impl FnOnce(&mut Config)) -> Option<Real> {
     let bin = |k: &str| {
         std::env::var_os(k)
             .map(PathBuf::from)
@@ -86,6 +91,7 @@ fn real() -> Option<Real> {
     };
     cfg.artifacts.firecracker = Some(fc);
     cfg.artifacts.jailer = Some(jailer);
+    f(&mut cfg);
     // The daemon's own jailer settings for this host (cgroup v1 or v2).
     let mut jc = wiring::jailer_config(&cfg);
     let backend = Arc::new(FirecrackerBackend::new(jc.clone(), Arc::new(DirectSpawner)));
@@ -439,6 +445,62 @@ fn the_jail_holds_the_vmm_as_configured() {
 
     vm.destroy().expect("destroy");
     assert!(process_gone(pid), "VMM still running");
+    assert_nothing_left(&r, &id);
+}
+
+/// `vm_io_max` reaches the VMM's cgroup through the jailer as QEMU's VMM
+/// gets it: `blkio.throttle.*_device` per disk of the state and image dirs
+/// on cgroup v1, `io.max` on v2.
+#[test]
+fn the_jail_applies_the_io_limit() {
+    let rule = "rbps=104857600 wiops=1000";
+    let Some(r) = real_with(|c| c.vm_io_max = Some(rule.into())) else {
+        return;
+    };
+    assert!(!r.jc.io_max.is_empty(), "no disk found for {rule}");
+    let id = vm_id("io");
+    let mut vm = r
+        .backend
+        .boot(&r.config(&id, 424_271, None))
+        .expect("boot with an io limit");
+    let pid = vm.pid().expect("pid");
+    let p = r.paths(&id);
+    let cg = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let rel = format!("/{}/{id}", r.jc.parent_cgroup);
+    let devs: Vec<&str> =
+        r.jc.io_max
+            .iter()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+    if r.jc.cgroup_version == 1 {
+        assert!(
+            cg.lines()
+                .any(|l| l.contains(":blkio:") && l.ends_with(rel.as_str())),
+            "blkio cgroup of the VMM is not {rel}: {cg}"
+        );
+        let dir = p
+            .cgroup_dirs
+            .iter()
+            .find(|d| d.starts_with("/sys/fs/cgroup/blkio"))
+            .unwrap_or_else(|| panic!("no blkio dir in {:?}", p.cgroup_dirs));
+        let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
+        for dev in &devs {
+            let bps = read("blkio.throttle.read_bps_device");
+            assert!(bps.contains(&format!("{dev} 104857600")), "{dev}: {bps}");
+            let iops = read("blkio.throttle.write_iops_device");
+            assert!(iops.contains(&format!("{dev} 1000")), "{dev}: {iops}");
+        }
+    } else {
+        let io = fs::read_to_string(p.cgroup_dirs[0].join("io.max")).unwrap_or_default();
+        for dev in &devs {
+            assert!(
+                io.lines()
+                    .any(|l| l.starts_with(dev) && l.contains("rbps=104857600")),
+                "{dev}: {io}"
+            );
+        }
+    }
+    vm.destroy().expect("destroy");
     assert_nothing_left(&r, &id);
 }
 

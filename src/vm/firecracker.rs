@@ -158,6 +158,7 @@ impl FirecrackerBackend {
         };
         // From here on `vm` owns the cleanup: its Drop tears everything down.
         jailer::prepare_chroot(&vm.paths, cfg.uid, cfg.gid, &files, writable)?;
+        jailer::prepare_v1_parents(&self.jailer)?;
         self.start(&mut vm, &argv)?;
         vm.api(
             "PUT",

@@ -478,6 +478,64 @@ pub fn open_vmm(paths: &JailPaths) -> io::Result<Option<Pidfd>> {
     }
 }
 
+/// On cgroup v1 the jailer first copies each file it is given from the
+/// parent cgroup (the first line of `<mount>/<parent_cgroup>/<file>`, or of
+/// the mount's own file when that is empty) into the VM's cgroup, and fails
+/// (`CgroupInheritFromParent`) when both are empty: a
+/// `blkio.throttle.*_device` file is, until a rule is written to it. So
+/// before the jailer runs, the parent cgroup gets, for each device and file
+/// of `io_max` it has no rule for yet, a rule that never binds (the largest
+/// value the kernel keeps as a rule: `u64::MAX - 1` bytes/s,
+/// `u32::MAX - 1` IO/s); the VM's cgroup then gets its real limit. Nothing
+/// to do on cgroup v2 or without `io_max`. Seen with jailer v1.17.0-dev.
+pub fn prepare_v1_parents(cfg: &JailerConfig) -> Result<()> {
+    if cfg.cgroup_version != 1 || cfg.io_max.is_empty() {
+        return Ok(());
+    }
+    let Some(root) = cfg
+        .cgroup_v1_roots
+        .iter()
+        .find(|r| r.join("blkio.throttle.read_bps_device").exists())
+    else {
+        // No blkio hierarchy: the jailer names the missing controller.
+        return Ok(());
+    };
+    let io_err = |what: String, source: io::Error| VmError::Io {
+        backend: BACKEND,
+        what,
+        source,
+    };
+    let parent = root.join(&cfg.parent_cgroup);
+    fs::create_dir_all(&parent)
+        .map_err(|e| io_err(format!("create cgroup {}", parent.display()), e))?;
+    let limits = super::cgroup::Limits {
+        io_max: cfg.io_max.clone(),
+        ..super::cgroup::Limits::for_vm(1, 0, 0)
+    };
+    for (ctl, file, rule) in limits.v1_files() {
+        let Some(dev) = rule.split_whitespace().next().filter(|_| ctl == "blkio") else {
+            continue;
+        };
+        let path = parent.join(file);
+        let have =
+            fs::read_to_string(&path).map_err(|e| io_err(format!("read {}", path.display()), e))?;
+        if have
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(dev))
+        {
+            continue;
+        }
+        let never = if file.contains("iops") {
+            u64::from(u32::MAX - 1)
+        } else {
+            u64::MAX - 1
+        };
+        fs::write(&path, format!("{dev} {never}\n"))
+            .map_err(|e| io_err(format!("write {} to {}", rule, path.display()), e))?;
+    }
+    Ok(())
+}
+
 /// A file to place in the chroot.
 #[derive(Debug, Clone)]
 pub struct JailFile {
