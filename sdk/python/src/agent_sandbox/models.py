@@ -1,0 +1,493 @@
+"""What the API answers, as dataclasses with snake_case attributes.
+
+The wire is camelCase JSON (docs/openapi.yaml); each class's `from_wire`
+reads it and keeps the whole object as `raw` (for fields this SDK does not
+name yet).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+__all__ = [
+    "ResourceUsage",
+    "CommandResult",
+    "Started",
+    "Output",
+    "Dropped",
+    "Exited",
+    "Event",
+    "ProcessInfo",
+    "EntryInfo",
+    "FileStat",
+    "Egress",
+    "SessionInfo",
+    "FailedCopy",
+    "Snapshot",
+    "RunResult",
+    "RunLimits",
+    "KeyRecord",
+    "CreatedKey",
+    "Template",
+]
+
+Json = Dict[str, Any]
+
+
+@dataclass
+class ResourceUsage:
+    """What one command used, measured in the sandbox for it alone."""
+
+    memory_mb: float
+    """Peak memory in MiB."""
+    cpu_percent: float
+    """CPU time over run time, percent (above 100 on several cores)."""
+    source: Optional[str] = None
+    """`cgroup` or `rusage`."""
+
+    @classmethod
+    def from_wire(cls, d: Optional[Json]) -> Optional["ResourceUsage"]:
+        if not d:
+            return None
+        return cls(float(d["memoryMb"]), float(d["cpuPercent"]), d.get("source"))
+
+
+@dataclass
+class CommandResult:
+    """A finished command: `commands.run`, or the end of a stream."""
+
+    exit_code: int
+    """Exit code; 128+N when killed by signal N."""
+    stdout: str
+    stderr: str
+    duration_ms: int
+    """The command's run time in the guest, spawn to exit."""
+    timed_out: bool
+    resource_usage: Optional[ResourceUsage]
+    signal: Optional[str] = None
+    """The signal that ended it (`"SIGKILL"`), or None."""
+    oom_killed: bool = False
+    truncated: bool = False
+    """Output went over the daemon's 16 MiB buffer."""
+    proc_id: Optional[int] = None
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json, stdout: str = "", stderr: str = "") -> "CommandResult":
+        """From a buffered answer (its `output` chunks) or a `result` event
+        (`stdout`/`stderr` gathered from the stream)."""
+        out, err = [stdout], [stderr]
+        for chunk in d.get("output") or []:
+            (out if chunk.get("stream") == "stdout" else err).append(_chunk_text(chunk))
+        return cls(
+            exit_code=int(d.get("exitCode", -1)),
+            stdout="".join(out),
+            stderr="".join(err),
+            duration_ms=int(d.get("durationMs") or d.get("duration") or 0),
+            timed_out=bool(d.get("timedOut", False)),
+            resource_usage=ResourceUsage.from_wire(d.get("resourceUsage")),
+            signal=d.get("signal"),
+            oom_killed=bool(d.get("oomKilled", False)),
+            truncated=bool(d.get("truncated", False)),
+            proc_id=d.get("procId"),
+            raw=d,
+        )
+
+
+def _chunk_text(chunk: Json) -> str:
+    data = chunk.get("data", "")
+    if chunk.get("encoding") == "base64":
+        return base64.b64decode(data).decode("utf-8", "replace")
+    return str(data)
+
+
+@dataclass
+class Started:
+    """Stream event: the process started."""
+
+    proc_id: int
+    pid: int
+
+
+@dataclass
+class Output:
+    """Stream event: a chunk of output, in the order the guest wrote it."""
+
+    stream: str
+    """`stdout` or `stderr`."""
+    data: str
+    ts: int
+    """Unix ms."""
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "Output":
+        return cls(d.get("stream", "stdout"), _chunk_text(d), int(d.get("ts", 0)))
+
+
+@dataclass
+class Dropped:
+    """Stream event: the daemon dropped this many bytes of output (a slow reader)."""
+
+    bytes: int
+
+
+@dataclass
+class Exited:
+    """Stream event, the last one: the process ended."""
+
+    result: CommandResult
+
+
+Event = Union[Started, Output, Dropped, Exited]
+"""One event of a command's or background process's stream."""
+
+
+@dataclass
+class ProcessInfo:
+    """A process of the session (running or recently finished)."""
+
+    proc_id: int
+    pid: int
+    argv: List[str]
+    running: bool
+    tag: Optional[str] = None
+    background: bool = False
+    pty: bool = False
+    started_at: Optional[int] = None
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "ProcessInfo":
+        return cls(
+            proc_id=int(d["procId"]),
+            pid=int(d.get("pid", 0)),
+            argv=list(d.get("argv") or []),
+            running=bool(d.get("running", False)),
+            tag=d.get("tag"),
+            background=bool(d.get("background", False)),
+            pty=bool(d.get("pty", False)),
+            started_at=d.get("startedAt"),
+            exit_code=d.get("exitCode"),
+            signal=d.get("signal"),
+            raw=d,
+        )
+
+
+@dataclass
+class EntryInfo:
+    """One entry of a directory listing."""
+
+    path: str
+    """Relative to the listed directory."""
+    name: str
+    type: str
+    """`file`, `directory`, `symlink` or `other`."""
+    size: int
+    mode: int
+    mtime: int
+    """Unix ms."""
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "EntryInfo":
+        return cls(
+            d["path"],
+            d.get("name", d["path"].rsplit("/", 1)[-1]),
+            d.get("type", "other"),
+            int(d.get("size", 0)),
+            int(d.get("mode", 0)),
+            int(d.get("mtime", 0)),
+        )
+
+
+@dataclass
+class FileStat:
+    """A file's metadata."""
+
+    path: str
+    type: str
+    """`file`, `directory`, `symlink` or `other`."""
+    size: int
+    mode: int
+    mtime: int
+    link_target: Optional[str] = None
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "FileStat":
+        return cls(
+            d["path"],
+            d.get("type", "other"),
+            int(d.get("size", 0)),
+            int(d.get("mode", 0)),
+            int(d.get("mtime", 0)),
+            d.get("linkTarget"),
+        )
+
+
+@dataclass
+class Egress:
+    """A session's network policy (docs/network.md)."""
+
+    mode: str = "internet"
+    """`internet`, `none`, `allowlist` or `denylist`."""
+    rules: List[str] = field(default_factory=list)
+    """`CIDR[:port[/proto]]`, for allowlist/denylist."""
+    domains: List[str] = field(default_factory=list)
+    denied_domains: List[str] = field(default_factory=list)
+    bandwidth_kbps: Optional[int] = None
+    bandwidth_burst_kbit: Optional[int] = None
+
+    def to_wire(self) -> Json:
+        d: Json = {"mode": self.mode}
+        if self.rules:
+            d["rules"] = list(self.rules)
+        if self.domains:
+            d["domains"] = list(self.domains)
+        if self.denied_domains:
+            d["deniedDomains"] = list(self.denied_domains)
+        if self.bandwidth_kbps is not None:
+            d["bandwidthKbps"] = self.bandwidth_kbps
+        if self.bandwidth_burst_kbit is not None:
+            d["bandwidthBurstKbit"] = self.bandwidth_burst_kbit
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Optional[Json]) -> "Egress":
+        d = d or {}
+        return cls(
+            mode=d.get("mode", "internet"),
+            rules=list(d.get("rules") or []),
+            domains=list(d.get("domains") or []),
+            denied_domains=list(d.get("deniedDomains") or []),
+            bandwidth_kbps=d.get("bandwidthKbps"),
+            bandwidth_burst_kbit=d.get("bandwidthBurstKbit"),
+        )
+
+
+@dataclass
+class SessionInfo:
+    """A session as the daemon shows it."""
+
+    id: str
+    state: str
+    """`starting`, `ready`, `failed`, `paused` or `closing`."""
+    template: Optional[str] = None
+    vcpus: Optional[int] = None
+    memory_mib: Optional[int] = None
+    disk_mib: Optional[int] = None
+    owner: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    egress: Optional[Egress] = None
+    created_at: Optional[int] = None
+    last_used_at: Optional[int] = None
+    expires_at: Optional[int] = None
+    idle_timeout_ms: Optional[int] = None
+    on_idle: Optional[str] = None
+    paused_ttl_ms: Optional[int] = None
+    snapshot_bytes: Optional[int] = None
+    paused_at: Optional[int] = None
+    paused_expires_at: Optional[int] = None
+    busy: bool = False
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "SessionInfo":
+        return cls(
+            id=d.get("id") or d["sessionId"],
+            state=d.get("state", ""),
+            template=d.get("template"),
+            vcpus=d.get("vcpus"),
+            memory_mib=d.get("memoryMib"),
+            disk_mib=d.get("diskMib"),
+            owner=d.get("owner"),
+            env=dict(d.get("env") or {}),
+            egress=Egress.from_wire(d["egress"]) if d.get("egress") else None,
+            created_at=d.get("createdAt"),
+            last_used_at=d.get("lastUsedAt"),
+            expires_at=d.get("expiresAt"),
+            idle_timeout_ms=d.get("idleTimeoutMs"),
+            on_idle=d.get("onIdle"),
+            paused_ttl_ms=d.get("pausedTtlMs"),
+            snapshot_bytes=d.get("snapshotBytes"),
+            paused_at=d.get("pausedAt"),
+            paused_expires_at=d.get("pausedExpiresAt"),
+            busy=bool(d.get("busy", False)),
+            raw=d,
+        )
+
+
+@dataclass
+class FailedCopy:
+    """A session of a fork (or a create with `count`) that failed to start."""
+
+    id: str
+    code: str
+    message: str
+
+
+@dataclass
+class Snapshot:
+    """A saved session state, to start sessions from (`from_snapshot`)."""
+
+    id: str
+    session_id: str
+    template: str
+    vcpus: int
+    memory_mib: int
+    disk_mib: int
+    size_bytes: int
+    paused_ms: int
+    created_at: int
+    restorable: bool
+    name: Optional[str] = None
+    problem: Optional[str] = None
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "Snapshot":
+        return cls(
+            id=d["id"],
+            session_id=d.get("sessionId", ""),
+            template=d.get("template", ""),
+            vcpus=int(d.get("vcpus", 0)),
+            memory_mib=int(d.get("memoryMib", 0)),
+            disk_mib=int(d.get("diskMib", 0)),
+            size_bytes=int(d.get("sizeBytes", 0)),
+            paused_ms=int(d.get("pausedMs", 0)),
+            created_at=int(d.get("createdAt", 0)),
+            restorable=bool(d.get("restorable", False)),
+            name=d.get("name"),
+            problem=d.get("problem"),
+            raw=d,
+        )
+
+
+@dataclass
+class RunLimits:
+    """Limits of a one-shot `run` (each None: the daemon's default)."""
+
+    timeout_ms: Optional[int] = None
+    max_memory_mb: Optional[int] = None
+    cpu_cores: Optional[float] = None
+    allow_network: Optional[bool] = None
+
+    def to_wire(self) -> Json:
+        d = {
+            "timeoutMs": self.timeout_ms,
+            "maxMemoryMb": self.max_memory_mb,
+            "cpuCores": self.cpu_cores,
+            "allowNetwork": self.allow_network,
+        }
+        return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass
+class RunResult:
+    """The answer of a one-shot `run` (`POST /v1/run`)."""
+
+    sandbox_id: str
+    """The run's session id (already destroyed)."""
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    resource_usage: Optional[ResourceUsage]
+    language: Optional[str] = None
+    template: Optional[str] = None
+    signal: Optional[str] = None
+    oom_killed: bool = False
+    truncated: bool = False
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "RunResult":
+        return cls(
+            sandbox_id=d.get("sandboxId", ""),
+            exit_code=int(d.get("exitCode", -1)),
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            duration_ms=int(d.get("durationMs", 0)),
+            timed_out=bool(d.get("timedOut", False)),
+            resource_usage=ResourceUsage.from_wire(d.get("resourceUsage")),
+            language=d.get("language"),
+            template=d.get("template"),
+            signal=d.get("signal"),
+            oom_killed=bool(d.get("oomKilled", False)),
+            truncated=bool(d.get("truncated", False)),
+            raw=d,
+        )
+
+
+@dataclass
+class KeyRecord:
+    """An API key's record (never its secret)."""
+
+    id: str
+    name: str
+    key_prefix: str
+    scopes: List[str]
+    requests_per_second: Optional[float]
+    burst: Optional[float]
+    created_at: int
+    expires_at: Optional[int]
+    enabled: bool
+    expired: bool = False
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "KeyRecord":
+        rl = d.get("rateLimit") or {}
+        return cls(
+            id=d["id"],
+            name=d.get("name", ""),
+            key_prefix=d.get("keyPrefix", ""),
+            scopes=list(d.get("scopes") or []),
+            requests_per_second=rl.get("requestsPerSecond"),
+            burst=rl.get("burst"),
+            created_at=int(d.get("createdAt", 0)),
+            expires_at=d.get("expiresAt"),
+            enabled=bool(d.get("enabled", True)),
+            expired=bool(d.get("expired", False)),
+            raw=d,
+        )
+
+
+@dataclass
+class CreatedKey:
+    """A new (or rotated) key: the secret, shown only here, and its record."""
+
+    key: str
+    record: KeyRecord
+
+
+@dataclass
+class Template:
+    """A template sessions can start from."""
+
+    name: str
+    display_name: str
+    version: str
+    description: str
+    tools: List[str]
+    vcpus: int
+    memory_mib: int
+    default: bool
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "Template":
+        return cls(
+            name=d["name"],
+            display_name=d.get("displayName", d["name"]),
+            version=d.get("version", "0"),
+            description=d.get("description", ""),
+            tools=list(d.get("tools") or []),
+            vcpus=int(d.get("vcpus", 0)),
+            memory_mib=int(d.get("memoryMib", 0)),
+            default=bool(d.get("default", False)),
+            raw=d,
+        )
