@@ -1,0 +1,593 @@
+/**
+ * {@link Sandbox}: one session (a microVM) and everything in it.
+ *
+ * @module
+ */
+import { Client, type ClientLike, type ClientOptions, type RequestOptions, ndjson } from "./client.js";
+import { SandboxError, SessionNotFound, errorFromBody } from "./errors.js";
+import type {
+  CommandEvent,
+  CommandExit,
+  CommandResult,
+  Egress,
+  FailedCopy,
+  FileEntry,
+  FileStat,
+  NetworkState,
+  ProcessInfo,
+  SandboxCreateOptions,
+  SessionInfo,
+  Snapshot,
+} from "./types.js";
+
+/** How to reach the daemon: a shared {@link Client}, or options for a new one. */
+export interface ConnectOptions extends ClientOptions {
+  /** Reuse this client (its url / key / retries) instead of making one. */
+  client?: Client;
+  /** Admin keys: address a session of another key (`?owner=<key id>`). */
+  owner?: string;
+}
+
+/** Options of {@link Sandbox.create}: the session's settings and where the daemon is. */
+export type CreateOptions = SandboxCreateOptions & ConnectOptions;
+
+/** Options of a command, foreground or background. */
+export interface CommandOptions {
+  /** Working directory (default: the workspace). */
+  cwd?: string;
+  /** Variables added to the session's. */
+  env?: Record<string, string>;
+  /** Milliseconds; the process group is killed after it (`timedOut: true`). */
+  timeout?: number;
+  /** Bytes fed to stdin, then EOF. */
+  stdin?: string | Uint8Array;
+  /** Aborting it disconnects, which kills a foreground command. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Commands.run}. */
+export interface RunOptions extends CommandOptions {
+  /** Called with each stdout chunk as it arrives. */
+  onStdout?: (data: string) => void;
+  /** Called with each stderr chunk as it arrives. */
+  onStderr?: (data: string) => void;
+}
+
+/** Options of {@link Commands.start}. */
+export interface StartOptions extends Omit<CommandOptions, "signal"> {
+  /** A label shown in process listings. */
+  tag?: string;
+  /** Run on a terminal of this size (all output is stdout). */
+  pty?: { rows: number; cols: number };
+}
+
+/** A signal name (`"TERM"`, `"SIGKILL"`, any case) or number (1-64). */
+export type Signal = string | number;
+
+const hasBlob = typeof Blob !== "undefined";
+
+/** Base64 of bytes, without Node's Buffer. */
+export function toBase64(bytes: Uint8Array): string {
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+function execBody(cmd: string | string[], o: CommandOptions & StartOptions, extra: Record<string, unknown> = {}) {
+  const body: Record<string, unknown> = Array.isArray(cmd) ? { argv: cmd } : { command: cmd };
+  if (o.cwd !== undefined) body.cwd = o.cwd;
+  if (o.env !== undefined) body.env = o.env;
+  if (o.timeout !== undefined) body.timeout = o.timeout;
+  if (typeof o.stdin === "string") body.stdin = o.stdin;
+  else if (o.stdin !== undefined) body.stdinBase64 = toBase64(o.stdin);
+  if (o.tag !== undefined) body.tag = o.tag;
+  if (o.pty !== undefined) body.pty = o.pty;
+  return { ...body, ...extra };
+}
+
+function exitOf(raw: Record<string, unknown>): CommandExit {
+  return {
+    exitCode: raw.exitCode as number,
+    signal: (raw.signal as string | null) ?? null,
+    timedOut: Boolean(raw.timedOut),
+    durationMs: (raw.durationMs as number | undefined) ?? (raw.duration as number),
+    resourceUsage: (raw.resourceUsage as CommandExit["resourceUsage"]) ?? null,
+    oomKilled: Boolean(raw.oomKilled),
+  };
+}
+
+/** The daemon's stream lines as {@link CommandEvent}s; an error line is thrown as its error class. */
+async function* events(body: ReadableStream<Uint8Array> | null): AsyncGenerator<CommandEvent> {
+  for await (const raw of ndjson(body)) {
+    switch (raw.type) {
+      case "started":
+        yield { type: "started", procId: raw.procId as number, pid: raw.pid as number };
+        break;
+      case "stream":
+        yield { type: raw.stream === "stderr" ? "stderr" : "stdout", data: raw.data as string, ts: raw.ts as number };
+        break;
+      case "dropped":
+        yield { type: "dropped", bytes: raw.bytes as number };
+        break;
+      case "result":
+        yield { type: "exit", ...exitOf(raw) };
+        return;
+      case "error":
+        throw errorFromBody(0, raw);
+    }
+  }
+}
+
+/** Runs the events to the end, collecting output: the {@link CommandResult}. */
+async function collect(evs: AsyncIterable<CommandEvent>, o: RunOptions = {}): Promise<CommandResult> {
+  let stdout = "";
+  let stderr = "";
+  let procId: number | undefined;
+  for await (const ev of evs) {
+    if (ev.type === "started") procId = ev.procId;
+    else if (ev.type === "stdout") {
+      stdout += ev.data;
+      o.onStdout?.(ev.data);
+    } else if (ev.type === "stderr") {
+      stderr += ev.data;
+      o.onStderr?.(ev.data);
+    } else if (ev.type === "exit") {
+      const { type: _, ...exit } = ev;
+      return { ...exit, stdout, stderr, truncated: false, procId };
+    }
+  }
+  throw new SandboxError("the output stream ended before the command's result", 0, "stream_ended");
+}
+
+/** Commands of a sandbox: foreground (buffered or streamed) and background processes. */
+export class Commands {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+
+  /**
+   * Runs `cmd` (a string: a `/bin/sh -c` line; an array: program + args, no shell)
+   * and answers when it ends, whatever its exit code. With `onStdout`/`onStderr`
+   * the output is streamed to them as it comes.
+   */
+  async run(cmd: string | string[], opts: RunOptions = {}): Promise<CommandResult> {
+    if (opts.onStdout || opts.onStderr) return collect(this.stream(cmd, opts), opts);
+    const raw = await this.#sb.json<Record<string, unknown>>("POST", "/exec", { json: execBody(cmd, opts), signal: opts.signal });
+    const out = (raw.output as { stream: string; data: string }[] | undefined) ?? [];
+    const text = (s: string) => out.filter((c) => c.stream === s).map((c) => c.data).join("");
+    return {
+      ...exitOf(raw),
+      stdout: text("stdout"),
+      stderr: text("stderr"),
+      truncated: Boolean(raw.truncated),
+      procId: raw.procId as number | undefined,
+    };
+  }
+
+  /**
+   * Runs `cmd` and yields its events as the guest produces them: `started`,
+   * `stdout`/`stderr` chunks in order, then `exit`. Breaking out of the loop
+   * (or aborting `opts.signal`) kills the command.
+   */
+  stream(cmd: string | string[], opts: CommandOptions = {}): AsyncGenerator<CommandEvent> {
+    return this.#events("POST", "/exec", { json: execBody(cmd, opts), signal: opts.signal });
+  }
+
+  /** Starts `cmd` in the background and answers at once with its handle. */
+  async start(cmd: string | string[], opts: StartOptions = {}): Promise<Process> {
+    const r = await this.#sb.json<{ procId: number; pid: number }>("POST", "/exec", { json: execBody(cmd, opts, { background: true }) });
+    return new Process(this.#sb, r.procId, r.pid);
+  }
+
+  /** A handle on background process `procId` (no request made). */
+  process(procId: number): Process {
+    return new Process(this.#sb, procId);
+  }
+
+  /**
+   * Yields a background process's events until it exits: what it printed so far
+   * first (unless `replay: false`), then live output, then `exit`.
+   */
+  attach(procId: number, opts: { replay?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
+    return this.#events("GET", `/processes/${procId}/output`, { query: { replay: opts.replay ?? true }, signal: opts.signal });
+  }
+
+  /** An NDJSON request's events; leaving early aborts the request (so the daemon sees the client go). */
+  async *#events(method: string, sub: string, opts: RequestOptions): AsyncGenerator<CommandEvent> {
+    const ctrl = new AbortController();
+    const outer = opts.signal;
+    const onAbort = () => ctrl.abort(outer?.reason);
+    if (outer?.aborted) onAbort();
+    outer?.addEventListener("abort", onAbort, { once: true });
+    let finished = false;
+    try {
+      const res = await this.#sb.request(method, sub, { ...opts, headers: { accept: "application/x-ndjson" }, signal: ctrl.signal });
+      for await (const ev of events(res.body)) {
+        if (ev.type === "exit") finished = true;
+        yield ev;
+      }
+      finished = true;
+    } finally {
+      outer?.removeEventListener("abort", onAbort);
+      if (!finished) ctrl.abort();
+    }
+  }
+
+  /** Waits for a background process to exit; its output replayed and collected. */
+  wait(procId: number, opts: Omit<RunOptions, keyof CommandOptions> = {}): Promise<CommandResult> {
+    return collect(this.attach(procId), opts).then((r) => ({ ...r, procId }));
+  }
+
+  /** Sends bytes to a background process's stdin (`eof: true` closes it after). */
+  async sendStdin(procId: number, data: string | Uint8Array, opts: { eof?: boolean } = {}): Promise<void> {
+    await this.#sb.request("POST", `/processes/${procId}/stdin`, {
+      query: { eof: opts.eof || undefined },
+      body: typeof data === "string" ? new TextEncoder().encode(data) : data,
+      headers: { "content-type": "application/octet-stream" },
+    });
+  }
+
+  /** Sends a signal (default SIGTERM) to a background process. */
+  async signal(procId: number, signal: Signal = "TERM"): Promise<void> {
+    await this.#sb.request("POST", `/processes/${procId}/signal`, { json: { signal } });
+  }
+
+  /** SIGKILLs a background process. */
+  kill(procId: number): Promise<void> {
+    return this.signal(procId, "KILL");
+  }
+
+  /** One process of the session, running or finished. */
+  get(procId: number): Promise<ProcessInfo> {
+    return this.#sb.json<ProcessInfo>("GET", `/processes/${procId}`);
+  }
+
+  /** The session's processes, running and recently finished. */
+  async list(): Promise<ProcessInfo[]> {
+    return (await this.#sb.json<{ processes: ProcessInfo[] }>("GET", "/processes")).processes;
+  }
+
+  /** SIGKILLs every process in the sandbox; files and the session stay. */
+  killAll(): Promise<{ killed: number; remaining: number }> {
+    return this.#sb.json("DELETE", "/processes");
+  }
+}
+
+/** Terminals: background processes on a PTY. */
+export class Pty {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+
+  /** Starts `cmd` (default a shell) on a terminal of `rows` × `cols`. */
+  create(opts: { rows: number; cols: number; cmd?: string | string[] } & Omit<StartOptions, "pty">): Promise<Process> {
+    const { rows, cols, cmd, ...rest } = opts;
+    return this.#sb.commands.start(cmd ?? ["/bin/sh", "-i"], { ...rest, pty: { rows, cols } });
+  }
+
+  /** Resizes the terminal of PTY process `procId`. */
+  async resize(procId: number, size: { rows: number; cols: number }): Promise<void> {
+    await this.#sb.request("POST", `/processes/${procId}/resize`, { json: size, idempotent: true });
+  }
+}
+
+/** A background process of a sandbox. */
+export class Process {
+  readonly sandbox: Sandbox;
+  readonly procId: number;
+  /** Its pid in the guest (unknown for a handle made from an id alone). */
+  readonly pid: number | undefined;
+  /** @internal */
+  constructor(sandbox: Sandbox, procId: number, pid?: number) {
+    this.sandbox = sandbox;
+    this.procId = procId;
+    this.pid = pid;
+  }
+  /** {@link Commands.attach} */
+  attach(opts: { replay?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
+    return this.sandbox.commands.attach(this.procId, opts);
+  }
+  /** {@link Commands.wait} */
+  wait(opts: Omit<RunOptions, keyof CommandOptions> = {}): Promise<CommandResult> {
+    return this.sandbox.commands.wait(this.procId, opts);
+  }
+  /** {@link Commands.sendStdin} */
+  sendStdin(data: string | Uint8Array, opts: { eof?: boolean } = {}): Promise<void> {
+    return this.sandbox.commands.sendStdin(this.procId, data, opts);
+  }
+  /** {@link Commands.signal} */
+  signal(signal: Signal = "TERM"): Promise<void> {
+    return this.sandbox.commands.signal(this.procId, signal);
+  }
+  /** {@link Commands.kill} */
+  kill(): Promise<void> {
+    return this.sandbox.commands.kill(this.procId);
+  }
+  /** {@link Pty.resize} */
+  resize(rows: number, cols: number): Promise<void> {
+    return this.sandbox.pty.resize(this.procId, { rows, cols });
+  }
+  /** {@link Commands.get} */
+  info(): Promise<ProcessInfo> {
+    return this.sandbox.commands.get(this.procId);
+  }
+}
+
+/** What {@link Files.write} takes: text, bytes, a Blob, or a stream (sent as it is read). */
+export type FileData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream<Uint8Array>;
+
+/** Files of a sandbox. Relative paths are under the session's workspace. */
+export class Files {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+
+  #content(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
+    return this.#sb.request(method, "/files/content", { ...opts, query: { path, ...opts.query } });
+  }
+
+  /** The file as text (UTF-8). */
+  async read(path: string): Promise<string> {
+    return (await this.#content("GET", path)).text();
+  }
+
+  /** The file's bytes. */
+  async readBytes(path: string): Promise<Uint8Array> {
+    return new Uint8Array(await (await this.#content("GET", path)).arrayBuffer());
+  }
+
+  /** The file as a stream of bytes, read as it comes (for large files). */
+  async download(path: string, opts: { signal?: AbortSignal } = {}): Promise<ReadableStream<Uint8Array>> {
+    const res = await this.#content("GET", path, opts);
+    return res.body ?? new ReadableStream({ start: (c) => c.close() });
+  }
+
+  /**
+   * Writes the file (atomically; parents created). A `ReadableStream` is
+   * uploaded as it is read, so large files need not be in memory.
+   * `mode` is the permission bits, e.g. `0o755`.
+   */
+  async write(path: string, data: FileData, opts: { mode?: number; signal?: AbortSignal } = {}): Promise<{ path: string; bytes: number }> {
+    const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    const res = await this.#content("PUT", path, {
+      body: body as BodyInit,
+      query: { mode: opts.mode?.toString(8) },
+      headers: { "content-type": hasBlob && body instanceof Blob && body.type ? body.type : "application/octet-stream" },
+      signal: opts.signal,
+    });
+    return (await res.json()) as { path: string; bytes: number };
+  }
+
+  /** The entries of a directory (default the workspace). */
+  async list(path = ".", opts: { recursive?: boolean } = {}): Promise<FileEntry[]> {
+    const r = await this.#sb.json<{ files: FileEntry[] }>("GET", "/files/list", { query: { path, recursive: opts.recursive || undefined } });
+    return r.files;
+  }
+
+  /** A file's metadata. */
+  stat(path: string): Promise<FileStat> {
+    return this.#sb.json<FileStat>("GET", "/files/stat", { query: { path } });
+  }
+
+  /** Whether the path exists. */
+  async exists(path: string): Promise<boolean> {
+    try {
+      await this.stat(path);
+      return true;
+    } catch (e) {
+      if (e instanceof SandboxError && e.status === 404 && e.code === "file_not_found") return false;
+      throw e;
+    }
+  }
+
+  /** Makes a directory (with its parents unless `parents: false`). */
+  async mkdir(path: string, opts: { parents?: boolean } = {}): Promise<void> {
+    const parents = opts.parents ?? true;
+    await this.#sb.request("POST", "/files/mkdir", { json: { path, parents }, idempotent: parents });
+  }
+
+  /** Removes a file, or a directory (`recursive: true` for a non-empty one). */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.#sb.request("POST", "/files/remove", { json: { path, recursive: opts.recursive ?? false } });
+  }
+
+  /** Renames (moves) `from` to `to`; `overwrite: false` refuses an existing target. */
+  async rename(from: string, to: string, opts: { overwrite?: boolean } = {}): Promise<void> {
+    await this.#sb.request("POST", "/files/rename", { json: { from, to, overwrite: opts.overwrite ?? true } });
+  }
+}
+
+/** A sandbox's network policy. */
+export class Network {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+  /** The policy in force. */
+  async get(): Promise<Egress> {
+    return (await this.#sb.json<NetworkState>("GET", "/network")).egress;
+  }
+  /** Replaces the policy; answers the one now in force (`EgressNotApplied` if it could not be). */
+  async set(egress: Egress): Promise<Egress> {
+    return (await this.#sb.json<NetworkState>("PUT", "/network", { json: egress })).egress;
+  }
+}
+
+/** What {@link Sandbox.fork} answers. */
+export interface ForkResult {
+  sourceId: string;
+  /** How long the source's guest was stopped. */
+  pausedMs: number;
+  snapshotBytes: number;
+  /** The copies that started. */
+  sandboxes: Sandbox[];
+  /** The copies that failed to start (already removed). */
+  failed: FailedCopy[];
+}
+
+const asyncDispose: typeof Symbol.asyncDispose =
+  (Symbol as { asyncDispose?: typeof Symbol.asyncDispose }).asyncDispose ?? (Symbol.for("Symbol.asyncDispose") as typeof Symbol.asyncDispose);
+
+const CREATE_FIELDS = ["id", "template", "vcpus", "memoryMib", "diskMib", "ttl", "idleTimeout", "env", "egress", "onIdle", "pausedTtl", "fromSnapshot"] as const;
+
+/**
+ * One session: a microVM of its own, destroyed by {@link Sandbox.kill} (or
+ * `await using`, or {@link withSandbox}).
+ *
+ * ```ts
+ * await using sb = await Sandbox.create({ template: "python" });
+ * const r = await sb.commands.run("python3 -c 'print(6*7)'");
+ * ```
+ */
+export class Sandbox {
+  /** The session id. */
+  readonly id: string;
+  readonly client: Client;
+  /** The session as last seen (by create, connect, {@link Sandbox.refresh}, pause, resume). */
+  info: SessionInfo;
+  readonly commands: Commands;
+  readonly files: Files;
+  readonly pty: Pty;
+  readonly network: Network;
+  readonly #owner: string | undefined;
+
+  /** @internal Use {@link Sandbox.create} or {@link Sandbox.connect}. */
+  constructor(client: Client, info: SessionInfo, owner?: string) {
+    this.client = client;
+    this.info = info;
+    this.id = info.id;
+    this.#owner = owner;
+    this.commands = new Commands(this);
+    this.files = new Files(this);
+    this.pty = new Pty(this);
+    this.network = new Network(this);
+  }
+
+  /** Creates a session and answers once its sandbox is ready. */
+  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const client = clientOf(opts);
+    const body: Record<string, unknown> = {};
+    for (const k of CREATE_FIELDS) if (opts[k] !== undefined) body[k] = opts[k];
+    // With an id a repeat cannot make a second session (it is `session_exists`).
+    const info = await client.json<SessionInfo>("POST", "/v1/sessions", { json: body, idempotent: opts.id !== undefined });
+    return new Sandbox(client, info, opts.owner);
+  }
+
+  /** A handle on an existing session (`SessionNotFound` if there is none). */
+  static async connect(id: string, opts: ConnectOptions = {}): Promise<Sandbox> {
+    const client = clientOf(opts);
+    const info = await client.json<SessionInfo>("GET", `/v1/sessions/${encodeURIComponent(id)}`, { query: { owner: opts.owner } });
+    return new Sandbox(client, info, opts.owner);
+  }
+
+  /** The key's sessions (every key's, with their `owner`, for an admin key). */
+  static async list(opts: ClientLike = {}): Promise<SessionInfo[]> {
+    return (await Client.of(opts).json<{ sessions: SessionInfo[] }>("GET", "/v1/sessions")).sessions;
+  }
+
+  /** @internal A request to a route under this session. */
+  request(method: string, sub: string, opts: RequestOptions = {}): Promise<Response> {
+    return this.client.request(method, `/v1/sessions/${encodeURIComponent(this.id)}${sub}`, {
+      ...opts,
+      query: { owner: this.#owner, ...opts.query },
+    });
+  }
+
+  /** @internal */
+  async json<T>(method: string, sub: string, opts: RequestOptions = {}): Promise<T> {
+    return (await (await this.request(method, sub, opts)).json()) as T;
+  }
+
+  async #update(method: string, sub: string, idempotent?: boolean): Promise<SessionInfo> {
+    this.info = await this.json<SessionInfo>(method, sub, { idempotent });
+    return this.info;
+  }
+
+  /** The session now. */
+  refresh(): Promise<SessionInfo> {
+    return this.#update("GET", "");
+  }
+
+  /** Counts as activity: resets the idle timer. */
+  keepalive(): Promise<SessionInfo> {
+    return this.#update("POST", "/keepalive", true);
+  }
+
+  /** Destroys the session and its sandbox: true, or false when it was already gone. */
+  async kill(): Promise<boolean> {
+    try {
+      const r = await this.json<{ destroyed?: boolean }>("DELETE", "");
+      return r.destroyed ?? true;
+    } catch (e) {
+      if (e instanceof SessionNotFound) return false;
+      throw e;
+    }
+  }
+
+  /** Saves the whole running state as a snapshot; the session runs on. */
+  checkpoint(opts: { name?: string } = {}): Promise<Snapshot> {
+    return this.json<Snapshot>("POST", "/snapshots", { json: opts });
+  }
+
+  /** A checkpoint plus `count` new sessions started from it; the source runs on. */
+  async fork(count = 1): Promise<ForkResult> {
+    const r = await this.json<{ sourceId: string; pausedMs: number; snapshotBytes: number; sessions: (SessionInfo | FailedCopy)[] }>(
+      "POST",
+      "/fork",
+      { json: { count } },
+    );
+    const ok = r.sessions.filter((s): s is SessionInfo => !("error" in s));
+    return {
+      sourceId: r.sourceId,
+      pausedMs: r.pausedMs,
+      snapshotBytes: r.snapshotBytes,
+      sandboxes: ok.map((s) => new Sandbox(this.client, s, this.#owner)),
+      failed: r.sessions.filter((s): s is FailedCopy => "error" in s),
+    };
+  }
+
+  /** Saves the state and stops the VM; it stays listed as `paused`. */
+  pause(): Promise<SessionInfo> {
+    return this.#update("POST", "/pause");
+  }
+
+  /** Restores a paused session where it was (a running one is answered as it is). */
+  resume(): Promise<SessionInfo> {
+    return this.#update("POST", "/resume", true);
+  }
+
+  /** `await using sb = await Sandbox.create()`: kills the session at the end of the scope. */
+  async [asyncDispose](): Promise<void> {
+    await this.kill();
+  }
+}
+
+function clientOf(opts: ConnectOptions): Client {
+  return opts.client ?? new Client(opts);
+}
+
+/**
+ * Creates a sandbox, runs `fn` with it and destroys it afterwards, also when
+ * `fn` throws (for runtimes without `await using`).
+ */
+export async function withSandbox<T>(opts: CreateOptions, fn: (sandbox: Sandbox) => Promise<T> | T): Promise<T> {
+  const sb = await Sandbox.create(opts);
+  let threw = true;
+  try {
+    const out = await fn(sb);
+    threw = false;
+    return out;
+  } finally {
+    // A failure to clean up must not hide the body's own error.
+    await sb.kill().catch((e) => {
+      if (!threw) throw e;
+    });
+  }
+}

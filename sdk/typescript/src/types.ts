@@ -1,0 +1,223 @@
+/**
+ * The API's objects, as docs/openapi.yaml defines them.
+ *
+ * @module
+ */
+
+/** Seconds, or text like `30m`, `2h`, `250ms`. */
+export type Duration = number | string;
+
+/** A session's network policy (docs/network.md). */
+export interface Egress {
+  mode?: "internet" | "none" | "allowlist" | "denylist";
+  /** `CIDR[:port[/proto]]`, allowlist / denylist only. */
+  rules?: string[];
+  domains?: string[];
+  deniedDomains?: string[];
+  bandwidthKbps?: number | null;
+  bandwidthBurstKbit?: number;
+}
+
+/** `GET /v1/sessions/{id}/network`. */
+export interface NetworkState {
+  sessionId: string;
+  egress: Egress;
+}
+
+/** What `POST /v1/sessions` takes (all optional). */
+export interface SandboxCreateOptions {
+  /** Session id (`[A-Za-z0-9_-]{1,64}`); default: the daemon picks one. */
+  id?: string;
+  template?: string;
+  vcpus?: number;
+  memoryMib?: number;
+  diskMib?: number;
+  /** Lifetime cap. */
+  ttl?: Duration;
+  /** Idle time after which `onIdle` happens (default 30 min). */
+  idleTimeout?: Duration;
+  env?: Record<string, string>;
+  egress?: Egress;
+  onIdle?: "destroy" | "pause";
+  /** How long a paused session is kept. */
+  pausedTtl?: Duration;
+  /** Start from this snapshot instead of a template. */
+  fromSnapshot?: string;
+}
+
+/** A session as the daemon shows it. */
+export interface SessionInfo {
+  id: string;
+  sessionId: string;
+  owner?: string;
+  template: string;
+  state: "starting" | "ready" | "failed" | "paused" | "closing";
+  vcpus: number;
+  memoryMib: number;
+  diskMib: number;
+  env: Record<string, string>;
+  egress: Egress;
+  createdAt: number;
+  lastUsedAt: number;
+  expiresAt: number;
+  idleTimeoutMs: number;
+  onIdle: "destroy" | "pause";
+  pausedTtlMs: number;
+  snapshotBytes?: number;
+  pausedAt?: number;
+  pausedExpiresAt?: number;
+  busy: boolean;
+}
+
+/** What the command used, measured in the sandbox for it alone. */
+export interface ResourceUsage {
+  /** Peak memory, MiB. */
+  memoryMb: number;
+  /** CPU time / run time × 100. */
+  cpuPercent: number;
+  source?: "cgroup" | "rusage";
+}
+
+/** How a command ended. */
+export interface CommandExit {
+  exitCode: number;
+  /** `"SIGKILL"` and the like, or null. */
+  signal: string | null;
+  timedOut: boolean;
+  /** The command's run time in the guest, ms. */
+  durationMs: number;
+  resourceUsage: ResourceUsage | null;
+  oomKilled: boolean;
+}
+
+/** A finished command: {@link CommandExit} and its output. */
+export interface CommandResult extends CommandExit {
+  stdout: string;
+  stderr: string;
+  /** Output was cut at the daemon's 16 MiB bound. */
+  truncated: boolean;
+  procId?: number;
+}
+
+/** One event of a command's stream, in order. */
+export type CommandEvent =
+  | { type: "started"; procId: number; pid: number }
+  | { type: "stdout" | "stderr"; data: string; ts: number }
+  | { type: "dropped"; bytes: number }
+  | ({ type: "exit" } & CommandExit);
+
+/** A process of a session (`GET .../processes`). */
+export interface ProcessInfo {
+  procId: number;
+  pid: number;
+  argv: string[];
+  tag: string | null;
+  background: boolean;
+  pty: boolean;
+  startedAt: number;
+  running: boolean;
+  exitCode: number | null;
+  signal: string | null;
+}
+
+/** A directory entry. */
+export interface FileEntry {
+  path: string;
+  name: string;
+  type: "file" | "directory" | "symlink" | "other";
+  size: number;
+  mode: number;
+  mtime: number;
+}
+
+/** File metadata. */
+export interface FileStat {
+  path: string;
+  type: "file" | "directory" | "symlink" | "other";
+  size: number;
+  mode: number;
+  mtime: number;
+  linkTarget: string | null;
+}
+
+/** A saved session state. */
+export interface Snapshot {
+  id: string;
+  name: string | null;
+  sessionId: string;
+  template: string;
+  vcpus: number;
+  memoryMib: number;
+  diskMib: number;
+  sizeBytes: number;
+  pausedMs: number;
+  createdAt: number;
+  restorable: boolean;
+  problem?: string;
+}
+
+/** A copy of a fork (or a create of several) that failed to start. */
+export interface FailedCopy {
+  id: string;
+  sessionId?: string;
+  error: { code: string; message: string };
+}
+
+/** Limits of a one-shot {@link run}. */
+export interface RunLimits {
+  timeoutMs?: number;
+  maxMemoryMb?: number;
+  cpuCores?: number;
+  allowNetwork?: boolean;
+}
+
+/** The answer of `POST /v1/run`. */
+export interface RunResult extends CommandExit {
+  sandboxId: string;
+  language: string;
+  template: string;
+  stdout: string;
+  stderr: string;
+  truncated: boolean;
+}
+
+/** A template with a built image. */
+export interface Template {
+  name: string;
+  displayName: string;
+  version: string;
+  description: string;
+  tools: string[];
+  resources: { memSizeMib: number; vcpuCount: number };
+  vcpus: number;
+  memoryMib: number;
+  default: boolean;
+}
+
+/** An API key's record (never its secret). */
+export interface KeyRecord {
+  id: string;
+  name: string;
+  keyPrefix: string;
+  scopes: string[];
+  rateLimit: { requestsPerSecond: number; burst: number };
+  createdAt: number;
+  expiresAt: number | null;
+  enabled: boolean;
+  expired?: boolean;
+}
+
+/** A new or rotated key: its secret (shown only here) and record. */
+export interface KeyWithSecret {
+  key: string;
+  record: KeyRecord;
+}
+
+/** `GET /health`. */
+export interface Health {
+  status: "ok";
+  uptime: number;
+  version?: string;
+  backend?: string;
+  sessions?: number;
+}
