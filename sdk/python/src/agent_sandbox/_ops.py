@@ -4,7 +4,7 @@ only send these."""
 
 from __future__ import annotations
 
-import shlex
+import base64
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
@@ -163,8 +163,6 @@ def exec_body(
     """The exec body; `timeout` in seconds (the wire takes milliseconds)."""
     body: Json = {"command": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
     if isinstance(stdin, bytes):
-        import base64
-
         body["stdinBase64"] = base64.b64encode(stdin).decode()
     elif stdin is not None:
         body["stdin"] = stdin
@@ -438,7 +436,3 @@ def rotate_key(key_id: str) -> Call[CreatedKey]:
 
 def delete_key(key_id: str) -> Call[None]:
     return Call("DELETE", f"/admin/keys/{quote(key_id, safe='')}", _ok, idempotent=True)
-
-
-def shell_join(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import inspect
 from types import TracebackType
-from typing import IO, Any, AsyncIterator, Callable, Coroutine, Generator, List, Mapping, Optional, Tuple, Type, Union
+import httpx
+from typing import Any, AsyncIterator, Callable, Coroutine, Generator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _ops as ops
 from ._core import AsyncTransport, Config, Retry
@@ -41,7 +42,11 @@ class AsyncClient:
     one session's: listing, one-shot runs, templates, keys, snapshots.
 
     `url` and `api_key` default to `AGENT_SANDBOX_URL` /
-    `AGENT_SANDBOX_API_KEY`. Use it as a context manager, or `close()` it.
+    `AGENT_SANDBOX_API_KEY`; `timeout` is seconds for a plain call; `retry`
+    says how transient errors are retried; `http_client` is an `httpx.AsyncClient`
+    of your own (proxies, TLS, a mock transport: give it `base_url` and the
+    auth header yourself, as `Config.headers()`). Use it as a context
+    manager, or close it.
     """
 
     def __init__(
@@ -52,9 +57,10 @@ class AsyncClient:
         timeout: float = 60.0,
         retry: Optional[Retry] = None,
         config: Optional[Config] = None,
+        http_client: Optional[httpx.AsyncClient] = None,
     ) -> None:
         self.config = config or Config(url or "", api_key, timeout, retry or Retry())
-        self._t = AsyncTransport(self.config)
+        self._t = AsyncTransport(self.config, http_client)
         self.keys = AsyncKeys(self._t)
         """Admin keys (needs an `admin` key)."""
         self.snapshots = AsyncSnapshots(self._t)

@@ -85,7 +85,7 @@ class CommandResult:
             exit_code=int(d.get("exitCode", -1)),
             stdout="".join(out),
             stderr="".join(err),
-            duration_ms=int(d.get("durationMs") or d.get("duration") or 0),
+            duration_ms=int(d["durationMs"] if d.get("durationMs") is not None else d.get("duration", 0)),
             timed_out=bool(d.get("timedOut", False)),
             resource_usage=ResourceUsage.from_wire(d.get("resourceUsage")),
             signal=d.get("signal"),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from types import TracebackType
-from typing import IO, Callable, Iterator, List, Mapping, Optional, Tuple, Type, Union
+import httpx
+from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _ops as ops
 from ._core import Config, Retry, Transport
@@ -40,7 +40,11 @@ class Client:
     one session's: listing, one-shot runs, templates, keys, snapshots.
 
     `url` and `api_key` default to `AGENT_SANDBOX_URL` /
-    `AGENT_SANDBOX_API_KEY`. Use it as a context manager, or `close()` it.
+    `AGENT_SANDBOX_API_KEY`; `timeout` is seconds for a plain call; `retry`
+    says how transient errors are retried; `http_client` is an `httpx.Client`
+    of your own (proxies, TLS, a mock transport: give it `base_url` and the
+    auth header yourself, as `Config.headers()`). Use it as a context
+    manager, or close it.
     """
 
     def __init__(
@@ -51,9 +55,10 @@ class Client:
         timeout: float = 60.0,
         retry: Optional[Retry] = None,
         config: Optional[Config] = None,
+        http_client: Optional[httpx.Client] = None,
     ) -> None:
         self.config = config or Config(url or "", api_key, timeout, retry or Retry())
-        self._t = Transport(self.config)
+        self._t = Transport(self.config, http_client)
         self.keys = Keys(self._t)
         """Admin keys (needs an `admin` key)."""
         self.snapshots = Snapshots(self._t)
