@@ -153,7 +153,8 @@ export class NoSpace extends SandboxError { static override readonly code = "no_
 /** `connection_error` (client side, status 0): the daemon could not be reached. */
 export class ConnectionError extends SandboxError { static override readonly code = "connection_error"; }
 
-type ErrorClass = new (message: string, status: number, code: string, retryAfter?: number) => SandboxError;
+/** A constructor of one of the error classes. */
+export type ErrorClass = new (message: string, status: number, code: string, retryAfter?: number) => SandboxError;
 
 /** Every code's class, keyed by the code (the one table). */
 export const ERROR_CLASSES: Readonly<Record<string, ErrorClass & { code: string }>> = Object.freeze(

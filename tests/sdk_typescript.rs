@@ -1,0 +1,171 @@
+//! The TypeScript SDK (`sdk/typescript`, issue #24) against a real daemon
+//! and real VMs: `npm ci`, `npm run build`, `npm pack`; the tarball
+//! installed into an empty project whose quick start
+//! (`examples/quickstart.mjs`) runs; the SDK's own `node --test` suite
+//! (with a second, rate-limited daemon for the 429 test); the offline
+//! examples; `npm run docs` (typedoc). Skipped (a failure under CI) without
+//! node/npm or a VM backend.
+
+mod common;
+#[path = "common/skip.rs"]
+mod skip;
+
+use common::daemon::Daemon;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sdk_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/typescript")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `cmd` (killed after `limit`), failing the test with its output
+/// unless it exits 0; answers its stdout.
+fn run(mut cmd: Command, what: &str, limit: Duration) -> String {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: spawn: {e}"));
+    let mut so = child.stdout.take().expect("stdout");
+    let mut se = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break Some(st);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    match status {
+        Some(st) if st.success() => out,
+        Some(st) => panic!("{what} failed ({st}):\n--- stdout\n{out}\n--- stderr\n{err}"),
+        None => panic!("{what} did not end within {limit:?}:\n--- stdout\n{out}\n--- stderr\n{err}"),
+    }
+}
+
+fn npm(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("npm");
+    c.current_dir(dir)
+        .args(args)
+        .args(["--no-audit", "--no-fund", "--prefer-offline"]);
+    c
+}
+
+const MIN: Duration = Duration::from_secs(60);
+
+#[test]
+fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() {
+    if !have("node") || !have("npm") {
+        skip!("node and npm are needed for the TypeScript SDK (install Node >= 18)");
+    }
+    if !common::daemon::vm_backend() {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    }
+    let sdk = sdk_dir();
+    run(npm(&sdk, &["ci"]), "npm ci", 5 * MIN);
+    run(npm(&sdk, &["run", "build"]), "npm run build", 3 * MIN);
+    let tmp = tempfile::Builder::new()
+        .prefix("sdk-ts")
+        .tempdir()
+        .expect("tempdir");
+    let packed = run(
+        npm(&sdk, &["pack", "--pack-destination"]).arg(tmp.path()),
+        "npm pack",
+        2 * MIN,
+    );
+    let tgz = tmp.path().join(packed.lines().last().expect("npm pack names the tarball").trim());
+    assert!(tgz.exists(), "npm pack printed {packed:?}");
+
+    // An empty project with the tarball installed: the quick start as a user runs it.
+    let app = tmp.path().join("app");
+    std::fs::create_dir(&app).expect("mkdir app");
+    run(npm(&app, &["init", "-y"]), "npm init -y", MIN);
+    run(npm(&app, &["install"]).arg(&tgz), "npm install <tarball>", 2 * MIN);
+    std::fs::copy(sdk.join("examples/quickstart.mjs"), app.join("quickstart.mjs"))
+        .expect("copy quickstart");
+
+    let d = Daemon::start(&[]);
+    let env = |c: &mut Command| {
+        c.env("AGENT_SANDBOX_URL", &d.base)
+            .env("AGENT_SANDBOX_API_KEY", &d.key);
+    };
+    let mut qs = Command::new("node");
+    qs.current_dir(&app).arg("quickstart.mjs");
+    env(&mut qs);
+    let out = run(qs, "quick start (installed from npm pack)", 2 * MIN);
+    assert_eq!(out.trim(), "hello from Linux exit 0", "quick start printed {out:?}");
+
+    // The suite; the rate-limit test talks to a daemon of its own.
+    let limited = Daemon::start_local(&["--rate-limit", "1", "--rate-burst", "2"]);
+    let mut files: Vec<String> = std::fs::read_dir(sdk.join("test"))
+        .expect("sdk/typescript/test")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".test.mjs"))
+        .map(|n| format!("test/{n}"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "test files: {files:?}");
+    let mut suite = Command::new("node");
+    suite
+        .current_dir(&sdk)
+        .args(["--test", "--test-reporter=tap", "--test-concurrency=1"])
+        .args(&files)
+        .env("AGENT_SANDBOX_RATE_URL", &limited.base)
+        .env("AGENT_SANDBOX_RATE_KEY", &limited.key);
+    env(&mut suite);
+    let tap = run(suite, "node --test (sdk/typescript/test)", 20 * MIN);
+    for want in ["# fail 0", "# skipped 0", "# cancelled 0"] {
+        assert!(tap.contains(want), "the suite's summary lacks {want:?}:\n{tap}");
+    }
+    let passed = tap
+        .lines()
+        .find_map(|l| l.strip_prefix("# pass "))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    assert!(passed >= 30, "only {passed} tests passed:\n{tap}");
+    drop(limited);
+
+    // The examples that work without a network.
+    for ex in ["data-script.mjs", "dev-server.mjs", "fork-compare.mjs"] {
+        let mut c = Command::new("node");
+        c.current_dir(&sdk).arg(format!("examples/{ex}"));
+        env(&mut c);
+        run(c, &format!("example {ex}"), 5 * MIN);
+    }
+
+    let docs = tmp.path().join("docs");
+    run(
+        npm(&sdk, &["run", "docs"])
+            .env("DOCS_OUT", &docs)
+            .env("TYPEDOC_WARNINGS_AS_ERRORS", "1"),
+        "npm run docs",
+        3 * MIN,
+    );
+    assert!(docs.join("index.html").exists(), "typedoc wrote no index.html");
+    let left = d.http().get("/v1/sessions").json();
+    assert_eq!(left["sessions"], serde_json::json!([]), "sessions left behind: {left}");
+}
