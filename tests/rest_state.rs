@@ -203,7 +203,9 @@ fn twenty_pause_resume_cycles_lose_nothing() {
     bg(
         &h,
         "p",
-        "echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
+        // Written whole by a rename: `echo > /tmp/count` truncates first,
+        // and a reader in between (after a resume, say) sees it empty.
+        "echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done",
     );
     sh(
         &h,
@@ -234,15 +236,21 @@ fn twenty_pause_resume_cycles_lose_nothing() {
         let out = sh(
             &h,
             "p",
-            &format!("cat /workspace/cycle-*; kill -0 {pid} && cat /tmp/count"),
+            &format!("cat /workspace/cycle-*; kill -0 {pid} && echo count=$(cat /tmp/count)"),
         );
         resume_ms.push(t.elapsed().as_millis());
-        let mut lines: Vec<&str> = out.lines().collect();
-        let count: u64 = lines
-            .pop()
-            .and_then(|l| l.trim().parse().ok())
-            .unwrap_or_else(|| panic!("cycle {n}: no count in {out:?}"));
-        let files: HashSet<&str> = lines.into_iter().collect();
+        // The count by its label: an unlabelled last line once took a
+        // file's content for the count (CI: "cycle 1 lost cycle-1").
+        let (files, count): (Vec<&str>, Vec<&str>) =
+            out.lines().partition(|l| !l.starts_with("count="));
+        let count: u64 = match count.as_slice() {
+            [c] => c["count=".len()..]
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("cycle {n}: no count in {out:?}")),
+            _ => panic!("cycle {n}: one count line expected in {out:?}"),
+        };
+        let files: HashSet<&str> = files.into_iter().collect();
         let want: HashSet<String> = (1..=n).map(|i| i.to_string()).collect();
         if files != want.iter().map(String::as_str).collect() {
             // Say what the guest sees before failing.

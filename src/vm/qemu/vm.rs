@@ -501,11 +501,11 @@ impl QemuVm {
             )));
         }
         // No warm-up migration while the guest runs first: it cut the pause
-        // to a third, but with it a CI run under load lost a file across a
-        // pause (issue #21; suspected: the cut-off migration's clean-up in
-        // QEMU 7.2 racing the next one, and live migration under TCG is what
-        // broke guests before). The guest is stopped for one plain
-        // migration, the path QEMU's own savevm takes.
+        // to a third, but live migration under TCG is what broke guests
+        // before, and the file it was blamed for losing (issue #21) was a
+        // test's race (it read a counter file mid-rewrite), so nothing here
+        // needs it. The guest is stopped for one plain migration, the path
+        // QEMU's own savevm takes.
         let (state, mem) = files.open()?;
         let (rd, wr) = pipe().map_err(|e| io_err("create the migration pipe".into(), e))?;
         {
