@@ -58,19 +58,25 @@ fn run(mut cmd: Command, what: &str, limit: Duration) -> String {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
     match status {
         Some(st) if st.success() => out,
         Some(st) => panic!("{what} failed ({st}):\n--- stdout\n{out}\n--- stderr\n{err}"),
-        None => panic!("{what} did not end within {limit:?}:\n--- stdout\n{out}\n--- stderr\n{err}"),
+        None => {
+            panic!("{what} did not end within {limit:?}:\n--- stdout\n{out}\n--- stderr\n{err}")
+        }
     }
 }
 
+/// `npm <args>` in `dir`, offline-friendly (the npm cache first).
 fn npm(dir: &Path, args: &[&str]) -> Command {
     let mut c = Command::new("npm");
     c.current_dir(dir)
-        .args(args)
-        .args(["--no-audit", "--no-fund", "--prefer-offline"]);
+        .args(["--no-audit", "--no-fund", "--prefer-offline"])
+        .args(args);
     c
 }
 
@@ -91,21 +97,30 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         .prefix("sdk-ts")
         .tempdir()
         .expect("tempdir");
-    let packed = run(
-        npm(&sdk, &["pack", "--pack-destination"]).arg(tmp.path()),
-        "npm pack",
-        2 * MIN,
+    let mut pack = npm(&sdk, &["pack", "--pack-destination"]);
+    pack.arg(tmp.path());
+    let packed = run(pack, "npm pack", 2 * MIN);
+    let tgz = tmp.path().join(
+        packed
+            .lines()
+            .last()
+            .expect("npm pack names the tarball")
+            .trim(),
     );
-    let tgz = tmp.path().join(packed.lines().last().expect("npm pack names the tarball").trim());
     assert!(tgz.exists(), "npm pack printed {packed:?}");
 
     // An empty project with the tarball installed: the quick start as a user runs it.
     let app = tmp.path().join("app");
     std::fs::create_dir(&app).expect("mkdir app");
     run(npm(&app, &["init", "-y"]), "npm init -y", MIN);
-    run(npm(&app, &["install"]).arg(&tgz), "npm install <tarball>", 2 * MIN);
-    std::fs::copy(sdk.join("examples/quickstart.mjs"), app.join("quickstart.mjs"))
-        .expect("copy quickstart");
+    let mut install = npm(&app, &["install"]);
+    install.arg(&tgz);
+    run(install, "npm install <tarball>", 2 * MIN);
+    std::fs::copy(
+        sdk.join("examples/quickstart.mjs"),
+        app.join("quickstart.mjs"),
+    )
+    .expect("copy quickstart");
 
     let d = Daemon::start(&[]);
     let env = |c: &mut Command| {
@@ -116,7 +131,11 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     qs.current_dir(&app).arg("quickstart.mjs");
     env(&mut qs);
     let out = run(qs, "quick start (installed from npm pack)", 2 * MIN);
-    assert_eq!(out.trim(), "hello from Linux exit 0", "quick start printed {out:?}");
+    assert_eq!(
+        out.trim(),
+        "hello from Linux exit 0",
+        "quick start printed {out:?}"
+    );
 
     // The suite; the rate-limit test talks to a daemon of its own.
     let limited = Daemon::start_local(&["--rate-limit", "1", "--rate-burst", "2"]);
@@ -139,7 +158,10 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     env(&mut suite);
     let tap = run(suite, "node --test (sdk/typescript/test)", 20 * MIN);
     for want in ["# fail 0", "# skipped 0", "# cancelled 0"] {
-        assert!(tap.contains(want), "the suite's summary lacks {want:?}:\n{tap}");
+        assert!(
+            tap.contains(want),
+            "the suite's summary lacks {want:?}:\n{tap}"
+        );
     }
     let passed = tap
         .lines()
@@ -158,14 +180,18 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     }
 
     let docs = tmp.path().join("docs");
-    run(
-        npm(&sdk, &["run", "docs"])
-            .env("DOCS_OUT", &docs)
-            .env("TYPEDOC_WARNINGS_AS_ERRORS", "1"),
-        "npm run docs",
-        3 * MIN,
+    // The docs script treats typedoc's warnings as errors.
+    let mut typedoc = npm(&sdk, &["run", "docs"]);
+    typedoc.env("DOCS_OUT", &docs);
+    run(typedoc, "npm run docs", 3 * MIN);
+    assert!(
+        docs.join("index.html").exists(),
+        "typedoc wrote no index.html"
     );
-    assert!(docs.join("index.html").exists(), "typedoc wrote no index.html");
     let left = d.http().get("/v1/sessions").json();
-    assert_eq!(left["sessions"], serde_json::json!([]), "sessions left behind: {left}");
+    assert_eq!(
+        left["sessions"],
+        serde_json::json!([]),
+        "sessions left behind: {left}"
+    );
 }
