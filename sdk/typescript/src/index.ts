@@ -18,6 +18,6 @@ export type { ClientLike, ClientOptions, Query, RequestOptions, RetryOptions } f
 export * from "./errors.js";
 export * from "./types.js";
 export { Commands, Files, Network, Process, Pty, Sandbox, toBase64, withSandbox } from "./sandbox.js";
-export type { CommandOptions, ConnectOptions, CreateOptions, FileData, ForkResult, RunOptions, Signal, StartOptions } from "./sandbox.js";
+export type { CommandOptions, ConnectOptions, CreateOptions, FileData, ForkResult, RunOptions, Signal, StartOptions, StartedSandboxes } from "./sandbox.js";
 export { Keys, Snapshots, health, run, templates } from "./api.js";
 export type { KeyCreateOptions, Language } from "./api.js";

@@ -420,16 +420,27 @@ export class Network {
   }
 }
 
-/** What {@link Sandbox.fork} answers. */
-export interface ForkResult {
-  sourceId: string;
-  /** How long the source's guest was stopped. */
-  pausedMs: number;
-  snapshotBytes: number;
+/** Sessions started together (a fork, or several from one snapshot). */
+export interface StartedSandboxes {
   /** The copies that started. */
   sandboxes: Sandbox[];
   /** The copies that failed to start (already removed). */
   failed: FailedCopy[];
+}
+
+/** What {@link Sandbox.fork} answers. */
+export interface ForkResult extends StartedSandboxes {
+  sourceId: string;
+  /** How long the source's guest was stopped. */
+  pausedMs: number;
+  snapshotBytes: number;
+}
+
+function started(client: Client, sessions: (SessionInfo | FailedCopy)[], owner?: string): StartedSandboxes {
+  return {
+    sandboxes: sessions.filter((s): s is SessionInfo => !("error" in s)).map((s) => new Sandbox(client, s, owner)),
+    failed: sessions.filter((s): s is FailedCopy => "error" in s),
+  };
 }
 
 const asyncDispose: typeof Symbol.asyncDispose =
@@ -478,6 +489,18 @@ export class Sandbox {
     // With an id a repeat cannot make a second session (it is `session_exists`).
     const info = await client.json<SessionInfo>("POST", "/v1/sessions", { json: body, idempotent: opts.id !== undefined });
     return new Sandbox(client, info, opts.owner);
+  }
+
+  /**
+   * Starts `count` sessions from one snapshot (each its own VM, with the
+   * snapshot's files, processes and memory), answered once each is ready.
+   */
+  static async createFromSnapshot(snapshotId: string, count: number, opts: Omit<CreateOptions, "fromSnapshot" | "id"> = {}): Promise<StartedSandboxes> {
+    const client = clientOf(opts);
+    const body: Record<string, unknown> = { fromSnapshot: snapshotId, count };
+    for (const k of CREATE_FIELDS) if (k !== "fromSnapshot" && k !== "id" && opts[k] !== undefined) body[k] = opts[k];
+    const r = await client.json<{ sessions: (SessionInfo | FailedCopy)[] }>("POST", "/v1/sessions", { json: body });
+    return started(client, r.sessions, opts.owner);
   }
 
   /** A handle on an existing session (`SessionNotFound` if there is none). */
@@ -543,14 +566,7 @@ export class Sandbox {
       "/fork",
       { json: { count } },
     );
-    const ok = r.sessions.filter((s): s is SessionInfo => !("error" in s));
-    return {
-      sourceId: r.sourceId,
-      pausedMs: r.pausedMs,
-      snapshotBytes: r.snapshotBytes,
-      sandboxes: ok.map((s) => new Sandbox(this.client, s, this.#owner)),
-      failed: r.sessions.filter((s): s is FailedCopy => "error" in s),
-    };
+    return { sourceId: r.sourceId, pausedMs: r.pausedMs, snapshotBytes: r.snapshotBytes, ...started(this.client, r.sessions, this.#owner) };
   }
 
   /** Saves the state and stops the VM; it stays listed as `paused`. */

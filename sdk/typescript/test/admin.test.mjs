@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Client, EgressNotApplied, KeyNotFound, KeyRevoked, Keys, Sandbox, Unauthorized, run } from "../dist/index.js";
-import { client, fileSandbox } from "./_helpers.mjs";
+import { Client, EgressNotApplied, KeyNotFound, KeyRevoked, Keys, Sandbox, SessionNotFound, Unauthorized, run } from "../dist/index.js";
+import { TEMPLATE, client, fileSandbox } from "./_helpers.mjs";
 
 test("keys: create, list, use, rotate, revoke, delete", async () => {
   const keys = new Keys(client);
@@ -23,6 +23,24 @@ test("keys: create, list, use, rotate, revoke, delete", async () => {
   await keys.delete(made.record.id);
   await assert.rejects(keys.delete(made.record.id), KeyNotFound);
   assert.ok(!(await keys.list()).some((k) => k.id === made.record.id));
+});
+
+test("an admin key reaches another key's session with owner", async () => {
+  const keys = new Keys(client);
+  const other = await keys.create({ name: `sdk-ts-owner-${process.pid}` });
+  try {
+    const theirs = await Sandbox.create({ url: client.url, apiKey: other.key, template: TEMPLATE });
+    await theirs.files.write("mine.txt", "theirs");
+    await assert.rejects(Sandbox.connect(theirs.id, { client }), SessionNotFound); // not ours without owner
+    const listed = (await Sandbox.list(client)).find((s) => s.id === theirs.id);
+    assert.equal(listed?.owner, other.record.id);
+    const asAdmin = await Sandbox.connect(theirs.id, { client, owner: other.record.id });
+    assert.equal(await asAdmin.files.read("mine.txt"), "theirs");
+    assert.equal(await asAdmin.kill(), true);
+    assert.equal(await theirs.kill(), false);
+  } finally {
+    await keys.delete(other.record.id);
+  }
 });
 
 test("run: one program in a sandbox of its own", async () => {

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import { Sandbox, SessionBusy, SnapshotNotFound, Snapshots } from "../dist/index.js";
 import { TEMPLATE, client } from "./_helpers.mjs";
 
-test("checkpoint, snapshots list/get, a session from the snapshot, delete", async () => {
+test("checkpoint, snapshots list/get, sessions from the snapshot (one, then two at once), delete", async () => {
   const snaps = new Snapshots(client);
   const sb = await Sandbox.create({ client, template: TEMPLATE });
   let from;
@@ -22,6 +22,16 @@ test("checkpoint, snapshots list/get, a session from the snapshot, delete", asyn
     assert.notEqual(from.id, sb.id);
     assert.equal(await from.files.read("state.txt"), "before");
     assert.equal(await sb.files.read("state.txt"), "after");
+    await from.kill();
+    const many = await Sandbox.createFromSnapshot(snap.id, 2, { client });
+    try {
+      assert.equal(many.failed.length, 0);
+      assert.equal(new Set(many.sandboxes.map((s) => s.id)).size, 2);
+      for (const c of many.sandboxes) assert.equal(await c.files.read("state.txt"), "before");
+    } finally {
+      for (const c of many.sandboxes) await c.kill();
+    }
+    from = await Sandbox.create({ client, fromSnapshot: snap.id });
     await snaps.delete(snap.id);
     await assert.rejects(snaps.get(snap.id), SnapshotNotFound);
     assert.equal(await from.files.read("state.txt"), "before"); // runs on without its snapshot
