@@ -180,6 +180,14 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     }
 
     let docs = tmp.path().join("docs");
+    // The overhead bench runs (its numbers go to the test's output).
+    let mut bench = Command::new("node");
+    bench.current_dir(&sdk).args(["benches/overhead.mjs", "20"]);
+    env(&mut bench);
+    let numbers = run(bench, "benches/overhead.mjs", 3 * MIN);
+    assert!(numbers.contains("p50 SDK"), "bench printed {numbers:?}");
+    eprintln!("{}", numbers.trim());
+
     // The docs script treats typedoc's warnings as errors.
     let mut typedoc = npm(&sdk, &["run", "docs"]);
     typedoc.env("DOCS_OUT", &docs);

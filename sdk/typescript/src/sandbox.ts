@@ -41,7 +41,10 @@ export interface CommandOptions {
   timeout?: number;
   /** Bytes fed to stdin, then EOF. */
   stdin?: string | Uint8Array;
-  /** Aborting it disconnects, which kills a foreground command. */
+  /**
+   * Aborting it disconnects; the daemon then kills the foreground command
+   * (it notices the disconnect when the command next prints).
+   */
   signal?: AbortSignal;
 }
 
@@ -169,7 +172,8 @@ export class Commands {
   /**
    * Runs `cmd` and yields its events as the guest produces them: `started`,
    * `stdout`/`stderr` chunks in order, then `exit`. Breaking out of the loop
-   * (or aborting `opts.signal`) kills the command.
+   * (or aborting `opts.signal`) disconnects, and the daemon kills the command
+   * (when it next prints: a silent command runs on to its timeout).
    */
   stream(cmd: string | string[], opts: CommandOptions = {}): AsyncGenerator<CommandEvent> {
     return this.#events("POST", "/exec", { json: execBody(cmd, opts), signal: opts.signal });

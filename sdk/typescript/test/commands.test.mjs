@@ -78,6 +78,13 @@ test("stream: breaking out of the loop kills the command", async () => {
   assert.equal(left, "0");
 });
 
+test("run: aborting its signal cancels a foreground command", async () => {
+  const ctl = new AbortController();
+  const pending = ref.sb.commands.run("while :; do echo x; sleep 0.2; done", { signal: ctl.signal });
+  ctl.abort();
+  await assert.rejects(pending, (e) => e.name === "AbortError");
+});
+
 test("run: a program that does not exist is SpawnFailed", async () => {
   await assert.rejects(ref.sb.commands.run(["/no/such/program"]), SpawnFailed);
 });
@@ -101,9 +108,10 @@ test("background: start, attach after it printed, sendStdin, list, get, wait", a
   assert.equal(r.exitCode, 0);
   assert.equal(r.stdout, "before\ngot hello\n");
   assert.equal(r.stderr, "bye\n");
-  const info = await p.info();
+  const info = await sb.commands.process(p.procId).info(); // a handle from the id alone
   assert.equal(info.running, false);
   assert.equal(info.exitCode, 0);
+  assert.equal(info.pid, p.pid);
 });
 
 test("background: attach without replay sees only new output; sendStdin with eof", async () => {

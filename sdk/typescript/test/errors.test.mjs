@@ -83,6 +83,27 @@ test("does not retry a non-idempotent call, a quota error, or with retry: false"
   assert.equal(fake.calls.length, 1);
 });
 
+test("a create is retried only with an id; a streamed upload never", async () => {
+  const busy = [503, { error: { code: "at_capacity", message: "full" } }, { "retry-after": "0" }];
+  const session = [201, { id: "fixed", state: "ready" }];
+  let fake = fakeFetch([busy, session]);
+  const c = (f) => new Client({ url: "http://sdk.test", fetch: f, retry: { baseDelayMs: 1 } });
+  assert.equal((await Sandbox.create({ client: c(fake.f), id: "fixed" })).id, "fixed");
+  assert.equal(fake.calls.length, 2);
+  fake = fakeFetch([busy, session]);
+  await assert.rejects(Sandbox.create({ client: c(fake.f) }), AtCapacity);
+  assert.equal(fake.calls.length, 1);
+  fake = fakeFetch([busy, [201, { path: "/x", bytes: 1 }]]);
+  const sb = new Sandbox(c(fake.f), { id: "s1" });
+  assert.deepEqual(await sb.files.write("/x", new Uint8Array([1])), { path: "/x", bytes: 1 }); // bytes: retried
+  assert.equal(fake.calls.length, 2);
+  fake = fakeFetch([busy, [201, { path: "/x", bytes: 1 }]]);
+  const stream = new ReadableStream({ start: (ctl) => (ctl.enqueue(new Uint8Array([1])), ctl.close()) });
+  await assert.rejects(new Sandbox(c(fake.f), { id: "s1" }).files.write("/x", stream), AtCapacity);
+  assert.equal(fake.calls.length, 1);
+  assert.equal(fake.calls[0].init.duplex, "half");
+});
+
 test("gives up after `retries`, and when Retry-After is over maxDelayMs", async () => {
   let fake = fakeFetch([limited]);
   await assert.rejects(Sandbox.list(new Client({ url: "http://sdk.test", fetch: fake.f, retry: { retries: 2, baseDelayMs: 1 } })), RateLimited);

@@ -30,3 +30,11 @@ test("dist: relative imports only (no node: or bare specifiers), a .d.ts beside 
     assert.ok(existsSync(new URL(f.replace(/\.js$/, ".d.ts"), dist)), `${f} has no .d.ts`);
   }
 });
+
+test("the README's quick start is examples/quickstart.mjs, 10 lines", () => {
+  const readme = readFileSync(new URL("README.md", root), "utf8");
+  const block = readme.split("## Quick start")[1].match(/```js\n([\s\S]*?)```/)[1];
+  const example = readFileSync(new URL("examples/quickstart.mjs", root), "utf8");
+  assert.equal(block, example);
+  assert.equal(example.trimEnd().split("\n").length, 10);
+});
