@@ -61,8 +61,14 @@ def main() -> None:
 def offline(n: int) -> None:
     """The SDK's own cost with the daemon out of the picture: both sides
     answered at once by an httpx MockTransport."""
-    answer = {"exitCode": 0, "durationMs": 1, "timedOut": False, "signal": None,
-              "resourceUsage": {"memoryMb": 0.3, "cpuPercent": 1.0, "source": "cgroup"}, "output": []}
+    answer = {
+        "exitCode": 0,
+        "durationMs": 1,
+        "timedOut": False,
+        "signal": None,
+        "resourceUsage": {"memoryMb": 0.3, "cpuPercent": 1.0, "source": "cgroup"},
+        "output": [],
+    }
     mock = httpx.MockTransport(lambda r: httpx.Response(200, json=answer))
     cfg = Config("http://mock.test", "k")
     client = Client(config=cfg, http_client=httpx.Client(base_url=cfg.url, headers=cfg.headers(), transport=mock))
@@ -71,8 +77,10 @@ def offline(n: int) -> None:
     sdk = [timed(lambda: sbx.commands.run("true")) for _ in range(n)]
     http = [timed(lambda: raw.post("/v1/sessions/s/exec", json={"command": "true"}).json()) for _ in range(n)]
     d = (statistics.median(sdk) - statistics.median(http)) * 1000
-    print(f"client-side only ({n} runs, MockTransport): SDK p50 {statistics.median(sdk) * 1000:.0f} us, "
-          f"raw httpx p50 {statistics.median(http) * 1000:.0f} us, overhead {d:+.0f} us")
+    print(
+        f"client-side only ({n} runs, MockTransport): SDK p50 {statistics.median(sdk) * 1000:.0f} us, "
+        f"raw httpx p50 {statistics.median(http) * 1000:.0f} us, overhead {d:+.0f} us"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ def tiny_wheel() -> bytes:
     files = {
         "greeting/__init__.py": "def hello(name):\n    return f'hello, {name}!'\n",
         "greeting-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: greeting\nVersion: 1.0\n",
-        "greeting-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: example\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "greeting-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: example\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = []
     for name, text in files.items():

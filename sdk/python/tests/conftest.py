@@ -67,5 +67,3 @@ def session_ids(client: Client) -> set:
 
 def gone(client: Client, sid: str) -> bool:
     return sid not in session_ids(client)
-
-

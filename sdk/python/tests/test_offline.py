@@ -4,7 +4,7 @@ encodings, through httpx's MockTransport."""
 from __future__ import annotations
 
 import json
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import httpx
 import pytest
@@ -14,8 +14,8 @@ from agent_sandbox import _ops as ops
 from agent_sandbox._core import Config, event_of
 
 
-def mock_client(handler: Callable[[httpx.Request], httpx.Response], retry: Retry = Retry()) -> Client:
-    cfg = Config("http://sandbox.test", "k", retry=retry)
+def mock_client(handler: Callable[[httpx.Request], httpx.Response], retry: Optional[Retry] = None) -> Client:
+    cfg = Config("http://sandbox.test", "k", retry=retry or Retry())
     http = httpx.Client(base_url=cfg.url, headers=cfg.headers(), transport=httpx.MockTransport(handler))
     return Client(config=cfg, http_client=http)
 
@@ -132,7 +132,9 @@ def test_exec_body_wire_names() -> None:
         "tag": "t",
     }
     assert ops.exec_body(["a", "b"], stdin="s") == {"argv": ["a", "b"], "stdin": "s"}
-    body = ops.create_body(memory_mib=512, idle_timeout="5m", on_idle="pause", egress=Egress("allowlist", domains=["x.org"]))
+    body = ops.create_body(
+        memory_mib=512, idle_timeout="5m", on_idle="pause", egress=Egress("allowlist", domains=["x.org"])
+    )
     assert body == {
         "memoryMib": 512,
         "idleTimeout": "5m",

@@ -11,9 +11,7 @@ from conftest import gone, session_ids
 
 
 def test_create_connect_list_kill(client: Client) -> None:
-    sbx = Sandbox.create(
-        "base", client=client, env={"GREETING": "hi"}, ttl="10m", idle_timeout=300, on_idle="destroy"
-    )
+    sbx = Sandbox.create("base", client=client, env={"GREETING": "hi"}, ttl="10m", idle_timeout=300, on_idle="destroy")
     try:
         assert sbx.info_at_start.state == "ready"
         assert sbx.info_at_start.template == "base"

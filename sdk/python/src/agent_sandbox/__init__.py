@@ -15,6 +15,17 @@ under `SandboxError`). Configuration: `AGENT_SANDBOX_URL`,
 
 from . import errors
 from ._core import Config, Retry
+from .aio import (
+    AsyncClient,
+    AsyncCommands,
+    AsyncFiles,
+    AsyncKeys,
+    AsyncNetwork,
+    AsyncProcess,
+    AsyncPty,
+    AsyncSandbox,
+    AsyncSnapshots,
+)
 from .errors import SandboxError
 from .models import (
     CommandResult,
@@ -38,26 +49,49 @@ from .models import (
     Template,
 )
 from .sandbox import Client, Commands, Files, Keys, Network, Process, Pty, Sandbox, Snapshots
-from .aio import (
-    AsyncClient,
-    AsyncCommands,
-    AsyncFiles,
-    AsyncKeys,
-    AsyncNetwork,
-    AsyncProcess,
-    AsyncPty,
-    AsyncSandbox,
-    AsyncSnapshots,
-)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Sandbox", "Client", "Commands", "Process", "Pty", "Files", "Network", "Keys", "Snapshots",
-    "AsyncSandbox", "AsyncClient", "AsyncCommands", "AsyncProcess", "AsyncPty", "AsyncFiles",
-    "AsyncNetwork", "AsyncKeys", "AsyncSnapshots",
-    "Config", "Retry", "SandboxError", "errors",
-    "CommandResult", "ResourceUsage", "Event", "Started", "Output", "Dropped", "Exited",
-    "ProcessInfo", "EntryInfo", "FileStat", "Egress", "SessionInfo", "FailedCopy", "Snapshot",
-    "RunLimits", "RunResult", "KeyRecord", "CreatedKey", "Template",
+    "Sandbox",
+    "Client",
+    "Commands",
+    "Process",
+    "Pty",
+    "Files",
+    "Network",
+    "Keys",
+    "Snapshots",
+    "AsyncSandbox",
+    "AsyncClient",
+    "AsyncCommands",
+    "AsyncProcess",
+    "AsyncPty",
+    "AsyncFiles",
+    "AsyncNetwork",
+    "AsyncKeys",
+    "AsyncSnapshots",
+    "Config",
+    "Retry",
+    "SandboxError",
+    "errors",
+    "CommandResult",
+    "ResourceUsage",
+    "Event",
+    "Started",
+    "Output",
+    "Dropped",
+    "Exited",
+    "ProcessInfo",
+    "EntryInfo",
+    "FileStat",
+    "Egress",
+    "SessionInfo",
+    "FailedCopy",
+    "Snapshot",
+    "RunLimits",
+    "RunResult",
+    "KeyRecord",
+    "CreatedKey",
+    "Template",
 ]

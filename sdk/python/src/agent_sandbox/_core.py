@@ -9,18 +9,19 @@ mapping (`raise_for`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import random
 import time
-import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from typing import (
     Any,
     AsyncIterator,
     Callable,
     Dict,
+    FrozenSet,
     Generic,
     Iterator,
     Mapping,
@@ -62,7 +63,7 @@ class Retry:
     """First wait in seconds; doubled each try."""
     max_backoff: float = 8.0
     """No wait longer than this (a longer `Retry-After` is cut to it)."""
-    statuses: frozenset = frozenset({429, 503})
+    statuses: FrozenSet[int] = frozenset({429, 503})
     """Statuses that may be retried."""
 
     def delay(self, attempt: int, err: SandboxError) -> Optional[float]:
@@ -74,8 +75,8 @@ class Retry:
             return None
         if err.retry_after is not None:
             return min(float(err.retry_after), self.max_backoff)
-        base = min(self.backoff * (2 ** (attempt - 1)), self.max_backoff)
-        return base * (0.5 + random.random() / 2)
+        base = min(self.backoff * 2.0 ** (attempt - 1), self.max_backoff)
+        return float(base * (0.5 + random.random() / 2))
 
 
 _PERMANENT = frozenset({"quota_exceeded", "session_failed"})
@@ -208,7 +209,7 @@ class Transport:
                 call.path,
                 params=call.params,
                 json=call.json,
-                content=content,  # type: ignore[arg-type]
+                content=content,
                 headers=_headers(call, stream),
                 timeout=_timeout(self.config, call, stream),
             )
@@ -282,7 +283,7 @@ class AsyncTransport:
                 call.path,
                 params=call.params,
                 json=call.json,
-                content=content,  # type: ignore[arg-type]
+                content=content,
                 headers=_headers(call, stream),
                 timeout=_timeout(self.config, call, stream),
             )

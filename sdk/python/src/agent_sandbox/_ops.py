@@ -128,9 +128,7 @@ def delete_session(session: str) -> Call[None]:
 
 
 def keepalive(session: str) -> Call[SessionInfo]:
-    return Call(
-        "POST", _s(session) + "/keepalive", lambda r: SessionInfo.from_wire(r.json()), idempotent=True
-    )
+    return Call("POST", _s(session) + "/keepalive", lambda r: SessionInfo.from_wire(r.json()), idempotent=True)
 
 
 def list_templates() -> Call[List[Template]]:
@@ -176,7 +174,7 @@ def exec_body(
 
 
 def _exec_read_timeout(body: Json) -> float:
-    return body.get("timeout", _DEFAULT_EXEC_S * 1000) / 1000 + _EXEC_MARGIN_S
+    return float(body.get("timeout", _DEFAULT_EXEC_S * 1000)) / 1000 + _EXEC_MARGIN_S
 
 
 def exec_buffered(session: str, body: Json) -> Call[CommandResult]:
@@ -246,9 +244,7 @@ def signal(session: str, proc: int, sig: Signal = "SIGTERM") -> Call[None]:
 
 
 def resize(session: str, proc: int, rows: int, cols: int) -> Call[None]:
-    return Call(
-        "POST", _p(session, proc) + "/resize", _ok, json={"rows": rows, "cols": cols}, idempotent=True
-    )
+    return Call("POST", _p(session, proc) + "/resize", _ok, json={"rows": rows, "cols": cols}, idempotent=True)
 
 
 def kill_all(session: str) -> Call[Tuple[int, int]]:
@@ -373,19 +369,27 @@ def fork(session: str, count: int) -> Call[Tuple[List[SessionInfo], List[FailedC
 
 
 def pause(session: str) -> Call[SessionInfo]:
-    return Call("POST", _s(session) + "/pause", lambda r: SessionInfo.from_wire(r.json()), idempotent=True, timeout=300.0)
+    return Call(
+        "POST", _s(session) + "/pause", lambda r: SessionInfo.from_wire(r.json()), idempotent=True, timeout=300.0
+    )
 
 
 def resume(session: str) -> Call[SessionInfo]:
-    return Call("POST", _s(session) + "/resume", lambda r: SessionInfo.from_wire(r.json()), idempotent=True, timeout=300.0)
+    return Call(
+        "POST", _s(session) + "/resume", lambda r: SessionInfo.from_wire(r.json()), idempotent=True, timeout=300.0
+    )
 
 
 def list_snapshots() -> Call[List[Snapshot]]:
-    return Call("GET", "/v1/snapshots", lambda r: [Snapshot.from_wire(d) for d in r.json()["snapshots"]], idempotent=True)
+    return Call(
+        "GET", "/v1/snapshots", lambda r: [Snapshot.from_wire(d) for d in r.json()["snapshots"]], idempotent=True
+    )
 
 
 def get_snapshot(snapshot: str) -> Call[Snapshot]:
-    return Call("GET", "/v1/snapshots/" + quote(snapshot, safe=""), lambda r: Snapshot.from_wire(r.json()), idempotent=True)
+    return Call(
+        "GET", "/v1/snapshots/" + quote(snapshot, safe=""), lambda r: Snapshot.from_wire(r.json()), idempotent=True
+    )
 
 
 def delete_snapshot(snapshot: str) -> Call[None]:

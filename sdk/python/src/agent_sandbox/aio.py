@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import inspect
 from types import TracebackType
+from typing import Any, AsyncIterator, Callable, Coroutine, Dict, Generator, List, Mapping, Optional, Tuple, Type, Union
+
 import httpx
-from typing import Any, AsyncIterator, Callable, Coroutine, Generator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _ops as ops
 from ._core import AsyncTransport, Config, Retry
+from ._files import CHUNK, Sink, Source, async_chunks_of, async_write_sink, size_of
+from ._ops import Command, Duration, Signal
 from .models import (
     CommandResult,
     CreatedKey,
@@ -29,10 +32,19 @@ from .models import (
     Started,
     Template,
 )
-from ._ops import Command, Duration, Signal
-from ._files import CHUNK, Source, Sink, async_chunks_of, async_write_sink, size_of
 
-__all__ = ["Opening", "AsyncClient", "AsyncSandbox", "AsyncCommands", "AsyncProcess", "AsyncPty", "AsyncFiles", "AsyncNetwork", "AsyncKeys", "AsyncSnapshots"]
+__all__ = [
+    "Opening",
+    "AsyncClient",
+    "AsyncSandbox",
+    "AsyncCommands",
+    "AsyncProcess",
+    "AsyncPty",
+    "AsyncFiles",
+    "AsyncNetwork",
+    "AsyncKeys",
+    "AsyncSnapshots",
+]
 
 OnOutput = Callable[[str], object]
 
@@ -95,7 +107,7 @@ class AsyncClient:
     async def templates(self) -> List[Template]:
         return await self._t.call(ops.list_templates())
 
-    async def health(self) -> dict:
+    async def health(self) -> Dict[str, Any]:
         return await self._t.call(ops.health())
 
 
@@ -183,9 +195,18 @@ class AsyncSandbox:
             owns = client is None
             c = client or AsyncClient(url, api_key)
             body = ops.create_body(
-                id=id, template=template, vcpus=vcpus, memory_mib=memory_mib, disk_mib=disk_mib,
-                env=env, egress=egress, ttl=ttl, idle_timeout=idle_timeout, on_idle=on_idle,
-                paused_ttl=paused_ttl, from_snapshot=from_snapshot,
+                id=id,
+                template=template,
+                vcpus=vcpus,
+                memory_mib=memory_mib,
+                disk_mib=disk_mib,
+                env=env,
+                egress=egress,
+                ttl=ttl,
+                idle_timeout=idle_timeout,
+                on_idle=on_idle,
+                paused_ttl=paused_ttl,
+                from_snapshot=from_snapshot,
             )
             try:
                 info = await c._t.call(ops.create_session(body))
@@ -218,7 +239,9 @@ class AsyncSandbox:
         return cls(info, c, owns)
 
     @staticmethod
-    async def list(*, client: Optional[AsyncClient] = None, url: Optional[str] = None, api_key: Optional[str] = None) -> List[SessionInfo]:
+    async def list(
+        *, client: Optional[AsyncClient] = None, url: Optional[str] = None, api_key: Optional[str] = None
+    ) -> List[SessionInfo]:
         """The key's sessions."""
         if client is not None:
             return await client.list()

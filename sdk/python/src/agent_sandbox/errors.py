@@ -460,9 +460,7 @@ CODES: Dict[str, Type[SandboxError]] = _codes()
 """Every API error code and its class: the one table of codes."""
 
 
-def error_for(
-    status: int, code: Optional[str], message: str, retry_after: Optional[float] = None
-) -> SandboxError:
+def error_for(status: int, code: Optional[str], message: str, retry_after: Optional[float] = None) -> SandboxError:
     """The exception for an API error: the class of `code`, else `SandboxError`."""
     cls = CODES.get(code or "", SandboxError)
     return cls(message, status=status, code=code or f"http_{status}", retry_after=retry_after)

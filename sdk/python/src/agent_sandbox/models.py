@@ -482,7 +482,7 @@ class Template:
     def from_wire(cls, d: Json) -> "Template":
         return cls(
             name=d["name"],
-            display_name=d.get("displayName", d["name"]),
+            display_name=str(d.get("displayName") or d["name"]),
             version=d.get("version", "0"),
             description=d.get("description", ""),
             tools=list(d.get("tools") or []),

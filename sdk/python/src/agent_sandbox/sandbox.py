@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union
+
 import httpx
-from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
 from . import _ops as ops
 from ._core import Config, Retry, Transport
+from ._files import CHUNK, Sink, Source, chunks_of, size_of, write_sink
+from ._ops import Command, Duration, Signal
 from .models import (
     CommandResult,
     CreatedKey,
@@ -27,8 +30,6 @@ from .models import (
     Started,
     Template,
 )
-from ._ops import Command, Duration, Signal
-from ._files import CHUNK, Source, Sink, chunks_of, size_of, write_sink
 
 __all__ = ["Client", "Sandbox", "Commands", "Process", "Pty", "Files", "Network", "Keys", "Snapshots"]
 
@@ -93,7 +94,7 @@ class Client:
     def templates(self) -> List[Template]:
         return self._t.call(ops.list_templates())
 
-    def health(self) -> dict:
+    def health(self) -> Dict[str, Any]:
         return self._t.call(ops.health())
 
 
@@ -154,9 +155,18 @@ class Sandbox:
         owns = client is None
         c = client or Client(url, api_key)
         body = ops.create_body(
-            id=id, template=template, vcpus=vcpus, memory_mib=memory_mib, disk_mib=disk_mib,
-            env=env, egress=egress, ttl=ttl, idle_timeout=idle_timeout, on_idle=on_idle,
-            paused_ttl=paused_ttl, from_snapshot=from_snapshot,
+            id=id,
+            template=template,
+            vcpus=vcpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+            env=env,
+            egress=egress,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            paused_ttl=paused_ttl,
+            from_snapshot=from_snapshot,
         )
         try:
             info = c._t.call(ops.create_session(body))
@@ -187,7 +197,9 @@ class Sandbox:
         return cls(info, c, owns)
 
     @staticmethod
-    def list(*, client: Optional[Client] = None, url: Optional[str] = None, api_key: Optional[str] = None) -> List[SessionInfo]:
+    def list(
+        *, client: Optional[Client] = None, url: Optional[str] = None, api_key: Optional[str] = None
+    ) -> List[SessionInfo]:
         """The key's sessions."""
         if client is not None:
             return client.list()
