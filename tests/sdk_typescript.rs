@@ -171,15 +171,19 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     assert!(passed >= 30, "only {passed} tests passed:\n{tap}");
     drop(limited);
 
-    // The examples that work without a network.
-    for ex in ["data-script.mjs", "dev-server.mjs", "fork-compare.mjs"] {
+    // The examples, in their modes that work without a network.
+    for ex in [
+        &["data-script.mjs"][..],
+        &["pip-install.mjs", "--offline"],
+        &["dev-server.mjs"],
+        &["fork-compare.mjs"],
+    ] {
         let mut c = Command::new("node");
-        c.current_dir(&sdk).arg(format!("examples/{ex}"));
+        c.current_dir(sdk.join("examples")).args(ex);
         env(&mut c);
-        run(c, &format!("example {ex}"), 5 * MIN);
+        run(c, &format!("example {}", ex.join(" ")), 5 * MIN);
     }
 
-    let docs = tmp.path().join("docs");
     // The overhead bench runs (its numbers go to the test's output).
     let mut bench = Command::new("node");
     bench.current_dir(&sdk).args(["benches/overhead.mjs", "20"]);

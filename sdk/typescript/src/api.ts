@@ -4,7 +4,7 @@
  * @module
  */
 import { Client, type ClientLike } from "./client.js";
-import type { Health, KeyRecord, KeyWithSecret, RunLimits, RunResult, Snapshot, Template } from "./types.js";
+import type { Health, KeyRecord, Readiness, KeyWithSecret, RunLimits, RunResult, Snapshot, Template } from "./types.js";
 
 /** A language {@link run} takes. */
 export type Language = "python" | "node" | "bash";
@@ -25,6 +25,16 @@ export async function templates(client?: ClientLike): Promise<Template[]> {
 /** `GET /health` (needs no key). */
 export function health(client?: ClientLike): Promise<Health> {
   return Client.of(client).json<Health>("GET", "/health");
+}
+
+/** `GET /ready` (needs no key): whether the daemon can start sessions now, check by check. */
+export function ready(client?: ClientLike): Promise<Readiness> {
+  return Client.of(client).json<Readiness>("GET", "/ready", { alsoOk: [503] });
+}
+
+/** `GET /metrics` (the `metrics` scope): OpenMetrics text. */
+export async function metrics(client?: ClientLike): Promise<string> {
+  return (await Client.of(client).request("GET", "/metrics")).text();
 }
 
 /** Snapshots of the key (every key's for an admin key). Take one with `sandbox.checkpoint()`. */

@@ -46,6 +46,8 @@ export interface RequestOptions {
   /** Safe to repeat (so 429/503 are retried). Default: GET, PUT, DELETE and HEAD are. */
   idempotent?: boolean;
   signal?: AbortSignal;
+  /** Statuses besides 2xx answered as a `Response`, not thrown (`/ready`'s 503). */
+  alsoOk?: number[];
 }
 
 function env(name: string): string | undefined {
@@ -112,7 +114,7 @@ export class Client {
         const cause = (e as { cause?: { message?: string } })?.cause?.message;
         throw new ConnectionError(`${method} ${url.pathname}: ${(e as Error)?.message ?? e}${cause ? ` (${cause})` : ""}`, 0, "connection_error");
       }
-      if (res.ok) return res;
+      if (res.ok || opts.alsoOk?.includes(res.status)) return res;
       const err = await errorOf(res);
       const delay = this.#retryDelay(err, attempt);
       if (!idempotent || delay === undefined) throw err;

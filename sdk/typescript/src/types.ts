@@ -221,3 +221,14 @@ export interface Health {
   backend?: string;
   sessions?: number;
 }
+
+/** `GET /ready`. */
+export interface Readiness {
+  status: "ready" | "not_ready";
+  checks: { accepting: boolean; vmm: boolean; images: boolean; capacity: boolean } & Record<string, boolean>;
+  ready?: boolean;
+  /** What failed, when not ready. */
+  reason?: string;
+  sessions?: number;
+  maxSessions?: number;
+}

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import ts from "typescript";
-import { InvalidSessionId, Sandbox, SessionNotFound, UnknownTemplate, health, templates, withSandbox } from "../dist/index.js";
+import { InvalidSessionId, Sandbox, SessionNotFound, UnknownTemplate, health, metrics, ready, templates, withSandbox } from "../dist/index.js";
 import { TEMPLATE, client } from "./_helpers.mjs";
 
 test("create with options, list, connect, refresh, keepalive, kill", async () => {
@@ -88,7 +88,7 @@ test("Symbol.asyncDispose destroys the sandbox; so does `await using` (compiled 
   await assert.rejects(Sandbox.connect(seen.id, { client }), SessionNotFound);
 });
 
-test("templates and health", async () => {
+test("templates, health, ready, metrics", async () => {
   const ts = await templates(client);
   const t = ts.find((x) => x.name === TEMPLATE);
   assert.ok(t, JSON.stringify(ts.map((x) => x.name)));
@@ -97,4 +97,8 @@ test("templates and health", async () => {
   const h = await health(client);
   assert.equal(h.status, "ok");
   assert.ok(h.uptime >= 0);
+  const r = await ready(client);
+  assert.equal(r.status, "ready");
+  assert.deepEqual(Object.keys(r.checks).sort(), ["accepting", "capacity", "images", "vmm"]);
+  assert.match(await metrics(client), /^# (TYPE|HELP) agent_sandbox_/m);
 });
