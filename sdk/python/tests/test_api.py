@@ -4,6 +4,8 @@ unknown ids, network policy."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from agent_sandbox import Client, Egress, Retry, RunLimits, Sandbox, errors
@@ -54,11 +56,12 @@ def test_unknown_ids_are_typed(client: Client, sbx: Sandbox) -> None:
 
 
 def test_keys_and_rate_limit(client: Client) -> None:
-    created = client.keys.create("sdk-py-test", scopes=["exec"], requests_per_second=0.5, burst=1)
+    in_a_day = int(time.time() * 1000) + 86_400_000
+    created = client.keys.create("sdk-py-test", scopes=["exec"], requests_per_second=0.5, burst=1, expires_at=in_a_day)
     rec = created.record
     try:
         assert created.key.startswith(rec.key_prefix) and rec.scopes == ["exec"] and rec.enabled
-        assert rec.requests_per_second == 0.5 and rec.burst == 1
+        assert rec.requests_per_second == 0.5 and rec.burst == 1 and rec.expires_at == in_a_day
         assert rec.id in {k.id for k in client.keys.list()}
         # Burst 1: the second call at once is over the limit; no retries, it raises.
         with Client(api_key=created.key, retry=Retry(attempts=1)) as limited:

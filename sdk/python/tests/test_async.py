@@ -44,7 +44,8 @@ def test_async_lifecycle_and_cleanup_on_raise() -> None:
                 assert (await same.info()).state == "ready"
                 assert (await sbx.keepalive()).id == sbx.id
             finally:
-                await sbx.kill()
+                assert await sbx.kill() is True
+            assert await sbx.kill() is False
             with pytest.raises(errors.SessionNotFound):
                 await c.connect(sbx.id)
             sid = None
@@ -153,6 +154,9 @@ def test_async_files_network_state_run() -> None:
                 assert (await c.snapshots.get(snap.id)).restorable
                 copies, failed = await sbx.fork(1)
                 assert not failed
+                more, bad = await c.create_many(snap.id, 1)
+                assert not bad and len(more) == 1
+                await more[0].kill()
                 async with copies[0] as copy:
                     assert await copy.files.read("blob", encoding="latin-1") == data.decode("latin-1")
                 await c.snapshots.delete(snap.id)

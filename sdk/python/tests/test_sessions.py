@@ -20,17 +20,18 @@ def test_create_connect_list_kill(client: Client) -> None:
         assert sbx.info_at_start.on_idle == "destroy"
         assert sbx.id in session_ids(client)
         assert sbx.id in {s.id for s in Sandbox.list(client=client)}
+        assert sbx.id in {s.id for s in Sandbox.list()}  # its own client, from the environment
         again = Sandbox.connect(sbx.id, client=client)
         assert again.id == sbx.id
         assert again.commands.run("echo $GREETING").stdout == "hi\n"
         before = sbx.info().last_used_at or 0
         assert (sbx.keepalive().last_used_at or 0) >= before
     finally:
-        sbx.kill()
+        assert sbx.kill() is True
     assert gone(client, sbx.id)
     with pytest.raises(errors.SessionNotFound):
         Sandbox.connect(sbx.id, client=client)
-    sbx.kill()  # already gone: no error
+    assert sbx.kill() is False  # already gone: no error
 
 
 def test_create_with_own_client_and_explicit_id(client: Client) -> None:
@@ -60,3 +61,10 @@ def test_create_refusals_are_typed(client: Client) -> None:
     assert e.value.status == 400 and e.value.code == "unknown_template"
     with pytest.raises(errors.InvalidShape):
         Sandbox.create(client=client, vcpus=64)
+
+
+def test_client_create(client: Client) -> None:
+    one = client.create("base", env={"N": "one"})
+    with one:
+        assert one.commands.run("echo $N").stdout == "one\n"
+    assert gone(client, one.id)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from agent_sandbox import Client, Sandbox, errors
+
+from conftest import wait_for
 
 
 def test_checkpoint_restore_and_delete(client: Client) -> None:
@@ -20,6 +24,15 @@ def test_checkpoint_restore_and_delete(client: Client) -> None:
             with Sandbox.create(client=client, from_snapshot=snap.id) as copy:
                 assert copy.info_at_start.template == snap.template
                 assert copy.files.read("state.txt") == "before"
+            made, failed = client.create_many(snap.id, 2, env={"N": "many"})
+            try:
+                assert failed == [] and len(made) == 2 and made[0].id != made[1].id
+                assert [s.commands.run("cat state.txt; echo $N").stdout for s in made] == ["beforemany\n"] * 2
+            finally:
+                for s in made:
+                    s.kill()
+            with pytest.raises(errors.BadRequest, match="count"):
+                client.create_many(snap.id, 101)
             assert src.files.read("state.txt") == "after"
         finally:
             client.snapshots.delete(snap.id)
@@ -55,3 +68,20 @@ def test_pause_resume_keeps_processes_and_files(client: Client) -> None:
         # Any exec resumes a paused session.
         assert sbx.commands.run("cat p.txt").stdout == "kept"
         assert sbx.info().state == "ready"
+
+
+def test_busy_session_refuses_checkpoint(client: Client) -> None:
+    with Sandbox.create(client=client) as sbx:
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (sbx.commands.run("sleep 3; echo x"), done.set()))
+        worker.start()
+        try:
+            wait_for(lambda: any(p.running and not p.background for p in sbx.commands.list()), what="the command")
+            with pytest.raises(errors.SessionBusy) as e:
+                sbx.checkpoint()
+            assert e.value.status == 409
+            with pytest.raises(errors.SessionBusy):
+                sbx.pause()
+        finally:
+            worker.join()
+        assert done.is_set()

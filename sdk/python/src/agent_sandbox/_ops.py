@@ -123,8 +123,8 @@ def list_sessions() -> Call[List[SessionInfo]]:
     )
 
 
-def delete_session(session: str) -> Call[None]:
-    return Call("DELETE", _s(session), _ok, idempotent=True)
+def delete_session(session: str) -> Call[bool]:
+    return Call("DELETE", _s(session), lambda r: bool(r.json().get("destroyed", True)), idempotent=True)
 
 
 def keepalive(session: str) -> Call[SessionInfo]:

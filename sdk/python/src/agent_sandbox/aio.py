@@ -87,9 +87,19 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def create(self, **kwargs: object) -> "AsyncSandbox":
+    async def create(self, template: Optional[str] = None, **kwargs: Any) -> "AsyncSandbox":
         """A new session (arguments as `AsyncSandbox.create`), sharing this client."""
-        return await AsyncSandbox.create(client=self, **kwargs)  # type: ignore[arg-type]
+        return await AsyncSandbox.create(template, client=self, **kwargs)
+
+    async def create_many(
+        self, from_snapshot: str, count: int, **kwargs: Any
+    ) -> Tuple[List["AsyncSandbox"], List[FailedCopy]]:
+        """`count` sessions (1..100) started together from a snapshot (other
+        arguments as `AsyncSandbox.create`): those that started, and those that
+        failed (each removed). They share this client."""
+        body = ops.create_body(from_snapshot=from_snapshot, count=count, **kwargs)
+        infos, failed = await self._t.call(ops.create_sessions(body))
+        return [AsyncSandbox(i, self) for i in infos], failed
 
     async def connect(self, sandbox_id: str) -> "AsyncSandbox":
         """The session `sandbox_id` (checked to exist), sharing this client."""
@@ -256,14 +266,10 @@ class AsyncSandbox:
         """Reset the idle timer."""
         return await self.client._t.call(ops.keepalive(self.id))
 
-    async def kill(self) -> None:
-        """Destroy the session and its sandbox (a session already gone is fine)."""
-        from .errors import SessionNotFound
-
-        try:
-            await self.client._t.call(ops.delete_session(self.id))
-        except SessionNotFound:
-            pass
+    async def kill(self) -> bool:
+        """Destroy the session and its sandbox: True if this call did, False
+        if it was already gone (not an error)."""
+        return await self.client._t.call(ops.delete_session(self.id))
 
     async def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""

@@ -135,7 +135,11 @@ class Dropped:
 
 @dataclass
 class Exited:
-    """Stream event, the last one: the process ended."""
+    """Stream event, the last one: the process ended.
+
+    In `commands.stream` and `attach` its `result.stdout`/`stderr` are
+    empty (the output came as `Output` events); `commands.run` with
+    callbacks and `Process.wait` fill them in."""
 
     result: CommandResult
 

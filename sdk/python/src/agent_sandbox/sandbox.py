@@ -74,9 +74,17 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def create(self, **kwargs: object) -> "Sandbox":
+    def create(self, template: Optional[str] = None, **kwargs: Any) -> "Sandbox":
         """A new session (arguments as `Sandbox.create`), sharing this client."""
-        return Sandbox.create(client=self, **kwargs)  # type: ignore[arg-type]
+        return Sandbox.create(template, client=self, **kwargs)
+
+    def create_many(self, from_snapshot: str, count: int, **kwargs: Any) -> Tuple[List["Sandbox"], List[FailedCopy]]:
+        """`count` sessions (1..100) started together from a snapshot (other
+        arguments as `Sandbox.create`): those that started, and those that
+        failed (each removed). They share this client."""
+        body = ops.create_body(from_snapshot=from_snapshot, count=count, **kwargs)
+        infos, failed = self._t.call(ops.create_sessions(body))
+        return [Sandbox(i, self) for i in infos], failed
 
     def connect(self, sandbox_id: str) -> "Sandbox":
         """The session `sandbox_id` (checked to exist), sharing this client."""
@@ -214,14 +222,10 @@ class Sandbox:
         """Reset the idle timer."""
         return self.client._t.call(ops.keepalive(self.id))
 
-    def kill(self) -> None:
-        """Destroy the session and its sandbox (a session already gone is fine)."""
-        from .errors import SessionNotFound
-
-        try:
-            self.client._t.call(ops.delete_session(self.id))
-        except SessionNotFound:
-            pass
+    def kill(self) -> bool:
+        """Destroy the session and its sandbox: True if this call did, False
+        if it was already gone (not an error)."""
+        return self.client._t.call(ops.delete_session(self.id))
 
     def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""
