@@ -140,6 +140,10 @@ pub struct Config {
     /// their limits (memory, cpu, pids, io with `vm_io_max`): they then run
     /// without those limits. Off: `serve` refuses to start.
     pub allow_unlimited_vmms: bool,
+    /// Where VMs' cgroups go: below the daemon's own cgroup (`own`, what a
+    /// systemd unit with `Delegate=yes` gets under `auto`) or below
+    /// `agent-sandbox/d-<hash>` (`standalone`).
+    pub cgroup_placement: crate::vm::cgroup::Placement,
     /// A fixed `cpu.max` for every VM (`None`: one CPU per vCPU).
     pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
     /// Each VMM's RLIMIT_NOFILE (`None`: `vm::launch::DEFAULT_NOFILE`).
@@ -253,6 +257,7 @@ impl Default for Config {
             vm_io_max: None,
             vm_memory_overhead_mib: None,
             allow_unlimited_vmms: false,
+            cgroup_placement: crate::vm::cgroup::Placement::Auto,
             vm_cpu_max: None,
             vm_nofile_limit: None,
             jail_dir: None,
@@ -513,6 +518,7 @@ pub struct FileConfig {
     pub vm_io_max: Option<String>,
     pub vm_memory_overhead_mib: Option<u64>,
     pub allow_unlimited_vmms: Option<bool>,
+    pub cgroup_placement: Option<crate::vm::cgroup::Placement>,
     pub vm_cpu_max: Option<crate::vm::cgroup::CpuMax>,
     pub vm_nofile_limit: Option<u64>,
     pub jail_dir: Option<PathBuf>,
@@ -642,6 +648,7 @@ impl FileConfig {
             images => c.artifacts.images,
             vm_ids => c.vm_ids,
             allow_unlimited_vmms => c.allow_unlimited_vmms,
+            cgroup_placement => c.cgroup_placement,
             key_prefix => c.key_prefix,
         );
         set_secs!(
@@ -743,6 +750,7 @@ impl FileConfig {
             vm_io_max: c.vm_io_max.clone(),
             vm_memory_overhead_mib: c.vm_memory_overhead_mib,
             allow_unlimited_vmms: Some(c.allow_unlimited_vmms),
+            cgroup_placement: Some(c.cgroup_placement),
             vm_cpu_max: c.vm_cpu_max,
             vm_nofile_limit: c.vm_nofile_limit,
             jail_dir: c.jail_dir.clone(),

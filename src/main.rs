@@ -287,6 +287,12 @@ struct ServeArgs {
     /// without it `serve` refuses to start there (`doctor` says why).
     #[arg(long)]
     allow_unlimited_vmms: bool,
+    /// Where VMs' cgroups go: `own` below the daemon's own cgroup (it
+    /// moves into `<own>/daemon`, VMs into `<own>/vms/<id>`), `standalone`
+    /// below `agent-sandbox/d-<hash>`, `auto` own where systemd delegated
+    /// the daemon's cgroup (Delegate=yes) [auto].
+    #[arg(long)]
+    cgroup_placement: Option<agent_sandbox::vm::cgroup::Placement>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -301,6 +307,7 @@ fn network_config(
     a: &ServeArgs,
     from_file: Option<agent_sandbox::net::NetConfig>,
     env_dns: &[SocketAddr],
+    wait: Option<&libc::sigset_t>,
 ) -> Result<Option<agent_sandbox::net::NetConfig>, String> {
     use agent_sandbox::sandbox::wiring;
     let on = match a.network.as_deref() {
@@ -321,10 +328,14 @@ fn network_config(
     if let Some(u) = &a.uplink {
         n.uplink_if = u.clone();
     } else if n.uplink_if.is_empty() {
-        n.uplink_if = wiring::default_uplink().ok_or(
-            "no default route to take the uplink from: pass --uplink IF (or network.uplink_if), \
-             or --network off",
-        )?;
+        const HOW: &str = "pass --uplink IF (or network.uplink_if), or --network off";
+        let host = n.host_netns.clone();
+        let find = || wiring::default_uplink_in(host.as_deref());
+        n.uplink_if = match (find(), wait) {
+            (Some(i), _) => i,
+            (None, None) => return Err(format!("no default route to take the uplink from: {HOW}")),
+            (None, Some(sigs)) => wait_for_uplink(find, sigs, HOW)?,
+        };
     }
     if !a.dns_upstream.is_empty() {
         n.dns_upstreams = a.dns_upstream.clone();
@@ -337,15 +348,62 @@ fn network_config(
     Ok(Some(n))
 }
 
+/// Waits for `find` to see a default route (a host whose DHCP lease comes
+/// after the daemon's start), polling each second, saying so every 30 s;
+/// a shutdown signal ends the wait. Runs before any thread starts.
+fn wait_for_uplink(
+    find: impl Fn() -> Option<String>,
+    sigs: &libc::sigset_t,
+    how: &str,
+) -> Result<String, String> {
+    let t0 = std::time::Instant::now();
+    let mut said = None::<std::time::Instant>;
+    loop {
+        if let Some(i) = find() {
+            log::info!(
+                "network: default route via {i} after {:.1} s: it is the uplink",
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(i);
+        }
+        if !said.is_some_and(|t| t.elapsed() < Duration::from_secs(30)) {
+            log::warn!(
+                "network: no default route yet to take the uplink from; waiting for one \
+                 (waited {} s; {how})",
+                t0.elapsed().as_secs()
+            );
+            said = Some(std::time::Instant::now());
+        }
+        let ts = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid blocked set and timeout; no siginfo wanted.
+        let sig = unsafe { libc::sigtimedwait(sigs, std::ptr::null_mut(), &ts) };
+        if sig > 0 {
+            return Err(format!(
+                "stopped (signal {sig}) while waiting for a default route"
+            ));
+        }
+    }
+}
+
 /// The daemon's Config: built-in defaults, then the seed's environment
 /// variables (`config::seed_env`), then the config file, then the
 /// environment for artifact paths the file leaves unset, then flags.
-fn serve_config(a: &ServeArgs) -> Result<Config, String> {
+/// `wait`: for `serve`/`up`, the shutdown signals to watch while waiting
+/// for a default route to take the uplink from; `None` (a check): no route
+/// is an error.
+fn serve_config(a: &ServeArgs, wait: Option<&libc::sigset_t>) -> Result<Config, String> {
     let env = EnvLayer::from_process()?;
-    serve_config_with(a, &env).map_err(|e| env.annotate(e))
+    serve_config_with(a, &env, wait).map_err(|e| env.annotate(e))
 }
 
-fn serve_config_with(a: &ServeArgs, env: &EnvLayer) -> Result<Config, String> {
+fn serve_config_with(
+    a: &ServeArgs,
+    env: &EnvLayer,
+    wait: Option<&libc::sigset_t>,
+) -> Result<Config, String> {
     let mut c = Config::default();
     let mut file_names_key_file = env.file.keys_file.is_some();
     env.file.clone().apply(&mut c);
@@ -414,11 +472,14 @@ fn serve_config_with(a: &ServeArgs, env: &EnvLayer) -> Result<Config, String> {
     if a.allow_unlimited_vmms {
         c.allow_unlimited_vmms = true;
     }
+    if let Some(p) = a.cgroup_placement {
+        c.cgroup_placement = p;
+    }
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {
         None
     } else {
-        network_config(a, c.network.take(), &env.dns_upstreams)?
+        network_config(a, c.network.take(), &env.dns_upstreams, wait)?
     };
     c.validate().map_err(|e| match &a.config {
         Some(p) => format!("config {} (with flags): {e}", p.display()),
@@ -472,13 +533,13 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Serve(a) if a.check => return check(serve_config(&a)),
-        Cmd::Up(a) if a.check => return check(serve_config(&a)),
+        Cmd::Serve(a) if a.check => return check(serve_config(&a, None)),
+        Cmd::Up(a) if a.check => return check(serve_config(&a, None)),
         Cmd::Config {
             cmd: ConfigCmd::Check { file },
         } => return check(config_check(&file)),
-        Cmd::Serve(a) => serve_config(&a).and_then(|c| serve(c, sigs)),
-        Cmd::Up(a) => serve_config(&a).and_then(|c| up(c, sigs)),
+        Cmd::Serve(a) => serve_config(&a, Some(&sigs)).and_then(|c| serve(c, sigs)),
+        Cmd::Up(a) => serve_config(&a, Some(&sigs)).and_then(|c| up(c, sigs)),
         Cmd::Keys {
             cmd,
             key_file,
@@ -779,9 +840,21 @@ fn vmm_cgroups(cfg: &Config, root: bool) -> Result<Vec<PathBuf>, String> {
     }
     // (The hash is of the canonical path, which needs the dir.)
     let _ = std::fs::create_dir_all(&cfg.state_dir);
-    let rel = cgroup::daemon_rel(&cfg.state_dir);
-    let p = cgroup::prepare_parents(&cgroup::hierarchies(), &rel, &want)
-        .map_err(|e| format!("cgroup parent: {e}"))?;
+    let self_cg = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let (own, rels) = cgroup::plan(
+        &cgroup::hierarchies(),
+        &cfg.state_dir,
+        cfg.cgroup_placement,
+        &self_cg,
+    )?;
+    if own {
+        // Out of the cgroup its VMs' parent is in (cgroup v2 lets no
+        // process sit beside children that have controllers), while the
+        // daemon is still one process: the spawner forked next follows.
+        cgroup::enter_daemon_leaf(&rels).map_err(|e| format!("cgroup placement own: {e}"))?;
+        log::info!("cgroup: VMs below the daemon's own cgroup (cgroup_placement own)");
+    }
+    let p = cgroup::prepare_parents(&rels, &want).map_err(|e| format!("cgroup parent: {e}"))?;
     for (c, dir) in &p.enforced {
         log::info!("cgroup: VMM {c} limits in {}", dir.display());
     }

@@ -175,7 +175,26 @@ fn io_max(cfg: &Config) -> Vec<String> {
 /// The interface of the main table's default route (lowest metric), from
 /// `/proc/net/route` of the daemon's namespace.
 pub fn default_uplink() -> Option<String> {
-    let t = std::fs::read_to_string("/proc/net/route").ok()?;
+    default_route_if(&std::fs::read_to_string("/proc/net/route").ok()?)
+}
+
+/// [`default_uplink`] of the namespace at `netns` (the one that plays the
+/// host, `network.host_netns`), or of the daemon's own with `None`.
+pub fn default_uplink_in(netns: Option<&std::path::Path>) -> Option<String> {
+    let Some(p) = netns else {
+        return default_uplink();
+    };
+    let ns = crate::net::netns::open(p).ok()?;
+    crate::net::netns::run_in(Some(&ns), "the host namespace", || {
+        // This thread's namespace, not the process's.
+        Ok(std::fs::read_to_string("/proc/thread-self/net/route").ok())
+    })
+    .ok()
+    .flatten()
+    .and_then(|t| default_route_if(&t))
+}
+
+fn default_route_if(t: &str) -> Option<String> {
     t.lines()
         .skip(1)
         .filter_map(|l| {
@@ -341,6 +360,31 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
     jc
 }
 
+/// The jailer's `--parent-cgroup` for the daemon's VM parents (one per
+/// hierarchy): their path below their mount, so Firecracker's VMs sit where
+/// QEMU's do (below the daemon's own cgroup with `cgroup_placement own`).
+/// `None` (the jailer's default parent) without parents or when they differ
+/// between hierarchies (the jailer takes one path for all).
+pub fn jailer_parent(parents: &[PathBuf], hs: &[crate::vm::cgroup::Hierarchy]) -> Option<String> {
+    let rels: Vec<&std::path::Path> = parents
+        .iter()
+        .filter_map(|p| {
+            hs.iter()
+                .filter_map(|h| p.strip_prefix(&h.mount).ok())
+                .min_by_key(|r| r.components().count())
+        })
+        .collect();
+    let first = *rels.first()?;
+    if rels.len() != parents.len() || rels.iter().any(|r| *r != first) {
+        log::warn!(
+            "cgroup: the VM parents {parents:?} differ between hierarchies: Firecracker's \
+             jailer takes one --parent-cgroup, it keeps its default"
+        );
+        return None;
+    }
+    first.to_str().map(str::to_string)
+}
+
 /// The controllers VMs' limits need under `cfg` (`io` with `vm_io_max`).
 pub fn wanted_controllers(cfg: &Config) -> Vec<&'static str> {
     crate::vm::cgroup::CONTROLLERS
@@ -377,10 +421,12 @@ pub fn backend_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dy
                 Some(s) => Arc::new(s.clone()),
                 None => Arc::new(DirectSpawner),
             };
-            Ok(Arc::new(FirecrackerBackend::new(
-                jailer_config(cfg),
-                spawner,
-            )))
+            let mut jc = jailer_config(cfg);
+            if let Some(p) = jailer_parent(&host.cgroup_parents, &crate::vm::cgroup::hierarchies())
+            {
+                jc.parent_cgroup = p;
+            }
+            Ok(Arc::new(FirecrackerBackend::new(jc, spawner)))
         }
         // Not a VMM: the agent runs as a host process (`sandbox::local`).
         BackendKind::LocalProcess => Err(SandboxError::Other(format!(
@@ -671,6 +717,35 @@ pub fn factory_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dy
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn the_jailer_parent_is_the_vm_parent_below_its_mount() {
+        use crate::vm::cgroup::Hierarchy;
+        let hs = [
+            Hierarchy {
+                mount: "/sys/fs/cgroup/unified".into(),
+                v1: None,
+            },
+            Hierarchy {
+                mount: "/sys/fs/cgroup/memory".into(),
+                v1: Some(vec!["memory"]),
+            },
+        ];
+        let same = [
+            PathBuf::from("/sys/fs/cgroup/unified/system.slice/a.service/vms"),
+            PathBuf::from("/sys/fs/cgroup/memory/system.slice/a.service/vms"),
+        ];
+        assert_eq!(
+            jailer_parent(&same, &hs).as_deref(),
+            Some("system.slice/a.service/vms")
+        );
+        let differ = [
+            PathBuf::from("/sys/fs/cgroup/unified/a/vms"),
+            PathBuf::from("/sys/fs/cgroup/memory/b/vms"),
+        ];
+        assert_eq!(jailer_parent(&differ, &hs), None);
+        assert_eq!(jailer_parent(&[], &hs), None);
+    }
 
     #[test]
     fn images_come_from_current_json_and_the_config_wins() {

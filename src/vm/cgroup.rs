@@ -311,10 +311,151 @@ pub fn daemon_rel(state_dir: &Path) -> PathBuf {
     Path::new("agent-sandbox").join(format!("d-{tag}"))
 }
 
-/// The daemon's parent in every hierarchy of this host (existing or not).
+/// The daemon's parent in every hierarchy of this host (existing or not),
+/// with the `standalone` placement.
 pub fn daemon_parents(state_dir: &Path) -> Vec<PathBuf> {
     let rel = daemon_rel(state_dir);
     hierarchies().iter().map(|h| h.mount.join(&rel)).collect()
+}
+
+/// Where `serve` puts the per-VM cgroups (config `cgroup_placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// `own` when systemd delegated the daemon's cgroup to it (a unit with
+    /// `Delegate=yes`), else `standalone`.
+    #[default]
+    Auto,
+    /// Below the daemon's own cgroup in every hierarchy: the daemon moves
+    /// into `<own>/daemon`, VMs go to `<own>/vms/<id>`. Stopping the unit
+    /// (killing its cgroup) stops every VMM, and the unit's device policy
+    /// confines them.
+    Own,
+    /// `agent-sandbox/d-<hash of the state dir>` below each hierarchy's
+    /// mount (a daemon started by hand, from a login shell).
+    Standalone,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Placement::Auto),
+            "own" => Ok(Placement::Own),
+            "standalone" => Ok(Placement::Standalone),
+            _ => Err(format!("{s:?}: one of auto, own, standalone")),
+        }
+    }
+}
+
+/// The leaf the daemon moves itself into below its own cgroup (`own`): on
+/// cgroup v2 a cgroup whose children get controllers holds no process.
+pub const DAEMON_LEAF: &str = "daemon";
+/// The parent of the VMs' cgroups below the daemon's own (`own`).
+pub const VMS_DIR: &str = "vms";
+
+/// The cgroup this process is in within `h`, relative to its mount, from
+/// `/proc/self/cgroup`'s text (`0::/path` for v2, `N:ctl,ctl:/path` for
+/// v1). A daemon already in its `daemon` leaf (a restart inside the same
+/// unit) is given the unit's cgroup.
+pub fn own_rel(h: &Hierarchy, proc_cgroup: &str) -> Option<PathBuf> {
+    for l in proc_cgroup.lines() {
+        let mut f = l.splitn(3, ':');
+        let (Some(id), Some(ctls), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let hit = match &h.v1 {
+            None => id == "0" && ctls.is_empty(),
+            Some(ours) => ours
+                .first()
+                .is_some_and(|c| ctls.split(',').any(|x| x == v1_name(c))),
+        };
+        if hit {
+            let rel = PathBuf::from(path.trim().trim_start_matches('/'));
+            return Some(if rel.file_name().is_some_and(|n| n == DAEMON_LEAF) {
+                rel.parent().map(Path::to_path_buf).unwrap_or_default()
+            } else {
+                rel
+            });
+        }
+    }
+    None
+}
+
+/// Whether systemd delegated the cgroup `dir` (a unit with
+/// `Delegate=yes`: systemd 251+ sets the xattr `trusted.delegate`, or
+/// `user.delegate` for user managers, to `1`).
+pub fn delegated(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(p) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        let mut v = [0u8; 8];
+        // SAFETY: NUL-terminated strings and a buffer of the length given.
+        let n =
+            unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        n > 0 && v[..n as usize].starts_with(b"1")
+    })
+}
+
+/// The relative parent of the VMs' cgroups in each of `hs`, as placed by
+/// `placement` for a daemon whose `/proc/self/cgroup` reads `proc_cgroup`;
+/// `true` with them when that is below the daemon's own cgroup.
+pub fn plan(
+    hs: &[Hierarchy],
+    state_dir: &Path,
+    placement: Placement,
+    proc_cgroup: &str,
+) -> std::result::Result<(bool, Vec<(Hierarchy, PathBuf)>), String> {
+    let own = match placement {
+        Placement::Standalone => false,
+        Placement::Own => true,
+        Placement::Auto => hs
+            .iter()
+            .find(|h| h.v1.is_none())
+            .and_then(|h| own_rel(h, proc_cgroup).map(|r| h.mount.join(r)))
+            .is_some_and(|d| d != Path::new("") && delegated(&d)),
+    };
+    if !own {
+        let rel = daemon_rel(state_dir);
+        return Ok((false, hs.iter().map(|h| (h.clone(), rel.clone())).collect()));
+    }
+    let mut out = Vec::new();
+    for h in hs {
+        let r = own_rel(h, proc_cgroup).ok_or_else(|| {
+            format!(
+                "cgroup_placement own: this process is in no cgroup of {}",
+                h.mount.display()
+            )
+        })?;
+        if r.as_os_str().is_empty() {
+            return Err(format!(
+                "cgroup_placement own: the daemon is in the root cgroup of {}; start it in a \
+                 cgroup of its own (a systemd unit with Delegate=yes) or use \
+                 cgroup_placement standalone",
+                h.mount.display()
+            ));
+        }
+        out.push((h.clone(), r.join(VMS_DIR)));
+    }
+    Ok((true, out))
+}
+
+/// Moves this process (all its threads) into the `daemon` leaf beside
+/// `vms` in each hierarchy of an `own` plan, before the VMs' parents get
+/// controllers. Called while the daemon is still one process: children
+/// forked later (the spawner, VMMs) start there.
+pub fn enter_daemon_leaf(rels: &[(Hierarchy, PathBuf)]) -> Result<()> {
+    for (h, rel) in rels {
+        let unit = h.mount.join(rel.parent().unwrap_or(Path::new("")));
+        let leaf = unit.join(DAEMON_LEAF);
+        fs::create_dir_all(&leaf).map_err(|e| io_err(format!("create {}", leaf.display()), e))?;
+        let procs = leaf.join("cgroup.procs");
+        fs::write(&procs, "0")
+            .map_err(|e| io_err(format!("move the daemon into {}", procs.display()), e))?;
+    }
+    Ok(())
 }
 
 fn controllers(dir: &Path) -> Vec<String> {
@@ -337,13 +478,13 @@ pub struct Prepared {
     pub missing: Vec<&'static str>,
 }
 
-/// Create `<mount>/<rel>` in the hierarchies of `hs` that are of use for
+/// Create `<mount>/<rel>` in the hierarchies of `rels` that are of use for
 /// the controllers `want` (a subset of [`CONTROLLERS`]): the v2 one always
 /// (membership, `cgroup.kill`), delegating what it offers from the mount
 /// down; each v1 one holding a wanted controller v2 does not offer.
-pub fn prepare_parents(hs: &[Hierarchy], rel: &Path, want: &[&'static str]) -> Result<Prepared> {
+pub fn prepare_parents(rels: &[(Hierarchy, PathBuf)], want: &[&'static str]) -> Result<Prepared> {
     let mut out = Prepared::default();
-    for h in hs {
+    for (h, rel) in rels {
         let parent = h.mount.join(rel);
         match &h.v1 {
             None => {
@@ -663,7 +804,7 @@ mod tests {
     #[test]
     fn prepare_uses_v1_for_what_v2_lacks() {
         let t = tempfile::tempdir().expect("tempdir");
-        let hs = vec![
+        let hs = [
             Hierarchy {
                 mount: t.path().join("v1mem"),
                 v1: Some(vec!["memory"]),
@@ -674,10 +815,52 @@ mod tests {
             },
         ];
         let rel = Path::new("agent-sandbox/d-1");
-        let p = prepare_parents(&hs, rel, &["cpu", "memory", "pids"]).expect("prepare");
+        let rels: Vec<_> = hs.iter().map(|h| (h.clone(), rel.to_path_buf())).collect();
+        let p = prepare_parents(&rels, &["cpu", "memory", "pids"]).expect("prepare");
         assert_eq!(p.parents, vec![t.path().join("v1mem").join(rel)]);
         assert_eq!(p.missing, vec!["cpu", "pids"]);
         assert!(!t.path().join("v1blk").exists(), "blkio without an io rule");
+    }
+
+    #[test]
+    fn own_placement_follows_proc_self_cgroup() {
+        let v2 = Hierarchy {
+            mount: "/sys/fs/cgroup".into(),
+            v1: None,
+        };
+        let mem = Hierarchy {
+            mount: "/sys/fs/cgroup/memory".into(),
+            v1: Some(vec!["memory"]),
+        };
+        let cpu = Hierarchy {
+            mount: "/sys/fs/cgroup/cpu,cpuacct".into(),
+            v1: Some(vec!["cpu"]),
+        };
+        let text = "12:cpu,cpuacct:/system.slice/a.service\n4:memory:/system.slice/a.service/daemon\n0::/system.slice/a.service\n";
+        let unit = PathBuf::from("system.slice/a.service");
+        assert_eq!(own_rel(&v2, text), Some(unit.clone()));
+        // Already in the leaf (a restart in the same unit): the unit.
+        assert_eq!(own_rel(&mem, text), Some(unit.clone()));
+        assert_eq!(own_rel(&cpu, text), Some(unit.clone()));
+        let hs = [v2.clone(), mem.clone()];
+        let (own, rels) = plan(&hs, Path::new("/x"), Placement::Own, text).expect("plan");
+        assert!(own);
+        assert_eq!(rels[0].1, unit.join(VMS_DIR));
+        assert_eq!(rels[1].1, unit.join(VMS_DIR));
+        // Standalone, and auto on a cgroup systemd did not delegate.
+        for p in [Placement::Standalone, Placement::Auto] {
+            let (own, rels) = plan(&hs, Path::new("/x"), p, text).expect("plan");
+            assert!(!own);
+            assert_eq!(rels[0].1, daemon_rel(Path::new("/x")));
+        }
+        // In the root cgroup: refused, with the way out.
+        let e = plan(&hs, Path::new("/x"), Placement::Own, "0::/\n4:memory:/\n").unwrap_err();
+        assert!(
+            e.contains("root cgroup") && e.contains("Delegate=yes"),
+            "{e}"
+        );
+        assert_eq!("own".parse::<Placement>(), Ok(Placement::Own));
+        assert!("mine".parse::<Placement>().is_err());
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub fn unique_prefix() -> String {
     )
 }
 
+thread_local! {
+    /// A command `serve` is started through (`start_in_cgroups`).
+    static WRAP: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub struct Daemon {
     pub child: Option<Child>,
     /// `--net-prefix` of a VM daemon: what its namespaces are named by.
@@ -88,6 +93,25 @@ impl Daemon {
         Self::start_with(dir, &super::test_backend(), &agent_bin(), extra)
     }
 
+    /// A daemon started inside the cgroups whose `cgroup.procs` files are
+    /// `procs` (a shell moves itself there, then execs `serve`), the way
+    /// systemd starts a unit in its own cgroup.
+    pub fn start_in_cgroups(
+        dir: tempfile::TempDir,
+        procs: &[std::path::PathBuf],
+        extra: &[&str],
+    ) -> Daemon {
+        let mut script = String::new();
+        for p in procs {
+            script.push_str(&format!("echo $$ > '{}' && ", p.display()));
+        }
+        script.push_str("exec \"$@\"");
+        WRAP.with(|w| *w.borrow_mut() = vec!["sh".into(), "-c".into(), script, "sh".into()]);
+        let d = Self::start_with(dir, &super::test_backend(), &agent_bin(), extra);
+        WRAP.with(|w| w.borrow_mut().clear());
+        d
+    }
+
     fn start_with(
         dir: tempfile::TempDir,
         backend: &str,
@@ -100,7 +124,15 @@ impl Daemon {
             .position(|a| *a == "--net-prefix")
             .and_then(|i| extra.get(i + 1))
             .map(|p| p.to_string());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"));
+        let wrap = WRAP.with(|w| w.borrow().clone());
+        let mut cmd = match wrap.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg(env!("CARGO_BIN_EXE_agent-sandbox"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_agent-sandbox")),
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
