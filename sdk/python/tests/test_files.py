@@ -91,9 +91,15 @@ def test_file_errors(sbx: Sandbox) -> None:
         sbx.files.read("n" * 300)  # a name over 255 bytes
 
 
-def test_over_limit_bodies(sbx: Sandbox) -> None:
+def test_over_limit_bodies(sbx: Sandbox, tmp_path: Path) -> None:
     with pytest.raises(errors.BodyTooLarge) as e:
         sbx.commands.run("cat", stdin="x" * (2 * MIB))  # JSON body over --max-body
     assert e.value.status == 413
     with pytest.raises(errors.BodyTooLarge):
         sbx.files.write("/tmp/over", b"\0" * (64 * MIB + 1))  # over --max-file
+    over = tmp_path / "over.bin"
+    with open(over, "wb") as f:
+        f.truncate(64 * MIB + 1)
+    with pytest.raises(errors.BodyTooLarge):
+        sbx.files.upload("/tmp/over", over)  # streamed: refused from its Content-Length
+    assert not sbx.files.exists("/tmp/over")

@@ -4,6 +4,7 @@ encodings, through httpx's MockTransport."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import httpx
@@ -188,3 +189,11 @@ def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     c = Config()
     assert c.url == "http://h:1" and c.headers()["Authorization"] == "Bearer asbx_x"
     assert Config("http://other", "k2").headers()["Authorization"] == "Bearer k2"
+
+
+def test_readme_quick_start_is_the_example() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    example = (root / "examples" / "quickstart.py").read_text()
+    assert block == example and len(example.splitlines()) == 10
