@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import agent_sandbox
 from agent_sandbox import Client, Egress, Retry, RunLimits, Sandbox, errors
 
 
@@ -21,6 +22,7 @@ def test_one_shot_run(client: Client) -> None:
     assert t.timed_out and t.signal == "SIGKILL"
     with pytest.raises(errors.BadRequest, match="language"):
         client.run("ruby", "puts 1")
+    assert agent_sandbox.run("bash", "echo $((6 * 7))").stdout == "42\n"  # from the environment
 
 
 def test_templates_and_health(client: Client) -> None:

@@ -48,12 +48,13 @@ from .models import (
     Started,
     Template,
 )
-from .sandbox import Client, Commands, Files, Keys, Network, Process, Pty, Sandbox, Snapshots
+from .sandbox import Client, Commands, Files, Keys, Network, Process, Pty, Sandbox, Snapshots, run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Sandbox",
+    "run",
     "Client",
     "Commands",
     "Process",

@@ -31,7 +31,7 @@ from .models import (
     Template,
 )
 
-__all__ = ["Client", "Sandbox", "Commands", "Process", "Pty", "Files", "Network", "Keys", "Snapshots"]
+__all__ = ["run", "Client", "Sandbox", "Commands", "Process", "Pty", "Files", "Network", "Keys", "Snapshots"]
 
 OnOutput = Callable[[str], object]
 
@@ -104,6 +104,24 @@ class Client:
 
     def health(self) -> Dict[str, Any]:
         return self._t.call(ops.health())
+
+
+def run(
+    language: str,
+    code: str,
+    limits: Optional[RunLimits] = None,
+    *,
+    url: Optional[str] = None,
+    api_key: Optional[str] = None,
+) -> RunResult:
+    """The one-shot call: `Client.run` on a client made for it.
+
+    ```python
+    print(agent_sandbox.run("python", "print(6 * 7)").stdout)  # 42
+    ```
+    """
+    with Client(url, api_key) as c:
+        return c.run(language, code, limits)
 
 
 class Sandbox:
