@@ -119,3 +119,19 @@ def test_pty_resize_seen_by_stty(sbx: Sandbox) -> None:
     assert r.exit_code == 0
     assert "40 120" in r.stdout and "\r\n" in r.stdout  # a terminal: CRLF, all on stdout
     assert r.stderr == ""
+
+
+def test_leaving_a_stream_early_cancels_the_command(sbx: Sandbox) -> None:
+    proc = None
+    # (The daemon notices the closed connection when the command next writes.)
+    for ev in sbx.commands.stream("echo up; while true; do echo tick; sleep 0.2; done"):
+        if isinstance(ev, Started):
+            proc = ev.proc_id
+        if isinstance(ev, Output):
+            break
+    assert proc is not None
+
+    def ended() -> bool:
+        return not any(p.proc_id == proc and p.running for p in sbx.commands.list())
+
+    wait_for(ended, timeout=20, what="the abandoned command to be killed")

@@ -408,7 +408,9 @@ class AsyncCommands:
         stdin: Union[str, bytes, None] = None,
     ) -> AsyncIterator[Event]:
         """Run `cmd`, yielding `Started`, `Output`... and last `Exited` as the
-        guest produces them. Leaving the loop early cancels the command."""
+        guest produces them. To leave the loop early, `await it.aclose()`
+        (else the loop closes it later): the daemon then kills the command
+        (when it next writes output)."""
         body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
         return self._t.stream(ops.exec_stream(self._s, body))
 

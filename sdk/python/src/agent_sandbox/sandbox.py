@@ -378,7 +378,8 @@ class Commands:
         stdin: Union[str, bytes, None] = None,
     ) -> Iterator[Event]:
         """Run `cmd`, yielding `Started`, `Output`... and last `Exited` as the
-        guest produces them. Leaving the loop early cancels the command."""
+        guest produces them. Leaving the loop early closes the stream, and
+        the daemon kills the command (when it next writes output)."""
         body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
         return self._t.stream(ops.exec_stream(self._s, body))
 
