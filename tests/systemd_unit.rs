@@ -34,10 +34,24 @@ struct Unit {
 
 impl Unit {
     fn new(name: &str) -> Unit {
+        Self::make(name, false)
+    }
+
+    /// At one path in every hierarchy, as systemd makes a unit's cgroups
+    /// (the jailer needs that); `new` nests below the test's own cgroups.
+    fn at_root(name: &str) -> Unit {
+        Self::make(name, true)
+    }
+
+    fn make(name: &str, root: bool) -> Unit {
         let me = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
         let mut dirs = Vec::new();
         for h in cgroup::hierarchies() {
-            let own = cgroup::own_rel(&h, &me).unwrap_or_default();
+            let own = if root {
+                PathBuf::new()
+            } else {
+                cgroup::own_rel(&h, &me).unwrap_or_default()
+            };
             let dir = h.mount.join(own).join(name);
             std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
             dirs.push((h, dir));
@@ -487,4 +501,82 @@ fn without_a_route_a_config_check_still_says_so_at_once() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no default route"), "{err}");
+}
+
+#[test]
+fn a_jailed_firecracker_runs_inside_the_units_cgroup() {
+    let bins = ["AGENT_SANDBOX_FIRECRACKER", "AGENT_SANDBOX_JAILER"]
+        .map(|k| std::env::var_os(k).filter(|p| Path::new(p).exists()));
+    if bins.iter().any(Option::is_none) {
+        skip!("needs real Firecracker binaries (AGENT_SANDBOX_FIRECRACKER, AGENT_SANDBOX_JAILER)");
+    }
+    if !is_root() || !Path::new("/dev/kvm").exists() {
+        skip!("needs root and /dev/kvm for the jailer");
+    }
+    let prefix = unique_prefix();
+    let unit = Unit::at_root(&format!("{prefix}-unit.service"));
+    let dir = tempfile::Builder::new()
+        .prefix("sbx-unit")
+        .tempdir()
+        .expect("tempdir");
+    // The standby VMM's snapshot build starts a jailed Firecracker at
+    // once (whether its guest boots on this host does not matter here).
+    let d = Daemon::start_in_cgroups(
+        dir,
+        &unit.procs_files(),
+        &[
+            "--backend",
+            "firecracker",
+            "--net-prefix",
+            &prefix,
+            "--standby-vmms",
+            "1",
+            "--cgroup-placement",
+            "own",
+        ],
+    );
+    // A jailed Firecracker below vms/ in the jailer's hierarchies (v1 here,
+    // or v2), read with the rest of its cgroups at one moment (a snapshot
+    // build's VMM may come and go).
+    let below = |p: i32| -> Option<Vec<(PathBuf, PathBuf)>> {
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
+        if comm.trim() != "firecracker" {
+            return None;
+        }
+        let cgs: Vec<(PathBuf, PathBuf)> = unit
+            .dirs
+            .iter()
+            .map(|(h, u)| Some((raw_cgroup_of(p, h)?, u.clone())))
+            .collect::<Option<_>>()?;
+        cgs.iter()
+            .any(|(c, u)| c.starts_with(u.join(VMS_DIR)))
+            .then_some(cgs)
+    };
+    let mut seen = None;
+    let found = wait_until(Duration::from_secs(30), || {
+        seen = unit
+            .pids()
+            .into_iter()
+            .find_map(|p| below(p).map(|c| (p, c)));
+        seen.is_some()
+    });
+    assert!(
+        found,
+        "no jailed Firecracker below the unit's vms/; log:\n{}",
+        d.log()
+    );
+    let (fc, cgs) = seen.expect("found");
+    for (cg, udir) in &cgs {
+        assert!(
+            cg.starts_with(udir),
+            "Firecracker {fc} in {} outside the unit {}",
+            cg.display(),
+            udir.display()
+        );
+    }
+    drop(d);
+    assert!(
+        wait_until(Duration::from_secs(10), || process::process_gone(fc)),
+        "Firecracker {fc} outlived the daemon"
+    );
 }

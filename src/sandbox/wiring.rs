@@ -363,9 +363,13 @@ pub fn jailer_config(cfg: &Config) -> JailerConfig {
 /// The jailer's `--parent-cgroup` for the daemon's VM parents (one per
 /// hierarchy): their path below their mount, so Firecracker's VMs sit where
 /// QEMU's do (below the daemon's own cgroup with `cgroup_placement own`).
-/// `None` (the jailer's default parent) without parents or when they differ
-/// between hierarchies (the jailer takes one path for all).
-pub fn jailer_parent(parents: &[PathBuf], hs: &[crate::vm::cgroup::Hierarchy]) -> Option<String> {
+/// `None` without parents (the jailer's default parent); an error when the
+/// paths differ between hierarchies: the jailer takes one path for all, and
+/// its VMs would land outside the daemon's cgroup.
+pub fn jailer_parent(
+    parents: &[PathBuf],
+    hs: &[crate::vm::cgroup::Hierarchy],
+) -> std::result::Result<Option<String>, String> {
     let rels: Vec<&std::path::Path> = parents
         .iter()
         .filter_map(|p| {
@@ -374,15 +378,17 @@ pub fn jailer_parent(parents: &[PathBuf], hs: &[crate::vm::cgroup::Hierarchy]) -
                 .min_by_key(|r| r.components().count())
         })
         .collect();
-    let first = *rels.first()?;
+    let Some(first) = rels.first().copied() else {
+        return Ok(None);
+    };
     if rels.len() != parents.len() || rels.iter().any(|r| *r != first) {
-        log::warn!(
-            "cgroup: the VM parents {parents:?} differ between hierarchies: Firecracker's \
-             jailer takes one --parent-cgroup, it keeps its default"
-        );
-        return None;
+        return Err(format!(
+            "the VMs' cgroup parents {parents:?} are not at one path in every hierarchy, and \
+             Firecracker's jailer takes one --parent-cgroup for all: start the daemon in \
+             cgroups of one path (a systemd unit does that) or use cgroup_placement standalone"
+        ));
     }
-    first.to_str().map(str::to_string)
+    Ok(first.to_str().map(str::to_string))
 }
 
 /// The controllers VMs' limits need under `cfg` (`io` with `vm_io_max`).
@@ -423,6 +429,7 @@ pub fn backend_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dy
             };
             let mut jc = jailer_config(cfg);
             if let Some(p) = jailer_parent(&host.cgroup_parents, &crate::vm::cgroup::hierarchies())
+                .map_err(SandboxError::Other)?
             {
                 jc.parent_cgroup = p;
             }
@@ -736,15 +743,16 @@ mod tests {
             PathBuf::from("/sys/fs/cgroup/memory/system.slice/a.service/vms"),
         ];
         assert_eq!(
-            jailer_parent(&same, &hs).as_deref(),
-            Some("system.slice/a.service/vms")
+            jailer_parent(&same, &hs),
+            Ok(Some("system.slice/a.service/vms".to_string()))
         );
         let differ = [
             PathBuf::from("/sys/fs/cgroup/unified/a/vms"),
             PathBuf::from("/sys/fs/cgroup/memory/b/vms"),
         ];
-        assert_eq!(jailer_parent(&differ, &hs), None);
-        assert_eq!(jailer_parent(&[], &hs), None);
+        let e = jailer_parent(&differ, &hs).unwrap_err();
+        assert!(e.contains("one --parent-cgroup"), "{e}");
+        assert_eq!(jailer_parent(&[], &hs), Ok(None));
     }
 
     #[test]

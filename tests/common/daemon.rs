@@ -107,7 +107,20 @@ impl Daemon {
         }
         script.push_str("exec \"$@\"");
         WRAP.with(|w| *w.borrow_mut() = vec!["sh".into(), "-c".into(), script, "sh".into()]);
-        let d = Self::start_with(dir, &super::test_backend(), &agent_bin(), extra);
+        // `--backend X` in `extra` picks the backend (else the tests' one).
+        let at = extra.iter().position(|a| *a == "--backend");
+        let backend = at
+            .and_then(|i| extra.get(i + 1))
+            .map_or_else(super::test_backend, |b| b.to_string());
+        let rest: Vec<&str> = match at {
+            Some(i) => extra[..i]
+                .iter()
+                .chain(extra.iter().skip(i + 2))
+                .copied()
+                .collect(),
+            None => extra.to_vec(),
+        };
+        let d = Self::start_with(dir, &backend, &agent_bin(), &rest);
         WRAP.with(|w| w.borrow_mut().clear());
         d
     }
