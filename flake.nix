@@ -38,7 +38,33 @@
         };
       });
 
-      nixosModules.default = import ./nixos-module;
+      # The module, with its package options defaulting (mkDefault) to this
+      # flake's packages: built with the nixpkgs of flake.lock, whatever
+      # nixpkgs the NixOS system itself uses. Importing ./nixos-module
+      # directly (no flake) builds them with the system's own pkgs instead.
+      nixosModules.default = { lib, pkgs, ... }:
+        let b = builtFor pkgs.stdenv.hostPlatform.system; in
+        {
+          imports = [ ./nixos-module ];
+          services.agent-sandbox = {
+            package = lib.mkDefault b.agent-sandbox;
+            kernel = lib.mkDefault b.kernel;
+            firecrackerPackage = lib.mkDefault b.firecracker;
+            qemuPackage = lib.mkDefault b.qemu;
+            images = lib.mkDefault b.rootfs;
+          };
+        };
+
+      # The same packages built with the nixpkgs the overlay is applied to
+      # (not this flake's lock): agent-sandbox and sandbox-agent at the top
+      # level, everything (kernel, firecracker, qemu, rootfs.<template>,
+      # host) under agent-sandbox-packages.
+      overlays.default = final: _prev:
+        let b = import ./nixos-module/packages { pkgs = final; }; in
+        {
+          inherit (b) agent-sandbox sandbox-agent;
+          agent-sandbox-packages = b;
+        };
 
       checks = forAllSystems (system:
         let c = checksFor system; in

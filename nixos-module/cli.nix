@@ -40,6 +40,11 @@ in
   # The daemon's settings from the module's options. `egress` is the
   # default policy of a session that asks for none; `network` (null: VMs
   # get no network device) is the daemon's network section as is.
+  # `cgroup_placement` "own": the unit delegates its cgroup (Delegate=yes),
+  # the daemon moves into <unit>/daemon and puts every VM (both backends)
+  # in <unit>/vms/<id>, so stopping the unit reaches every VMM. ("auto"
+  # would pick the same under systemd 251+; "own" also fails loudly where
+  # the cgroup is not delegated instead of silently leaving the unit.)
   settings =
     { listen
     , backend
@@ -53,8 +58,10 @@ in
     , mcpHttp
     , network
     , vmIds ? null
+    , cgroupPlacement ? "own"
     }: {
       inherit listen backend network;
+      cgroup_placement = cgroupPlacement;
       state_dir = stateDir;
       keys_file = keysFile;
       # Snapshots (and the QEMU accelerator probe) beside the keys: the

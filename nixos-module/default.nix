@@ -1,6 +1,8 @@
 # NixOS module: services.agent-sandbox, the agent-sandbox host daemon.
-# Usable from the flake (nixosModules.default) or by importing this
-# directory from a checkout.
+# Usable from the flake (nixosModules.default, which also defaults the
+# package options to the flake's own packages, built with the nixpkgs of
+# its flake.lock) or by importing this directory from a checkout (then
+# every package is built with the system's own `pkgs`).
 { config, lib, pkgs, ... }:
 let
   cfg = config.services.agent-sandbox;
@@ -25,6 +27,9 @@ let
     cp ${uncheckedConfig} $out
   '';
 
+  # mkDefault on every leaf of a JSON value (an empty set is a leaf).
+  mkDefaultLeaves = v: if builtins.isAttrs v && v != { } then builtins.mapAttrs (_: mkDefaultLeaves) v else lib.mkDefault v;
+
   # `agent-sandbox-mcp` for agent configs: stdio MCP forwarding to this
   # host's daemon. The key comes from the calling user's environment
   # (AGENT_SANDBOX_API_KEY or AGENT_SANDBOX_KEY_FILE), never from the system.
@@ -39,7 +44,7 @@ in
     package = mkOption {
       type = types.package;
       default = built.agent-sandbox;
-      defaultText = literalMD "the `agent-sandbox` package built from this repository";
+      defaultText = literalMD "the `agent-sandbox` package built from this repository (with the flake's nixpkgs through `nixosModules.default`, else with the system's `pkgs`)";
       description = "The daemon package.";
     };
 
@@ -85,28 +90,28 @@ in
     kernel = mkOption {
       type = types.package;
       default = built.kernel;
-      defaultText = literalMD "the guest kernel built from `images/kernel/`";
+      defaultText = literalMD "the guest kernel built from `images/kernel/` (flake's nixpkgs through `nixosModules.default`, else the system's `pkgs`)";
       description = "Guest kernel package; its `vmlinux` is booted.";
     };
 
     firecrackerPackage = mkOption {
       type = types.package;
       default = built.firecracker;
-      defaultText = literalExpression "pkgs.pkgsStatic.firecracker";
+      defaultText = literalMD "`pkgsStatic.firecracker` (with the nixpkgs PR #460374 fix where missing) of the flake's nixpkgs through `nixosModules.default`, else of the system's `pkgs`";
       description = "Package with the `firecracker` and `jailer` binaries (static: the jailer copies firecracker into an empty chroot).";
     };
 
     qemuPackage = mkOption {
       type = types.package;
       default = built.qemu;
-      defaultText = literalExpression "pkgs.qemu_kvm";
+      defaultText = literalMD "`qemu_kvm` of the flake's nixpkgs through `nixosModules.default`, else of the system's `pkgs`";
       description = "QEMU for the qemu backend.";
     };
 
     images = mkOption {
       type = types.attrsOf types.package;
       default = built.rootfs;
-      defaultText = literalMD "one root filesystem per file in `images/templates/`";
+      defaultText = literalMD "one root filesystem per file in `images/templates/` (flake's nixpkgs through `nixosModules.default`, else the system's `pkgs`)";
       description = "Root filesystem image per template name (each with `rootfs.erofs`).";
     };
 
@@ -192,8 +197,10 @@ in
         TAP devices, NAT and the egress policy (keys: docs/operations.md,
         `uplink_if` (default: the default route's interface), `veth_range`,
         `guest_cidr`, `dns_upstreams` (default: the host's resolvers), ...).
-        `null`: sessions get no network and {option}`egress` has nothing
-        to act on.
+        The default `{ }` takes every key's default; the daemon then waits
+        for a default route at start (the unit is ordered after
+        network-online.target). `null`: sessions get no network and
+        {option}`egress` has nothing to act on.
       '';
     };
 
@@ -213,16 +220,30 @@ in
     settings = mkOption {
       type = json.type;
       default = { };
+      example = { max_vcpus = 4; network.dns_upstreams = [ "9.9.9.9:53" ]; };
       description = ''
-        The daemon's JSON config. The options above fill it (with
-        mkDefault); set keys here to override them or to reach settings
-        without an option.
+        The daemon's JSON config. The options above fill it with mkDefault
+        on every leaf (recursively), so a key set here overrides only
+        itself: `settings.egress.domains = [ ... ]` keeps the `mode` and
+        `rules` the egress options gave. Lists are replaced, not appended.
+        Replacing a whole section the options fill with something that is
+        not an attribute set (`settings.network = null`) conflicts with
+        those leaves: use `lib.mkForce` (or the option, here
+        {option}`network`).
       '';
     };
   };
 
   config = lib.mkIf cfg.enable {
-    assertions = map
+    assertions = [
+      {
+        # The guest kernel config (PVH, x86 devices) and the qemu-system-x86_64
+        # the config names are x86 only.
+        assertion = pkgs.stdenv.hostPlatform.isx86_64;
+        message = "services.agent-sandbox: x86_64 hosts only (this system is ${pkgs.stdenv.hostPlatform.system}): the guest kernel config (PVH, x86 devices), the images built on it and qemu-system-x86_64 are x86-specific";
+      }
+    ]
+    ++ map
       (t: {
         assertion = cfg.images ? ${t};
         message = "services.agent-sandbox.templates: no image for template \"${t}\" (have: ${lib.concatStringsSep ", " (lib.attrNames cfg.images)})";
@@ -242,7 +263,12 @@ in
       )
     ];
 
-    services.agent-sandbox.settings = lib.mapAttrs (_: lib.mkDefault) ((cli.artifacts {
+    # mkDefault on every leaf, not on the top-level keys: an attrsOf type
+    # (json) merges definitions key by key and applies priorities per key, so
+    # a top-level mkDefault { mode, rules, domains } would lose to a user's
+    # { mode } and drop rules and domains. An empty set is a leaf too, so
+    # `settings.network = null` can override the default `{ }`.
+    services.agent-sandbox.settings = mkDefaultLeaves ((cli.artifacts {
       firecracker = cfg.firecrackerPackage;
       inherit (cfg) kernel;
       rootfs = lib.getAttrs cfg.templates cfg.images;
@@ -272,7 +298,12 @@ in
     systemd.services.agent-sandbox = {
       description = "agent-sandbox: disposable microVMs for AI-agent sessions";
       wantedBy = [ "multi-user.target" ];
-      after = [ "network.target" ];
+      # The uplink is the default route's interface unless network.uplink_if
+      # names one: start once the network is up (network.target does not
+      # wait for DHCP). The daemon waits for a default route itself too,
+      # logging every 30 s.
+      wants = [ "network-online.target" ];
+      after = [ "network-online.target" ];
       environment = cfg.extraEnvironment;
       # For network setup steps the daemon may run as commands rather than
       # over netlink.
@@ -281,7 +312,11 @@ in
         ExecStart = lib.escapeShellArgs (cli.serve { package = cfg.package; inherit configFile; });
         Restart = "on-failure";
         RestartSec = 2;
-        # SIGTERM: the daemon destroys every session, then exits 0.
+        # SIGTERM to the daemon alone (it destroys every session, namespaces
+        # and links included, then exits 0), then SIGKILL to whatever is left
+        # in the unit's cgroup: every VMM is in it (cgroup_placement own), so
+        # a hung daemon leaves no VMM behind; the next start sweeps the rest.
+        KillMode = "mixed";
         KillSignal = "SIGTERM";
         TimeoutStopSec = 60;
         LoadCredential = lib.optional (cfg.keysFile != null) "keys:${cfg.keysFile}";
@@ -326,15 +361,21 @@ in
         NoNewPrivileges = true;
 
         # Only the devices VMs need. Not PrivateDevices: that hides /dev/kvm.
-        # "m" lets the jailer mknod the same devices inside its chroot.
+        # "m" lets the jailer mknod the same devices inside its chroot; it
+        # mknods /dev/userfaultfd too when /proc/misc lists it (fatal if
+        # refused). The policy applies to the VMMs as well: they live below
+        # the unit's cgroup.
         DevicePolicy = "closed";
-        DeviceAllow = [ "/dev/kvm rwm" "/dev/net/tun rwm" "/dev/vhost-vsock rw" ];
+        DeviceAllow = [ "/dev/kvm rwm" "/dev/net/tun rwm" "/dev/vhost-vsock rw" "/dev/userfaultfd rwm" ];
 
         ProtectSystem = "strict";
         ReadWritePaths = [
-          # The jailer makes a cgroup per VM; the daemon must keep jailed VMMs
-          # inside this unit's delegated subtree (jailer --parent-cgroup) or
-          # stopping the unit would not stop them.
+          # cgroup_placement own, in the subtree systemd delegates to the unit
+          # (Delegate=yes): at start the daemon moves itself into
+          # <unit>/daemon; every VM of both backends goes to <unit>/vms/<id>
+          # (QEMU placed there by the daemon, Firecracker by the jailer with
+          # --parent-cgroup <unit>/vms). Stopping the unit (KillMode=mixed)
+          # thus reaches every VMM.
           "/sys/fs/cgroup"
           "-/run/netns"
           # (The jailer's chroot base is <state_dir>/jail, inside
@@ -344,8 +385,8 @@ in
         ProtectHome = true;
         PrivateTmp = true;
         # Off on purpose: the daemon writes per-namespace sysctls
-        # (forwarding, rp_filter) under /proc/sys/net, and the jailer writes
-        # cgroup files.
+        # (forwarding, rp_filter) under /proc/sys/net, and the daemon and
+        # the jailer write cgroup files (below the unit's own cgroup).
         ProtectKernelTunables = false;
         ProtectControlGroups = false;
         ProtectKernelModules = true;

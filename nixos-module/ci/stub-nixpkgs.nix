@@ -9,11 +9,21 @@ let
     overrideAttrs = f: drv name (attrs // f attrs);
     static = leaf "${name}-static";
   };
-  escapeShellArg = s: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s) + "'";
+  # nixpkgs lib/strings.nix: a string of only [[:alnum:],._+:@%/-] (at
+  # least one character) is returned as is, anything else single-quoted
+  # with ' written as '\''. (Old nixpkgs always quoted.) ci/eval.nix checks
+  # this against nixpkgs' documented examples.
+  escapeShellArg = arg:
+    let string = toString arg; in
+    if builtins.match "[[:alnum:],._+:@%/-]+" string == null
+    then "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] string + "'"
+    else string;
+  regexSpecials = [ "\\" "[" "]" "{" "}" "(" ")" "^" "$" "?" "*" "+" "|" "." ];
+  escapeRegex = builtins.replaceStrings regexSpecials (map (c: "\\" + c) regexSpecials);
 
   lib = rec {
     inherit (builtins) attrNames mapAttrs concatStringsSep;
-    hasInfix = infix: s: builtins.length (builtins.split infix s) > 1;
+    hasInfix = infix: s: builtins.match ".*${escapeRegex infix}.*" s != null;
     inherit escapeShellArg;
     escapeShellArgs = l: concatStringsSep " " (map escapeShellArg l);
     concatLines = l: concatStringsSep "" (map (x: x + "\n") l);
@@ -23,6 +33,8 @@ let
     optionalString = c: s: if c then s else "";
     mkIf = condition: content: { _type = "if"; inherit condition content; };
     mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
+    mkForce = content: { _type = "override"; priority = 50; inherit content; };
+    getLib = p: p.lib or p;
     mkOption = o: o // { _type = "option"; };
     mkEnableOption = d: mkOption { default = false; description = d; type = types.bool; };
     literalMD = text: { _type = "literalMD"; inherit text; };
@@ -55,7 +67,10 @@ let
     callPackage = f: args:
       let fn = if builtins.isFunction f then f else import f;
       in fn (builtins.mapAttrs (n: _: args.${n} or pkgs.${n} or (leaf n)) (builtins.functionArgs fn));
-    stdenv.mkDerivation = a: drv (a.pname or a.name) a;
+    stdenv = {
+      mkDerivation = a: drv (a.pname or a.name) a;
+      hostPlatform = { system = "x86_64-linux"; isx86_64 = true; };
+    };
     rustPlatform.buildRustPackage = a: drv a.pname (a // { nativeBuildInputs = a.nativeBuildInputs or [ ]; });
     linuxManualConfig = a: drv "linux" a;
     runCommand = name: attrs: script: drv name (attrs // { inherit script; });
@@ -71,14 +86,24 @@ let
     };
     python3 = leaf "python3" // { withPackages = f: leaf "python3-env" // { packages = f { mcp = "mcp"; pip = "pip"; setuptools = "setuptools"; }; }; };
     testers.runNixOSTest = t: drv "nixos-test-${t.name}" t;
-    pkgsStatic.firecracker = leaf "firecracker-static";
+    # A firecracker package as before nixpkgs PR #460374 (its postPatch
+    # without the seccompiler and cpu-template-helper substitutions).
+    pkgsStatic = {
+      firecracker = drv "firecracker-static" {
+        postPatch = ''
+          substituteInPlace $cargoDepsCopy/aws-lc-sys-*/aws-lc/crypto/asn1/a_bitstr.c \
+            --replace-warn '(len > INT_MAX - 1)' '(len < 0 || len > INT_MAX - 1)'
+        '';
+      };
+      libseccomp = leaf "libseccomp-static-lib";
+    };
     qemu_kvm = leaf "qemu";
     glibc = drv "glibc" { };
     linux_6_1 = leaf "linux-6.1" // { version = "6.1.999"; src = leaf "linux-6.1-src"; };
   };
 in
 {
-  inherit lib pkgs leaf;
+  inherit lib pkgs leaf drv;
   # What flake.nix receives as `nixpkgs`.
   nixpkgs = {
     inherit lib;

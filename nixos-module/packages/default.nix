@@ -32,9 +32,41 @@ let
   # Static (musl), for two reasons: the jailer copies firecracker into an
   # empty chroot, and only the musl target has Firecracker's built-in
   # seccomp policy (a glibc build falls back to resources/seccomp/
-  # unimplemented.json, i.e. no filters; nixpkgs PR #460374 made the static
-  # build work).
-  firecracker = pkgs.pkgsStatic.firecracker;
+  # unimplemented.json, i.e. no filters).
+  #
+  # nixpkgs PR #460374 (merged to master 2025-11-10) made the static build
+  # work, in pkgs/by-name/fi/firecracker/package.nix's postPatch: the
+  # seccompiler build script links libseccomp from a hard-coded
+  # /usr/local/lib (now libseccomp's store path), and cpu-template-helper's
+  # build script calls "gcc" (now $CC, the musl cross compiler). The flake's
+  # pin (flake.lock, nixos-25.11 of 2026-05-10) is newer than that merge and
+  # is expected to have it; a consumer's older nixpkgs (the module imported
+  # without the flake builds with the system's pkgs) may not. So the same
+  # substitutions are added only where the package's postPatch lacks them:
+  # a no-op on nixpkgs that has the fix.
+  firecrackerFix = fc: fc.overrideAttrs (old:
+    let
+      postPatch = old.postPatch or "";
+      has = lib.hasInfix;
+    in
+    {
+      postPatch = postPatch
+        + lib.optionalString (!has "src/seccompiler/build.rs" postPatch) ''
+
+          if [ -f src/seccompiler/build.rs ]; then
+            substituteInPlace src/seccompiler/build.rs \
+              --replace-warn "/usr/local/lib" "${lib.getLib pkgs.pkgsStatic.libseccomp}/lib"
+          fi
+        ''
+        + lib.optionalString (!has "src/cpu-template-helper/build.rs" postPatch) ''
+
+          if [ -f src/cpu-template-helper/build.rs ]; then
+            substituteInPlace src/cpu-template-helper/build.rs \
+              --replace-warn '"gcc"' "\"$CC\""
+          fi
+        '';
+    });
+  firecracker = firecrackerFix pkgs.pkgsStatic.firecracker;
   qemu = pkgs.qemu_kvm;
 
   rootfs = lib.genAttrs templates.names (name: pkgs.callPackage ./rootfs.nix {
@@ -51,6 +83,6 @@ let
   };
 in
 {
-  inherit src version templates templatesDir cli artifacts;
+  inherit src version templates templatesDir cli artifacts firecrackerFix;
   inherit agent-sandbox sandbox-agent kernel firecracker qemu rootfs host;
 }
