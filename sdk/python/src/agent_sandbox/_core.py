@@ -43,6 +43,7 @@ Content = Union[bytes, Callable[[], Iterator[bytes]], Callable[[], AsyncIterator
 
 DEFAULT_URL = "http://127.0.0.1:3000"
 NDJSON = "application/x-ndjson"
+NO_TIMEOUT = float("inf")
 
 
 @dataclass
@@ -121,7 +122,8 @@ class Call(Generic[T]):
     headers: Optional[Dict[str, str]] = None
     idempotent: bool = False
     timeout: Optional[float] = None
-    """Read timeout in seconds (None: the config's)."""
+    """Read timeout in seconds (None: the config's; `NO_TIMEOUT` for a
+    stream, which may stay quiet as long as its command does)."""
 
 
 def raise_for(resp: httpx.Response) -> None:
@@ -173,20 +175,9 @@ def json_body(resp: httpx.Response) -> Any:
     return resp.json()
 
 
-def _timeout(cfg: Config, call: Call[Any], stream: bool) -> httpx.Timeout:
+def _timeout(cfg: Config, call: Call[Any]) -> httpx.Timeout:
     read = call.timeout if call.timeout is not None else cfg.timeout
-    return httpx.Timeout(cfg.timeout, read=None if stream else read)
-
-
-def _headers(call: Call[Any], stream: bool) -> Dict[str, str]:
-    h = dict(call.headers or {})
-    if stream:
-        h["Accept"] = NDJSON
-    return h
-
-
-def _retryable(call: Call[Any]) -> bool:
-    return call.idempotent
+    return httpx.Timeout(cfg.timeout, read=None if read == NO_TIMEOUT else read)
 
 
 class Transport:
@@ -199,7 +190,10 @@ class Transport:
     def close(self) -> None:
         self.http.close()
 
-    def _send(self, call: Call[Any], stream: bool, read: bool = True) -> httpx.Response:
+    def _send(self, call: Call[Any], lazy: bool = False) -> httpx.Response:
+        """The one request function: send `call` (retried as the config
+        says) and answer its response, read unless `lazy`; raise the
+        `SandboxError` of an error answer."""
         attempt = 0
         while True:
             attempt += 1
@@ -210,36 +204,36 @@ class Transport:
                 params=call.params,
                 json=call.json,
                 content=content,
-                headers=_headers(call, stream),
-                timeout=_timeout(self.config, call, stream),
+                headers=call.headers,
+                timeout=_timeout(self.config, call),
             )
             try:
-                resp = self.http.send(req, stream=stream or not read)
+                resp = self.http.send(req, stream=lazy)
             except httpx.TransportError as e:
                 err: SandboxError = ConnectionFailed(f"{call.method} {call.path}: {e!r}")
             else:
                 if resp.status_code < 400:
                     return resp
-                if stream or not read:
+                if lazy:
                     resp.read()
                     resp.close()
                 try:
                     raise_for(resp)
                 except SandboxError as e:
                     err = e
-            wait = self.config.retry.delay(attempt, err) if _retryable(call) else None
+            wait = self.config.retry.delay(attempt, err) if call.idempotent else None
             if wait is None:
                 raise err
             time.sleep(wait)
 
     def call(self, call: Call[T]) -> T:
         """Send `call`, retrying as the config says; its parsed answer."""
-        return call.parse(self._send(call, stream=False))
+        return call.parse(self._send(call))
 
     @contextlib.contextmanager
     def open(self, call: Call[Any]) -> Iterator[httpx.Response]:
         """Send `call` and hand over its answer unread (a download)."""
-        resp = self._send(call, stream=False, read=False)
+        resp = self._send(call, lazy=True)
         try:
             yield resp
         finally:
@@ -247,7 +241,7 @@ class Transport:
 
     def stream(self, call: Call[Any]) -> Iterator[Event]:
         """Send `call` for NDJSON and yield its events until `Exited`."""
-        resp = self._send(call, stream=True)
+        resp = self._send(call, lazy=True)
         try:
             for line in resp.iter_lines():
                 if line.strip():
@@ -273,7 +267,10 @@ class AsyncTransport:
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def _send(self, call: Call[Any], stream: bool, read: bool = True) -> httpx.Response:
+    async def _send(self, call: Call[Any], lazy: bool = False) -> httpx.Response:
+        """The one request function: send `call` (retried as the config
+        says) and answer its response, read unless `lazy`; raise the
+        `SandboxError` of an error answer."""
         attempt = 0
         while True:
             attempt += 1
@@ -284,36 +281,36 @@ class AsyncTransport:
                 params=call.params,
                 json=call.json,
                 content=content,
-                headers=_headers(call, stream),
-                timeout=_timeout(self.config, call, stream),
+                headers=call.headers,
+                timeout=_timeout(self.config, call),
             )
             try:
-                resp = await self.http.send(req, stream=stream or not read)
+                resp = await self.http.send(req, stream=lazy)
             except httpx.TransportError as e:
                 err: SandboxError = ConnectionFailed(f"{call.method} {call.path}: {e!r}")
             else:
                 if resp.status_code < 400:
                     return resp
-                if stream or not read:
+                if lazy:
                     await resp.aread()
                     await resp.aclose()
                 try:
                     raise_for(resp)
                 except SandboxError as e:
                     err = e
-            wait = self.config.retry.delay(attempt, err) if _retryable(call) else None
+            wait = self.config.retry.delay(attempt, err) if call.idempotent else None
             if wait is None:
                 raise err
             await asyncio.sleep(wait)
 
     async def call(self, call: Call[T]) -> T:
         """Send `call`, retrying as the config says; its parsed answer."""
-        return call.parse(await self._send(call, stream=False))
+        return call.parse(await self._send(call))
 
     @contextlib.asynccontextmanager
     async def open(self, call: Call[Any]) -> AsyncIterator[httpx.Response]:
         """Send `call` and hand over its answer unread (a download)."""
-        resp = await self._send(call, stream=False, read=False)
+        resp = await self._send(call, lazy=True)
         try:
             yield resp
         finally:
@@ -321,7 +318,7 @@ class AsyncTransport:
 
     async def stream(self, call: Call[Any]) -> AsyncIterator[Event]:
         """Send `call` for NDJSON and yield its events until `Exited`."""
-        resp = await self._send(call, stream=True)
+        resp = await self._send(call, lazy=True)
         try:
             async for line in resp.aiter_lines():
                 if line.strip():

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._core import Call, Content, json_body
+from ._core import NDJSON, NO_TIMEOUT, Call, Content, json_body
 from .models import (
     CommandResult,
     CreatedKey,
@@ -51,6 +51,9 @@ def _drop_none(d: Json) -> Json:
 
 def _ok(resp: httpx.Response) -> None:
     return None
+
+
+_STREAM = {"Accept": NDJSON}
 
 
 # --- sessions ---------------------------------------------------------------
@@ -189,7 +192,7 @@ def exec_buffered(session: str, body: Json) -> Call[CommandResult]:
 
 def exec_stream(session: str, body: Json) -> Call[None]:
     """Streamed with `Transport.stream` (events, not a parsed answer)."""
-    return Call("POST", _s(session) + "/exec", _ok, json=body)
+    return Call("POST", _s(session) + "/exec", _ok, json=body, headers=_STREAM, timeout=NO_TIMEOUT)
 
 
 def exec_background(session: str, body: Json) -> Call[Started]:
@@ -223,7 +226,9 @@ def attach(session: str, proc: int, replay: bool = True) -> Call[None]:
         _p(session, proc) + "/output",
         _ok,
         params={"replay": "true" if replay else "false"},
+        headers=_STREAM,
         idempotent=True,
+        timeout=NO_TIMEOUT,
     )
 
 
