@@ -40,10 +40,11 @@ let
   # /usr/local/lib (now libseccomp's store path), and cpu-template-helper's
   # build script calls "gcc" (now $CC, the musl cross compiler). The flake's
   # pin (flake.lock, nixos-25.11 of 2026-05-10) is newer than that merge and
-  # is expected to have it; a consumer's older nixpkgs (the module imported
-  # without the flake builds with the system's pkgs) may not. So the same
-  # substitutions are added only where the package's postPatch lacks them:
-  # a no-op on nixpkgs that has the fix.
+  # is expected to have it (not confirmed: nixpkgs cannot be fetched here);
+  # a consumer's older nixpkgs (the module imported without the flake builds
+  # with the system's pkgs) may not. So the same substitutions are added
+  # only where the package's postPatch lacks them: a no-op on nixpkgs that
+  # has the fix (ci/eval.nix checks both cases).
   firecrackerFix = fc: fc.overrideAttrs (old:
     let
       postPatch = old.postPatch or "";
