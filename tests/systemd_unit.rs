@@ -162,6 +162,14 @@ fn unit_daemon(unit: &Unit, dir: tempfile::TempDir, prefix: &str) -> Daemon {
     )
 }
 
+/// A daemon's state dir (a temp dir: its path marks the daemon's processes).
+fn state_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sbx-unit")
+        .tempdir()
+        .expect("tempdir")
+}
+
 fn vm_ready() -> bool {
     if !is_root() || !common::daemon::vm_backend() {
         return false;
@@ -199,10 +207,7 @@ fn every_vmm_runs_inside_the_units_cgroup_and_stopping_it_leaves_nothing() {
         v2.display(),
         std::io::Error::last_os_error()
     );
-    let dir = tempfile::Builder::new()
-        .prefix("sbx-unit")
-        .tempdir()
-        .expect("tempdir");
+    let dir = state_dir();
     // No --cgroup-placement: `auto` must see the delegation.
     let mut d = unit_daemon(&unit, dir, &prefix);
     assert!(
@@ -281,10 +286,7 @@ fn killing_a_hung_daemons_unit_stops_every_vmm_and_the_next_start_sweeps() {
     }
     let prefix = unique_prefix();
     let unit = Unit::new(&format!("{prefix}-unit.service"));
-    let dir = tempfile::Builder::new()
-        .prefix("sbx-unit")
-        .tempdir()
-        .expect("tempdir");
+    let dir = state_dir();
     let mut d = Daemon::start_in_cgroups(
         dir,
         &unit.procs_files(),
@@ -515,10 +517,7 @@ fn a_jailed_firecracker_runs_inside_the_units_cgroup() {
     }
     let prefix = unique_prefix();
     let unit = Unit::at_root(&format!("{prefix}-unit.service"));
-    let dir = tempfile::Builder::new()
-        .prefix("sbx-unit")
-        .tempdir()
-        .expect("tempdir");
+    let dir = state_dir();
     // The standby VMM's snapshot build starts a jailed Firecracker at
     // once (whether its guest boots on this host does not matter here).
     let d = Daemon::start_in_cgroups(
