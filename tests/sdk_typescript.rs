@@ -193,6 +193,7 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     eprintln!("{}", numbers.trim());
 
     // The docs script treats typedoc's warnings as errors.
+    let docs = tmp.path().join("docs");
     let mut typedoc = npm(&sdk, &["run", "docs"]);
     typedoc.env("DOCS_OUT", &docs);
     run(typedoc, "npm run docs", 3 * MIN);

@@ -67,7 +67,6 @@ export interface StartOptions extends Omit<CommandOptions, "signal"> {
 /** A signal name (`"TERM"`, `"SIGKILL"`, any case) or number (1-64). */
 export type Signal = string | number;
 
-const hasBlob = typeof Blob !== "undefined";
 
 /** Base64 of bytes, without Node's Buffer. */
 export function toBase64(bytes: Uint8Array): string {
@@ -362,7 +361,7 @@ export class Files {
     const res = await this.#content("PUT", path, {
       body: body as BodyInit,
       query: { mode: opts.mode?.toString(8) },
-      headers: { "content-type": hasBlob && body instanceof Blob && body.type ? body.type : "application/octet-stream" },
+      headers: { "content-type": "application/octet-stream" },
       signal: opts.signal,
     });
     return (await res.json()) as { path: string; bytes: number };
