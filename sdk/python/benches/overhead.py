@@ -1,6 +1,6 @@
 """Overhead of the SDK: p50 of exec `true` through `commands.run` vs a raw
 httpx POST of the same body, in the same process, on the same session,
-50 runs each (interleaved, after a warm-up).
+50 runs each (interleaved, each first in turn, after a warm-up).
 
     python benches/overhead.py [--runs 50]
 """
@@ -42,9 +42,13 @@ def main() -> None:
             via_sdk()
         sdk: List[float] = []
         http: List[float] = []
-        for _ in range(n):
-            sdk.append(timed(via_sdk))
-            http.append(timed(via_raw))
+        for i in range(n):  # alternate which goes first: no order bias
+            if i % 2:
+                sdk.append(timed(via_sdk))
+                http.append(timed(via_raw))
+            else:
+                http.append(timed(via_raw))
+                sdk.append(timed(via_sdk))
         raw.close()
 
     def line(name: str, xs: List[float]) -> str:
