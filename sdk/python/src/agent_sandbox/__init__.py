@@ -25,6 +25,7 @@ from .aio import (
     AsyncPty,
     AsyncSandbox,
     AsyncSnapshots,
+    Opening,
 )
 from .errors import SandboxError
 from .models import (
@@ -72,6 +73,7 @@ __all__ = [
     "AsyncNetwork",
     "AsyncKeys",
     "AsyncSnapshots",
+    "Opening",
     "Config",
     "Retry",
     "SandboxError",
