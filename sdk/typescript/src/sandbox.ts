@@ -42,6 +42,11 @@ export interface CommandOptions {
   /** Bytes fed to stdin, then EOF. */
   stdin?: string | Uint8Array;
   /**
+   * Output as exact bytes too (`bytes` on events, `stdoutBytes` / `stderrBytes`
+   * on results), for binary output; `data` / `stdout` stay its UTF-8 reading.
+   */
+  binary?: boolean;
+  /**
    * Aborting it disconnects; the daemon then kills the foreground command
    * (it notices the disconnect when the command next prints).
    */
@@ -57,7 +62,7 @@ export interface RunOptions extends CommandOptions {
 }
 
 /** Options of {@link Commands.start}. */
-export interface StartOptions extends Omit<CommandOptions, "signal"> {
+export interface StartOptions extends Omit<CommandOptions, "signal" | "binary"> {
   /** A label shown in process listings. */
   tag?: string;
   /** Run on a terminal of this size (all output is stdout). */
@@ -84,7 +89,26 @@ function execBody(cmd: string | string[], o: CommandOptions & StartOptions, extr
   else if (o.stdin !== undefined) body.stdinBase64 = toBase64(o.stdin);
   if (o.tag !== undefined) body.tag = o.tag;
   if (o.pty !== undefined) body.pty = o.pty;
+  if (o.binary) body.encoding = "base64";
   return { ...body, ...extra };
+}
+
+/** Bytes of base64 text, without Node's Buffer. */
+export function fromBase64(text: string): Uint8Array {
+  const s = atob(text);
+  const out = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+  return out;
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
 }
 
 function exitOf(raw: Record<string, unknown>): CommandExit {
@@ -100,14 +124,21 @@ function exitOf(raw: Record<string, unknown>): CommandExit {
 
 /** The daemon's stream lines as {@link CommandEvent}s; an error line is thrown as its error class. */
 async function* events(body: ReadableStream<Uint8Array> | null): AsyncGenerator<CommandEvent> {
+  // Base64 chunks are read per stream, so a character split between chunks stays whole.
+  const text = { stdout: new TextDecoder(), stderr: new TextDecoder() };
   for await (const raw of ndjson(body)) {
     switch (raw.type) {
       case "started":
         yield { type: "started", procId: raw.procId as number, pid: raw.pid as number };
         break;
-      case "stream":
-        yield { type: raw.stream === "stderr" ? "stderr" : "stdout", data: raw.data as string, ts: raw.ts as number };
+      case "stream": {
+        const type = raw.stream === "stderr" ? "stderr" : "stdout";
+        if (raw.encoding === "base64") {
+          const bytes = fromBase64(raw.data as string);
+          yield { type, data: text[type].decode(bytes, { stream: true }), ts: raw.ts as number, bytes };
+        } else yield { type, data: raw.data as string, ts: raw.ts as number };
         break;
+      }
       case "dropped":
         yield { type: "dropped", bytes: raw.bytes as number };
         break;
@@ -121,21 +152,26 @@ async function* events(body: ReadableStream<Uint8Array> | null): AsyncGenerator<
 }
 
 /** Runs the events to the end, collecting output: the {@link CommandResult}. */
-async function collect(evs: AsyncIterable<CommandEvent>, o: RunOptions = {}): Promise<CommandResult> {
+async function collect(evs: AsyncIterable<CommandEvent>, o: RunOptions & { binary?: boolean } = {}): Promise<CommandResult> {
   let stdout = "";
   let stderr = "";
+  const bytes = { stdout: [] as Uint8Array[], stderr: [] as Uint8Array[] };
   let procId: number | undefined;
   for await (const ev of evs) {
     if (ev.type === "started") procId = ev.procId;
     else if (ev.type === "stdout") {
       stdout += ev.data;
+      if (ev.bytes) bytes.stdout.push(ev.bytes);
       o.onStdout?.(ev.data);
     } else if (ev.type === "stderr") {
       stderr += ev.data;
+      if (ev.bytes) bytes.stderr.push(ev.bytes);
       o.onStderr?.(ev.data);
     } else if (ev.type === "exit") {
       const { type: _, ...exit } = ev;
-      return { ...exit, stdout, stderr, truncated: false, procId };
+      const r: CommandResult = { ...exit, stdout, stderr, truncated: false, procId };
+      if (o.binary) Object.assign(r, { stdoutBytes: concat(bytes.stdout), stderrBytes: concat(bytes.stderr) });
+      return r;
     }
   }
   throw new SandboxError("the output stream ended before the command's result", 0, "stream_ended");
@@ -157,15 +193,17 @@ export class Commands {
   async run(cmd: string | string[], opts: RunOptions = {}): Promise<CommandResult> {
     if (opts.onStdout || opts.onStderr) return collect(this.stream(cmd, opts), opts);
     const raw = await this.#sb.json<Record<string, unknown>>("POST", "/exec", { json: execBody(cmd, opts), signal: opts.signal });
-    const out = (raw.output as { stream: string; data: string }[] | undefined) ?? [];
-    const text = (s: string) => out.filter((c) => c.stream === s).map((c) => c.data).join("");
-    return {
-      ...exitOf(raw),
-      stdout: text("stdout"),
-      stderr: text("stderr"),
-      truncated: Boolean(raw.truncated),
-      procId: raw.procId as number | undefined,
-    };
+    const out = (raw.output as { stream: string; data: string; encoding?: string }[] | undefined) ?? [];
+    const result: CommandResult = { ...exitOf(raw), stdout: "", stderr: "", truncated: Boolean(raw.truncated), procId: raw.procId as number | undefined };
+    for (const s of ["stdout", "stderr"] as const) {
+      const chunks = out.filter((c) => c.stream === s);
+      if (opts.binary) {
+        const b = concat(chunks.map((c) => (c.encoding === "base64" ? fromBase64(c.data) : new TextEncoder().encode(c.data))));
+        result[s] = new TextDecoder().decode(b);
+        result[s === "stdout" ? "stdoutBytes" : "stderrBytes"] = b;
+      } else result[s] = chunks.map((c) => c.data).join("");
+    }
+    return result;
   }
 
   /**
@@ -193,8 +231,9 @@ export class Commands {
    * Yields a background process's events until it exits: what it printed so far
    * first (unless `replay: false`), then live output, then `exit`.
    */
-  attach(procId: number, opts: { replay?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
-    return this.#events("GET", `/processes/${procId}/output`, { query: { replay: opts.replay ?? true }, signal: opts.signal });
+  attach(procId: number, opts: { replay?: boolean; binary?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
+    const query = { replay: opts.replay ?? true, encoding: opts.binary ? "base64" : undefined };
+    return this.#events("GET", `/processes/${procId}/output`, { query, signal: opts.signal });
   }
 
   /** An NDJSON request's events; leaving early aborts the request (so the daemon sees the client go). */
@@ -219,8 +258,8 @@ export class Commands {
   }
 
   /** Waits for a background process to exit; its output replayed and collected. */
-  wait(procId: number, opts: Omit<RunOptions, keyof CommandOptions> = {}): Promise<CommandResult> {
-    return collect(this.attach(procId), opts).then((r) => ({ ...r, procId }));
+  wait(procId: number, opts: Omit<RunOptions, Exclude<keyof CommandOptions, "binary">> = {}): Promise<CommandResult> {
+    return collect(this.attach(procId, { binary: opts.binary }), opts).then((r) => ({ ...r, procId }));
   }
 
   /** Sends bytes to a background process's stdin (`eof: true` closes it after). */
@@ -291,11 +330,11 @@ export class Process {
     this.pid = pid;
   }
   /** {@link Commands.attach} */
-  attach(opts: { replay?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
+  attach(opts: { replay?: boolean; binary?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<CommandEvent> {
     return this.sandbox.commands.attach(this.procId, opts);
   }
   /** {@link Commands.wait} */
-  wait(opts: Omit<RunOptions, keyof CommandOptions> = {}): Promise<CommandResult> {
+  wait(opts: Omit<RunOptions, Exclude<keyof CommandOptions, "binary">> = {}): Promise<CommandResult> {
     return this.sandbox.commands.wait(this.procId, opts);
   }
   /** {@link Commands.sendStdin} */

@@ -97,12 +97,16 @@ export interface CommandResult extends CommandExit {
   /** Output was cut at the daemon's 16 MiB bound. */
   truncated: boolean;
   procId?: number;
+  /** The exact stdout bytes (with `binary: true`; `stdout` is their UTF-8 reading). */
+  stdoutBytes?: Uint8Array;
+  /** The exact stderr bytes (with `binary: true`). */
+  stderrBytes?: Uint8Array;
 }
 
 /** One event of a command's stream, in order. */
 export type CommandEvent =
   | { type: "started"; procId: number; pid: number }
-  | { type: "stdout" | "stderr"; data: string; ts: number }
+  | { type: "stdout" | "stderr"; data: string; ts: number; /** The chunk's exact bytes (with `binary: true`). */ bytes?: Uint8Array }
   | { type: "dropped"; bytes: number }
   | ({ type: "exit" } & CommandExit);
 

@@ -28,6 +28,23 @@ test("run: argv without a shell, cwd, env over the session's, stdin text and byt
   assert.equal((await sb.commands.run("od -An -tu1 | tr -s ' '", { stdin: bytes })).stdout.trim(), "0 1 2 255 10");
 });
 
+test("binary: exact output bytes, buffered, streamed and attached; text split mid-character stays whole", async () => {
+  const sb = ref.sb;
+  const want = [0, 255, 254, 10, 0xe2, 0x9c, 0x93];
+  const cmd = "printf '\\000\\377\\376\\n'; printf '\\342'; sleep 0.2; printf '\\234\\223'";
+  const buffered = await sb.commands.run(cmd, { binary: true });
+  assert.deepEqual([...buffered.stdoutBytes], want);
+  assert.equal(buffered.stdoutBytes.length, 7);
+  assert.ok(buffered.stdout.endsWith("✓"));
+  const streamed = await sb.commands.run(cmd, { binary: true, onStdout: () => {} });
+  assert.deepEqual([...streamed.stdoutBytes], want);
+  assert.ok(streamed.stdout.endsWith("✓"), JSON.stringify(streamed.stdout));
+  const p = await sb.commands.start(cmd);
+  const waited = await p.wait({ binary: true });
+  assert.deepEqual([...waited.stdoutBytes], want);
+  assert.equal((await sb.commands.run(cmd)).stdoutBytes, undefined); // text only unless asked
+});
+
 test("run: a timeout kills the command", async () => {
   const r = await ref.sb.commands.run("sleep 30", { timeout: 500 });
   assert.equal(r.timedOut, true);
