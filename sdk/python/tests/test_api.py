@@ -88,3 +88,25 @@ def test_keys_and_rate_limit(client: Client) -> None:
     finally:
         client.keys.delete(rec.id)
     assert rec.id not in {k.id for k in client.keys.list()}
+
+
+def test_admin_reaches_another_keys_session_with_owner(client: Client) -> None:
+    other = client.keys.create("sdk-py-owner", scopes=["exec"])
+    try:
+        with Client(api_key=other.key) as theirs, Sandbox.create(client=theirs) as sbx:
+            with pytest.raises(errors.SessionNotFound):
+                client.connect(sbx.id)  # each key has its own namespace
+            listed = {s.id: s.owner for s in client.list()}  # an admin lists every key's
+            assert listed[sbx.id] == other.record.id
+            mine = client.connect(sbx.id, owner=other.record.id)
+            assert mine.owner == other.record.id
+            mine.files.write("from-admin.txt", "hi")
+            assert sbx.files.read("from-admin.txt") == "hi"
+            assert mine.commands.run("cat from-admin.txt").stdout == "hi"
+            assert [e.name for e in mine.files.list()] == ["from-admin.txt"]
+            with pytest.raises(errors.Forbidden):
+                Sandbox.connect(sbx.id, client=theirs, owner=other.record.id)  # owner= needs admin
+            assert mine.kill() is True
+            assert sbx.kill() is False  # the admin ended it
+    finally:
+        client.keys.delete(other.record.id)

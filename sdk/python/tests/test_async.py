@@ -168,6 +168,9 @@ def test_async_files_network_state_run() -> None:
             assert {t.name for t in await c.templates()} >= {"base"}
             assert (await c.health())["status"] == "ok"
             k = await c.keys.create("sdk-py-async")
+            async with AsyncClient(api_key=k.key) as theirs, AsyncSandbox.create(client=theirs) as other:
+                mine = await c.connect(other.id, owner=k.record.id)
+                assert (await mine.commands.run("echo x")).stdout == "x\n" and mine.owner == k.record.id
             assert k.record.id in {x.id for x in await c.keys.list()}
             assert (await c.keys.rotate(k.record.id)).key != k.key
             assert (await c.keys.revoke(k.record.id)).enabled is False

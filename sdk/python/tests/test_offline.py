@@ -197,3 +197,29 @@ def test_readme_quick_start_is_the_example() -> None:
     block = readme.split("```python\n", 1)[1].split("```", 1)[0]
     example = (root / "examples" / "quickstart.py").read_text()
     assert block == example and len(example.splitlines()) == 10
+
+
+def test_owner_goes_only_to_session_routes() -> None:
+    seen: List[str] = []
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        seen.append(f"{r.method} {r.url.path}?{r.url.query.decode()}")
+        if r.url.path == "/v1/snapshots":
+            return httpx.Response(200, json={"snapshots": []})
+        if r.url.path.endswith("/processes"):
+            return httpx.Response(200, json={"processes": []})
+        return httpx.Response(200, json={"id": "s1", "state": "ready", "destroyed": True})
+
+    with mock_client(handler) as c:
+        sbx = c.connect("s1", owner="kother")
+        sbx.commands.list()
+        c.snapshots.list()
+        sbx.kill()
+        c.connect("s1")
+    assert seen == [
+        "GET /v1/sessions/s1?owner=kother",
+        "GET /v1/sessions/s1/processes?owner=kother",
+        "GET /v1/snapshots?",
+        "DELETE /v1/sessions/s1?owner=kother",
+        "GET /v1/sessions/s1?",
+    ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import random
@@ -175,6 +176,12 @@ def json_body(resp: httpx.Response) -> Any:
     return resp.json()
 
 
+def _params(call: Call[Any], owner: Optional[str]) -> Optional[Mapping[str, Any]]:
+    if owner and call.path.startswith("/v1/sessions/"):
+        return {**(call.params or {}), "owner": owner}
+    return call.params
+
+
 def _timeout(cfg: Config, call: Call[Any]) -> httpx.Timeout:
     read = call.timeout if call.timeout is not None else cfg.timeout
     return httpx.Timeout(cfg.timeout, read=None if read == NO_TIMEOUT else read)
@@ -186,6 +193,14 @@ class Transport:
     def __init__(self, config: Config, http: Optional[httpx.Client] = None) -> None:
         self.config = config
         self.http = http or httpx.Client(base_url=config.url, headers=config.headers())
+        self.owner: Optional[str] = None
+
+    def owned_by(self, owner: Optional[str]) -> "Transport":
+        """This transport (same connections) sending `?owner=` on session
+        routes: an admin key reaching another key's sessions."""
+        view = copy.copy(self)
+        view.owner = owner
+        return view
 
     def close(self) -> None:
         self.http.close()
@@ -201,7 +216,7 @@ class Transport:
             req = self.http.build_request(
                 call.method,
                 call.path,
-                params=call.params,
+                params=_params(call, self.owner),
                 json=call.json,
                 content=content,
                 headers=call.headers,
@@ -263,6 +278,14 @@ class AsyncTransport:
     def __init__(self, config: Config, http: Optional[httpx.AsyncClient] = None) -> None:
         self.config = config
         self.http = http or httpx.AsyncClient(base_url=config.url, headers=config.headers())
+        self.owner: Optional[str] = None
+
+    def owned_by(self, owner: Optional[str]) -> "AsyncTransport":
+        """This transport (same connections) sending `?owner=` on session
+        routes: an admin key reaching another key's sessions."""
+        view = copy.copy(self)
+        view.owner = owner
+        return view
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -278,7 +301,7 @@ class AsyncTransport:
             req = self.http.build_request(
                 call.method,
                 call.path,
-                params=call.params,
+                params=_params(call, self.owner),
                 json=call.json,
                 content=content,
                 headers=call.headers,

@@ -101,9 +101,10 @@ class AsyncClient:
         infos, failed = await self._t.call(ops.create_sessions(body))
         return [AsyncSandbox(i, self) for i in infos], failed
 
-    async def connect(self, sandbox_id: str) -> "AsyncSandbox":
-        """The session `sandbox_id` (checked to exist), sharing this client."""
-        return await AsyncSandbox.connect(sandbox_id, client=self)
+    async def connect(self, sandbox_id: str, owner: Optional[str] = None) -> "AsyncSandbox":
+        """The session `sandbox_id` (checked to exist), sharing this client;
+        `owner`: another key's id, for an admin key."""
+        return await AsyncSandbox.connect(sandbox_id, client=self, owner=owner)
 
     async def list(self) -> List[SessionInfo]:
         """This key's sessions (an admin key: every key's)."""
@@ -153,13 +154,19 @@ class AsyncSandbox:
     ```
     """
 
-    def __init__(self, info: SessionInfo, client: AsyncClient, owns_client: bool = False) -> None:
+    def __init__(
+        self, info: SessionInfo, client: AsyncClient, owns_client: bool = False, owner: Optional[str] = None
+    ) -> None:
         self.id = info.id
         """The session id."""
         self.info_at_start = info
+        """The session as it was when this handle was made."""
         self.client = client
+        self.owner = owner
+        """The key id this session belongs to, when reached with an admin
+        key's `owner=` (else None: the client's own key)."""
         self._owns = owns_client
-        t = client._t
+        self._t = t = client._t.owned_by(owner) if owner else client._t
         self.commands = AsyncCommands(t, self.id)
         self.pty = AsyncPty(t, self.id)
         self.files = AsyncFiles(t, self.id)
@@ -236,17 +243,20 @@ class AsyncSandbox:
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         api_key: Optional[str] = None,
+        owner: Optional[str] = None,
     ) -> "AsyncSandbox":
-        """A handle on an existing session (`SessionNotFound` if there is none)."""
+        """A handle on an existing session (`SessionNotFound` if there is
+        none). `owner`: the key id of another key's session (an admin key
+        only; `SessionInfo.owner` in an admin's `list()`)."""
         owns = client is None
         c = client or AsyncClient(url, api_key)
         try:
-            info = await c._t.call(ops.get_session(sandbox_id))
+            info = await c._t.owned_by(owner).call(ops.get_session(sandbox_id))
         except BaseException:
             if owns:
                 await c.close()
             raise
-        return cls(info, c, owns)
+        return cls(info, c, owns, owner)
 
     @staticmethod
     async def list(
@@ -260,16 +270,16 @@ class AsyncSandbox:
 
     async def info(self) -> SessionInfo:
         """The session as the daemon shows it now."""
-        return await self.client._t.call(ops.get_session(self.id))
+        return await self._t.call(ops.get_session(self.id))
 
     async def keepalive(self) -> SessionInfo:
         """Reset the idle timer."""
-        return await self.client._t.call(ops.keepalive(self.id))
+        return await self._t.call(ops.keepalive(self.id))
 
     async def kill(self) -> bool:
         """Destroy the session and its sandbox: True if this call did, False
         if it was already gone (not an error)."""
-        return await self.client._t.call(ops.delete_session(self.id))
+        return await self._t.call(ops.delete_session(self.id))
 
     async def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""
@@ -291,25 +301,25 @@ class AsyncSandbox:
 
     async def checkpoint(self, name: Optional[str] = None) -> Snapshot:
         """Save the whole session state as a snapshot; the session runs on."""
-        return await self.client._t.call(ops.checkpoint(self.id, name))
+        return await self._t.call(ops.checkpoint(self.id, name))
 
     async def fork(self, count: int = 1) -> Tuple[List["AsyncSandbox"], List[FailedCopy]]:
         """`count` new sessions started from a checkpoint of this one (the
         copies that started, and those that failed)."""
-        infos, failed = await self.client._t.call(ops.fork(self.id, count))
+        infos, failed = await self._t.call(ops.fork(self.id, count))
         return [self._sibling(i) for i in infos], failed
 
     async def pause(self) -> SessionInfo:
         """Save the state and stop the VM; any exec or file call resumes it."""
-        return await self.client._t.call(ops.pause(self.id))
+        return await self._t.call(ops.pause(self.id))
 
     async def resume(self) -> SessionInfo:
-        return await self.client._t.call(ops.resume(self.id))
+        return await self._t.call(ops.resume(self.id))
 
     def _sibling(self, info: SessionInfo) -> "AsyncSandbox":
         if self._owns:  # its own connection, so it outlives this one
-            return AsyncSandbox(info, AsyncClient(config=self.client.config), True)
-        return AsyncSandbox(info, self.client)
+            return AsyncSandbox(info, AsyncClient(config=self.client.config), True, self.owner)
+        return AsyncSandbox(info, self.client, owner=self.owner)
 
 
 class AsyncProcess:

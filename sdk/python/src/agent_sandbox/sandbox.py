@@ -86,9 +86,10 @@ class Client:
         infos, failed = self._t.call(ops.create_sessions(body))
         return [Sandbox(i, self) for i in infos], failed
 
-    def connect(self, sandbox_id: str) -> "Sandbox":
-        """The session `sandbox_id` (checked to exist), sharing this client."""
-        return Sandbox.connect(sandbox_id, client=self)
+    def connect(self, sandbox_id: str, owner: Optional[str] = None) -> "Sandbox":
+        """The session `sandbox_id` (checked to exist), sharing this client;
+        `owner`: another key's id, for an admin key."""
+        return Sandbox.connect(sandbox_id, client=self, owner=owner)
 
     def list(self) -> List[SessionInfo]:
         """This key's sessions (an admin key: every key's)."""
@@ -134,13 +135,19 @@ class Sandbox:
     ```
     """
 
-    def __init__(self, info: SessionInfo, client: Client, owns_client: bool = False) -> None:
+    def __init__(
+        self, info: SessionInfo, client: Client, owns_client: bool = False, owner: Optional[str] = None
+    ) -> None:
         self.id = info.id
         """The session id."""
         self.info_at_start = info
+        """The session as it was when this handle was made."""
         self.client = client
+        self.owner = owner
+        """The key id this session belongs to, when reached with an admin
+        key's `owner=` (else None: the client's own key)."""
         self._owns = owns_client
-        t = client._t
+        self._t = t = client._t.owned_by(owner) if owner else client._t
         self.commands = Commands(t, self.id)
         self.pty = Pty(t, self.id)
         self.files = Files(t, self.id)
@@ -210,17 +217,20 @@ class Sandbox:
         client: Optional[Client] = None,
         url: Optional[str] = None,
         api_key: Optional[str] = None,
+        owner: Optional[str] = None,
     ) -> "Sandbox":
-        """A handle on an existing session (`SessionNotFound` if there is none)."""
+        """A handle on an existing session (`SessionNotFound` if there is
+        none). `owner`: the key id of another key's session (an admin key
+        only; `SessionInfo.owner` in an admin's `list()`)."""
         owns = client is None
         c = client or Client(url, api_key)
         try:
-            info = c._t.call(ops.get_session(sandbox_id))
+            info = c._t.owned_by(owner).call(ops.get_session(sandbox_id))
         except BaseException:
             if owns:
                 c.close()
             raise
-        return cls(info, c, owns)
+        return cls(info, c, owns, owner)
 
     @staticmethod
     def list(
@@ -234,16 +244,16 @@ class Sandbox:
 
     def info(self) -> SessionInfo:
         """The session as the daemon shows it now."""
-        return self.client._t.call(ops.get_session(self.id))
+        return self._t.call(ops.get_session(self.id))
 
     def keepalive(self) -> SessionInfo:
         """Reset the idle timer."""
-        return self.client._t.call(ops.keepalive(self.id))
+        return self._t.call(ops.keepalive(self.id))
 
     def kill(self) -> bool:
         """Destroy the session and its sandbox: True if this call did, False
         if it was already gone (not an error)."""
-        return self.client._t.call(ops.delete_session(self.id))
+        return self._t.call(ops.delete_session(self.id))
 
     def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""
@@ -265,25 +275,25 @@ class Sandbox:
 
     def checkpoint(self, name: Optional[str] = None) -> Snapshot:
         """Save the whole session state as a snapshot; the session runs on."""
-        return self.client._t.call(ops.checkpoint(self.id, name))
+        return self._t.call(ops.checkpoint(self.id, name))
 
     def fork(self, count: int = 1) -> Tuple[List["Sandbox"], List[FailedCopy]]:
         """`count` new sessions started from a checkpoint of this one (the
         copies that started, and those that failed)."""
-        infos, failed = self.client._t.call(ops.fork(self.id, count))
+        infos, failed = self._t.call(ops.fork(self.id, count))
         return [self._sibling(i) for i in infos], failed
 
     def pause(self) -> SessionInfo:
         """Save the state and stop the VM; any exec or file call resumes it."""
-        return self.client._t.call(ops.pause(self.id))
+        return self._t.call(ops.pause(self.id))
 
     def resume(self) -> SessionInfo:
-        return self.client._t.call(ops.resume(self.id))
+        return self._t.call(ops.resume(self.id))
 
     def _sibling(self, info: SessionInfo) -> "Sandbox":
         if self._owns:  # its own connection, so it outlives this one
-            return Sandbox(info, Client(config=self.client.config), True)
-        return Sandbox(info, self.client)
+            return Sandbox(info, Client(config=self.client.config), True, self.owner)
+        return Sandbox(info, self.client, owner=self.owner)
 
 
 class Process:
