@@ -30,6 +30,9 @@ def test_templates_and_health(client: Client) -> None:
     assert "base" in names and names["base"].memory_mib > 0 and "bash" in names["base"].tools
     h = client.health()
     assert h["status"] == "ok"
+    r = client.ready()
+    assert r["status"] == "ready" and r["checks"]["accepting"] is True
+    assert "agent_sandbox_sessions" in client.metrics()
 
 
 def test_network_policy(sbx: Sandbox) -> None:

@@ -167,6 +167,7 @@ def test_async_files_network_state_run() -> None:
             assert r.stdout == "2\n" and r.exit_code == 0
             assert {t.name for t in await c.templates()} >= {"base"}
             assert (await c.health())["status"] == "ok"
+            assert (await c.ready())["ready"] is True and "# EOF" in await c.metrics()
             k = await c.keys.create("sdk-py-async")
             async with AsyncClient(api_key=k.key) as theirs, AsyncSandbox.create(client=theirs) as other:
                 mine = await c.connect(other.id, owner=k.record.id)

@@ -223,3 +223,15 @@ def test_owner_goes_only_to_session_routes() -> None:
         "DELETE /v1/sessions/s1?owner=kother",
         "GET /v1/sessions/s1?",
     ]
+
+
+def test_ready_answers_not_ready_without_retrying() -> None:
+    n: List[int] = []
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        n.append(1)
+        return httpx.Response(503, json={"status": "not_ready", "ready": False, "reason": "at capacity"})
+
+    with mock_client(handler, FAST) as c:
+        assert c.ready()["reason"] == "at capacity"
+    assert len(n) == 1

@@ -122,6 +122,8 @@ class Call(Generic[T]):
     content: Optional[Content] = None
     headers: Optional[Dict[str, str]] = None
     idempotent: bool = False
+    answers: FrozenSet[int] = frozenset()
+    """Error statuses that are an answer here, not an error (`/ready`'s 503)."""
     timeout: Optional[float] = None
     """Read timeout in seconds (None: the config's; `NO_TIMEOUT` for a
     stream, which may stay quiet as long as its command does)."""
@@ -227,7 +229,7 @@ class Transport:
             except httpx.TransportError as e:
                 err: SandboxError = ConnectionFailed(f"{call.method} {call.path}: {e!r}")
             else:
-                if resp.status_code < 400:
+                if resp.status_code < 400 or resp.status_code in call.answers:
                     return resp
                 if lazy:
                     resp.read()
@@ -312,7 +314,7 @@ class AsyncTransport:
             except httpx.TransportError as e:
                 err: SandboxError = ConnectionFailed(f"{call.method} {call.path}: {e!r}")
             else:
-                if resp.status_code < 400:
+                if resp.status_code < 400 or resp.status_code in call.answers:
                     return resp
                 if lazy:
                     await resp.aread()

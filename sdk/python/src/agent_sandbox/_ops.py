@@ -147,6 +147,15 @@ def health() -> Call[Json]:
     return Call("GET", "/health", json_body, idempotent=True)
 
 
+def ready() -> Call[Json]:
+    # 503 with `{"status": "not_ready", ...}` is the answer, not an error to retry.
+    return Call("GET", "/ready", json_body, answers=frozenset({503}))
+
+
+def metrics() -> Call[str]:
+    return Call("GET", "/metrics", lambda r: r.text, idempotent=True)
+
+
 # --- commands -----------------------------------------------------------------
 
 

@@ -119,7 +119,17 @@ class AsyncClient:
         return await self._t.call(ops.list_templates())
 
     async def health(self) -> Dict[str, Any]:
+        """`GET /health` (no key needed): status, uptime, version, backend."""
         return await self._t.call(ops.health())
+
+    async def ready(self) -> Dict[str, Any]:
+        """`GET /ready`: `ready` true when sessions can be created, else
+        `reason` says what failed (answered, not raised, when not ready)."""
+        return await self._t.call(ops.ready())
+
+    async def metrics(self) -> str:
+        """`GET /metrics` (`metrics` scope): OpenMetrics text."""
+        return await self._t.call(ops.metrics())
 
 
 class Opening:

@@ -104,7 +104,17 @@ class Client:
         return self._t.call(ops.list_templates())
 
     def health(self) -> Dict[str, Any]:
+        """`GET /health` (no key needed): status, uptime, version, backend."""
         return self._t.call(ops.health())
+
+    def ready(self) -> Dict[str, Any]:
+        """`GET /ready`: `ready` true when sessions can be created, else
+        `reason` says what failed (answered, not raised, when not ready)."""
+        return self._t.call(ops.ready())
+
+    def metrics(self) -> str:
+        """`GET /metrics` (`metrics` scope): OpenMetrics text."""
+        return self._t.call(ops.metrics())
 
 
 def run(
