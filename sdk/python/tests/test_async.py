@@ -67,6 +67,7 @@ def test_async_commands_stream_background_pty() -> None:
         async with AsyncSandbox.create() as sbx:
             r = await sbx.commands.run("echo out; echo err >&2; exit 4", env={"A": "b"})
             assert (r.exit_code, r.stdout, r.stderr) == (4, "out\n", "err\n")
+            assert (await sbx.commands.run("printf '\\377\\000'", binary=True)).stdout_bytes == b"\xff\x00"
             events = [e async for e in sbx.commands.stream("echo 1; sleep 0.05; echo 2 >&2; echo 3")]
             assert isinstance(events[0], Started) and isinstance(events[-1], Exited)
             assert [(e.stream, e.data) for e in events if isinstance(e, Output)] == [

@@ -135,3 +135,20 @@ def test_leaving_a_stream_early_cancels_the_command(sbx: Sandbox) -> None:
         return not any(p.proc_id == proc and p.running for p in sbx.commands.list())
 
     wait_for(ended, timeout=20, what="the abandoned command to be killed")
+
+
+def test_binary_output_keeps_exact_bytes(sbx: Sandbox) -> None:
+    want = bytes(range(256))
+    sbx.files.write("/tmp/all.bin", want)
+    r = sbx.commands.run("cat /tmp/all.bin; printf '\\377' >&2", binary=True)
+    assert r.stdout_bytes == want and r.stderr_bytes == b"\xff"
+    assert r.stdout == want.decode("utf-8", "replace")
+    text = sbx.commands.run("cat /tmp/all.bin")  # the default: UTF-8 text, invalid bytes replaced
+    assert text.stdout_bytes is None and "\ufffd" in text.stdout
+    raw = b"".join(e.raw or b"" for e in sbx.commands.stream("cat /tmp/all.bin", binary=True) if isinstance(e, Output))
+    assert raw == want
+    p = sbx.commands.start("cat /tmp/all.bin")
+    assert p.wait(binary=True).stdout_bytes == want
+    cb: List[str] = []
+    r2 = sbx.commands.run("printf 'caf\\303\\251'", binary=True, on_stdout=cb.append)
+    assert r2.stdout_bytes == "café".encode() and r2.stdout == "café" and "".join(cb) == r2.stdout

@@ -235,3 +235,18 @@ def test_ready_answers_not_ready_without_retrying() -> None:
     with mock_client(handler, FAST) as c:
         assert c.ready()["reason"] == "at capacity"
     assert len(n) == 1
+
+
+def test_binary_chunks_gathered_whole() -> None:
+    # "é" split across two base64 chunks: each chunk alone is invalid UTF-8.
+    r = CommandResult.from_wire(
+        {
+            "exitCode": 0,
+            "output": [
+                {"stream": "stdout", "data": "w w==".replace(" ", ""), "encoding": "base64"},
+                {"stream": "stdout", "data": "qQ==", "encoding": "base64"},
+            ],
+        }
+    )
+    assert r.stdout_bytes == b"\xc3\xa9" and r.stdout == "é" and r.stderr_bytes == b""
+    assert ops.exec_body("x", binary=True)["encoding"] == "base64"

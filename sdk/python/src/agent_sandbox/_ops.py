@@ -169,8 +169,10 @@ def exec_body(
     pty: Optional[Tuple[int, int]] = None,
     background: bool = False,
     tag: Optional[str] = None,
+    binary: bool = False,
 ) -> Json:
-    """The exec body; `timeout` in seconds (the wire takes milliseconds)."""
+    """The exec body; `timeout` in seconds (the wire takes milliseconds);
+    `binary`: output as base64 chunks (exact bytes)."""
     body: Json = {"command": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
     if isinstance(stdin, bytes):
         body["stdinBase64"] = base64.b64encode(stdin).decode()
@@ -182,6 +184,8 @@ def exec_body(
         body["pty"] = {"rows": pty[0], "cols": pty[1]}
     if background:
         body["background"] = True
+    if binary:
+        body["encoding"] = "base64"
     return _drop_none({**body, "cwd": cwd, "env": dict(env) if env else None, "tag": tag})
 
 
@@ -229,12 +233,15 @@ def get_process(session: str, proc: int) -> Call[ProcessInfo]:
     return Call("GET", _p(session, proc), lambda r: ProcessInfo.from_wire(r.json()), idempotent=True)
 
 
-def attach(session: str, proc: int, replay: bool = True) -> Call[None]:
+def attach(session: str, proc: int, replay: bool = True, binary: bool = False) -> Call[None]:
+    params = {"replay": "true" if replay else "false"}
+    if binary:
+        params["encoding"] = "base64"
     return Call(
         "GET",
         _p(session, proc) + "/output",
         _ok,
-        params={"replay": "true" if replay else "false"},
+        params=params,
         headers=_STREAM,
         idempotent=True,
         timeout=NO_TIMEOUT,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 __all__ = [
     "ResourceUsage",
@@ -72,19 +72,20 @@ class CommandResult:
     truncated: bool = False
     """Output went over the daemon's 16 MiB buffer."""
     proc_id: Optional[int] = None
+    stdout_bytes: Optional[bytes] = None
+    """The exact bytes of stdout, when run with `binary=True` (`stdout` is
+    then their UTF-8 reading, invalid bytes replaced)."""
+    stderr_bytes: Optional[bytes] = None
     raw: Json = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_wire(cls, d: Json, stdout: str = "", stderr: str = "") -> "CommandResult":
-        """From a buffered answer (its `output` chunks) or a `result` event
-        (`stdout`/`stderr` gathered from the stream)."""
-        out, err = [stdout], [stderr]
-        for chunk in d.get("output") or []:
-            (out if chunk.get("stream") == "stdout" else err).append(_chunk_text(chunk))
-        return cls(
+    def from_wire(cls, d: Json) -> "CommandResult":
+        """From a buffered answer (with its `output` chunks) or a `result`
+        event (without: the stream's `Output` events had them)."""
+        result = cls(
             exit_code=int(d.get("exitCode", -1)),
-            stdout="".join(out),
-            stderr="".join(err),
+            stdout="",
+            stderr="",
             duration_ms=int(d["durationMs"] if d.get("durationMs") is not None else d.get("duration", 0)),
             timed_out=bool(d.get("timedOut", False)),
             resource_usage=ResourceUsage.from_wire(d.get("resourceUsage")),
@@ -94,13 +95,26 @@ class CommandResult:
             proc_id=d.get("procId"),
             raw=d,
         )
+        return result.with_output(Output.from_wire(c) for c in d.get("output") or [])
 
-
-def _chunk_text(chunk: Json) -> str:
-    data = chunk.get("data", "")
-    if chunk.get("encoding") == "base64":
-        return base64.b64decode(data).decode("utf-8", "replace")
-    return str(data)
+    def with_output(self, chunks: Iterable["Output"]) -> "CommandResult":
+        """This result with `stdout`/`stderr` (and their bytes, for binary
+        chunks) made of `chunks`, in order: the one place output is gathered."""
+        text: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        raw: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
+        binary = False
+        for c in chunks:
+            key = "stderr" if c.stream == "stderr" else "stdout"
+            text[key].append(c.data)
+            raw[key].append(c.raw if c.raw is not None else c.data.encode())
+            binary = binary or c.raw is not None
+        if binary:  # decoded whole: a character split across chunks stays whole
+            self.stdout_bytes, self.stderr_bytes = b"".join(raw["stdout"]), b"".join(raw["stderr"])
+            self.stdout = self.stdout_bytes.decode("utf-8", "replace")
+            self.stderr = self.stderr_bytes.decode("utf-8", "replace")
+        else:
+            self.stdout, self.stderr = "".join(text["stdout"]), "".join(text["stderr"])
+        return self
 
 
 @dataclass
@@ -118,12 +132,19 @@ class Output:
     stream: str
     """`stdout` or `stderr`."""
     data: str
+    """The chunk as text (binary chunks: their UTF-8 reading, invalid bytes replaced)."""
     ts: int
     """Unix ms."""
+    raw: Optional[bytes] = None
+    """The chunk's exact bytes, for output asked for with `binary=True`."""
 
     @classmethod
     def from_wire(cls, d: Json) -> "Output":
-        return cls(d.get("stream", "stdout"), _chunk_text(d), int(d.get("ts", 0)))
+        stream, ts = d.get("stream", "stdout"), int(d.get("ts", 0))
+        if d.get("encoding") == "base64":
+            raw = base64.b64decode(d.get("data", ""))
+            return cls(stream, raw.decode("utf-8", "replace"), ts, raw)
+        return cls(stream, str(d.get("data", "")), ts)
 
 
 @dataclass

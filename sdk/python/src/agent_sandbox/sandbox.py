@@ -320,14 +320,18 @@ class Process:
     def info(self) -> ProcessInfo:
         return self._t.call(ops.get_process(self._s, self.proc_id))
 
-    def attach(self, replay: bool = True) -> Iterator[Event]:
+    def attach(self, replay: bool = True, binary: bool = False) -> Iterator[Event]:
         """Its output as events (what it printed so far first, unless
-        `replay=False`), ending with `Exited` when it exits."""
-        return self._t.stream(ops.attach(self._s, self.proc_id, replay))
+        `replay=False`), ending with `Exited` when it exits; `binary=True`:
+        `Output.raw` has the exact bytes."""
+        return self._t.stream(ops.attach(self._s, self.proc_id, replay, binary))
 
-    def wait(self, on_stdout: Optional[OnOutput] = None, on_stderr: Optional[OnOutput] = None) -> CommandResult:
-        """Follow its output until it exits; the result with all of it."""
-        return _gather(self.attach(), on_stdout, on_stderr)
+    def wait(
+        self, on_stdout: Optional[OnOutput] = None, on_stderr: Optional[OnOutput] = None, binary: bool = False
+    ) -> CommandResult:
+        """Follow its output until it exits; the result with all of it
+        (`binary=True`: its bytes too)."""
+        return _gather(self.attach(binary=binary), on_stdout, on_stderr)
 
     def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> int:
         """Write to its stdin (`eof=True` closes it after); bytes delivered."""
@@ -345,18 +349,15 @@ class Process:
 
 
 def _gather(events: Iterator[Event], on_stdout: Optional[OnOutput], on_stderr: Optional[OnOutput]) -> CommandResult:
-    out: List[str] = []
-    err: List[str] = []
+    outs: List[Output] = []
     for ev in events:
         if isinstance(ev, Output):
-            (out if ev.stream == "stdout" else err).append(ev.data)
+            outs.append(ev)
             cb = on_stdout if ev.stream == "stdout" else on_stderr
             if cb is not None:
                 cb(ev.data)
         elif isinstance(ev, Exited):
-            r = ev.result
-            r.stdout, r.stderr = "".join(out), "".join(err)
-            return r
+            return ev.result.with_output(outs)
     raise AssertionError("unreachable: the stream raises without a result")
 
 
@@ -376,14 +377,16 @@ class Commands:
         stdin: Union[str, bytes, None] = None,
         on_stdout: Optional[OnOutput] = None,
         on_stderr: Optional[OnOutput] = None,
+        binary: bool = False,
     ) -> CommandResult:
         """Run `cmd` (a shell line, or an argv list) to its end.
 
         `timeout` in seconds (then `timed_out` and SIGKILL); with
-        `on_stdout`/`on_stderr` the output is streamed to them as it comes.
+        `on_stdout`/`on_stderr` the output is streamed to them as it comes;
+        `binary=True` keeps the exact bytes (`stdout_bytes`, `stderr_bytes`).
         A non-zero exit is a result, not an exception.
         """
-        body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
+        body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, binary=binary)
         if on_stdout is None and on_stderr is None:
             return self._t.call(ops.exec_buffered(self._s, body))
         return _gather(self._t.stream(ops.exec_stream(self._s, body)), on_stdout, on_stderr)
@@ -396,11 +399,13 @@ class Commands:
         env: Optional[Mapping[str, str]] = None,
         timeout: Optional[float] = None,
         stdin: Union[str, bytes, None] = None,
+        binary: bool = False,
     ) -> Iterator[Event]:
         """Run `cmd`, yielding `Started`, `Output`... and last `Exited` as the
-        guest produces them. Leaving the loop early closes the stream, and
-        the daemon kills the command (when it next writes output)."""
-        body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
+        guest produces them (`binary=True`: `Output.raw` has the bytes).
+        Leaving the loop early closes the stream, and the daemon kills the
+        command (when it next writes output)."""
+        body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, binary=binary)
         return self._t.stream(ops.exec_stream(self._s, body))
 
     def start(
@@ -426,8 +431,8 @@ class Commands:
         p = self._t.call(ops.get_process(self._s, proc_id))
         return Process(self._t, self._s, p.proc_id, p.pid)
 
-    def attach(self, proc_id: int, replay: bool = True) -> Iterator[Event]:
-        return Process(self._t, self._s, proc_id).attach(replay)
+    def attach(self, proc_id: int, replay: bool = True, binary: bool = False) -> Iterator[Event]:
+        return Process(self._t, self._s, proc_id).attach(replay, binary)
 
     def send_stdin(self, proc_id: int, data: Union[str, bytes], eof: bool = False) -> int:
         return Process(self._t, self._s, proc_id).send_stdin(data, eof)
