@@ -3,6 +3,7 @@ encodings, through httpx's MockTransport."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -10,7 +11,7 @@ from typing import Callable, List, Optional
 import httpx
 import pytest
 
-from agent_sandbox import Client, CommandResult, Egress, Retry, Sandbox, errors
+from agent_sandbox import Client, CommandResult, Egress, Retry, Sandbox, SessionInfo, errors
 from agent_sandbox import _ops as ops
 from agent_sandbox._core import Config, event_of
 
@@ -250,3 +251,36 @@ def test_binary_chunks_gathered_whole() -> None:
     )
     assert r.stdout_bytes == b"\xc3\xa9" and r.stdout == "é" and r.stderr_bytes == b""
     assert ops.exec_body("x", binary=True)["encoding"] == "base64"
+
+
+def test_uploads_retried_only_when_the_bytes_can_be_sent_again() -> None:
+    bodies: List[bytes] = []
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        bodies.append(r.read())
+        if len(bodies) == 1:
+            return err(503, "reply_memory_exhausted", "0")
+        return httpx.Response(201, json={"path": "/f", "bytes": len(bodies[-1])})
+
+    with mock_client(handler, FAST) as c:
+        sbx = Sandbox(SessionInfo(id="s1", state="ready"), c)
+        f = io.BytesIO(b"xxpayload")
+        f.seek(2)
+        assert sbx.files.upload("/f", f, chunk_size=3) == 7  # seekable: sent again, whole
+        assert bodies == [b"payload", b"payload"]
+        bodies.clear()
+
+        class Pipe(io.RawIOBase):
+            data = io.BytesIO(b"once")
+
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+                chunk = self.data.read(len(b))
+                b[: len(chunk)] = chunk
+                return len(chunk)
+
+        with pytest.raises(errors.ReplyMemoryExhausted):
+            sbx.files.upload("/f", Pipe())  # read once: not retried
+        assert bodies == [b"once"]

@@ -23,6 +23,11 @@ def size_of(source: Source) -> Optional[int]:
         return None
 
 
+def replayable(source: Source) -> bool:
+    """Whether `source` can be read again from the start (a retry)."""
+    return isinstance(source, (str, os.PathLike)) or source.seekable()
+
+
 def chunks_of(source: Source, chunk_size: int = CHUNK) -> Callable[[], Iterator[bytes]]:
     """A function making a fresh iterator over the bytes of `source` (a
     file object is read from where it stood when this was called)."""

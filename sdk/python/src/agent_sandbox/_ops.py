@@ -292,9 +292,12 @@ def download(session: str, path: str) -> Call[None]:
     return Call("GET", _f(session, "content"), _ok, params={"path": path}, idempotent=True)
 
 
-def write(session: str, path: str, content: Content, mode: Optional[int], size: Optional[int]) -> Call[int]:
+def write(
+    session: str, path: str, content: Content, mode: Optional[int], size: Optional[int], replayable: bool = True
+) -> Call[int]:
     """PUT of the raw bytes; `content` bytes or a function making a fresh
-    iterator of chunks (so a retry can send it again)."""
+    iterator of chunks, retried only when it can send the same bytes again
+    (`replayable`: not a pipe or socket read once)."""
     params: Json = {"path": path}
     if mode is not None:
         params["mode"] = format(mode, "o")
@@ -309,7 +312,7 @@ def write(session: str, path: str, content: Content, mode: Optional[int], size: 
         params=params,
         content=content,
         headers=headers,
-        idempotent=True,
+        idempotent=replayable,
         timeout=600.0,
     )
 

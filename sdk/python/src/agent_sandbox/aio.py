@@ -11,7 +11,7 @@ import httpx
 
 from . import _ops as ops
 from ._core import AsyncTransport, Config, Retry
-from ._files import CHUNK, Sink, Source, async_chunks_of, async_write_sink, size_of
+from ._files import CHUNK, Sink, Source, async_chunks_of, async_write_sink, replayable, size_of
 from ._ops import Command, Duration, Signal
 from .models import (
     CommandResult,
@@ -526,7 +526,9 @@ class AsyncFiles:
     async def upload(self, path: str, source: Source, mode: Optional[int] = None, chunk_size: int = CHUNK) -> int:
         """Stream a local file (a path, or a binary file object) to `path`
         without holding it in memory; bytes written."""
-        return await self._t.call(ops.write(self._s, path, async_chunks_of(source, chunk_size), mode, size_of(source)))
+        return await self._t.call(
+            ops.write(self._s, path, async_chunks_of(source, chunk_size), mode, size_of(source), replayable(source))
+        )
 
     async def download(self, path: str, dest: Sink, chunk_size: int = CHUNK) -> int:
         """Stream `path` to a local file (a path, or a binary file object);

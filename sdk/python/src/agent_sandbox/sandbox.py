@@ -9,7 +9,7 @@ import httpx
 
 from . import _ops as ops
 from ._core import Config, Retry, Transport
-from ._files import CHUNK, Sink, Source, chunks_of, size_of, write_sink
+from ._files import CHUNK, Sink, Source, chunks_of, replayable, size_of, write_sink
 from ._ops import Command, Duration, Signal
 from .models import (
     CommandResult,
@@ -495,7 +495,9 @@ class Files:
     def upload(self, path: str, source: Source, mode: Optional[int] = None, chunk_size: int = CHUNK) -> int:
         """Stream a local file (a path, or a binary file object) to `path`
         without holding it in memory; bytes written."""
-        return self._t.call(ops.write(self._s, path, chunks_of(source, chunk_size), mode, size_of(source)))
+        return self._t.call(
+            ops.write(self._s, path, chunks_of(source, chunk_size), mode, size_of(source), replayable(source))
+        )
 
     def download(self, path: str, dest: Sink, chunk_size: int = CHUNK) -> int:
         """Stream `path` to a local file (a path, or a binary file object);
