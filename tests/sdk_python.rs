@@ -11,10 +11,9 @@ mod common;
 mod skip;
 
 use common::daemon::Daemon;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -33,51 +32,12 @@ fn python_has(args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Runs `cmd` (killed after `limit`), failing the test with its output
-/// unless it exits 0; answers its stdout.
+/// Runs `cmd` (killed after `limit`) with the installed wheel, never the
+/// source tree, and no bytecode written: [`common::run_checked`].
 fn run(mut cmd: Command, what: &str, limit: Duration) -> String {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // The installed wheel, never the source tree; no bytecode in it.
-        .env_remove("PYTHONPATH")
+    cmd.env_remove("PYTHONPATH")
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: spawn: {e}"));
-    let mut so = child.stdout.take().expect("stdout");
-    let mut se = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            break Some(st);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (out, err) = (
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    );
-    match status {
-        Some(st) if st.success() => out,
-        Some(st) => panic!("{what} failed ({st}):\n--- stdout\n{out}\n--- stderr\n{err}"),
-        None => {
-            panic!("{what} did not end within {limit:?}:\n--- stdout\n{out}\n--- stderr\n{err}")
-        }
-    }
+    common::run_checked(cmd, what, limit)
 }
 
 /// The only `.whl` in `dir`.

@@ -327,3 +327,49 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
     assert!(st.success(), "building the wheel failed");
     whl
 }
+
+/// Runs `cmd` (killed after `limit`), failing the test with its output
+/// unless it exits 0; answers its stdout. For tools the tests drive (the
+/// SDKs' own suites, package managers).
+pub fn run_checked(mut cmd: std::process::Command, what: &str, limit: Duration) -> String {
+    use std::io::Read;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: spawn: {e}"));
+    let mut so = child.stdout.take().expect("stdout");
+    let mut se = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break Some(st);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    match status {
+        Some(st) if st.success() => out,
+        Some(st) => panic!("{what} failed ({st}):\n--- stdout\n{out}\n--- stderr\n{err}"),
+        None => {
+            panic!("{what} did not end within {limit:?}:\n--- stdout\n{out}\n--- stderr\n{err}")
+        }
+    }
+}
