@@ -7,6 +7,8 @@
 //! or without a VM backend.
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/skip.rs"]
 mod skip;
 
@@ -107,7 +109,20 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
         "agent_sandbox imported from {from:?}, not the venv"
     );
 
-    let d = Daemon::start(&[]);
+    // Sessions with networking, through a test uplink namespace (no packet
+    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK).
+    let topo = netns::Topology::new("sdkpy");
+    let host = topo.host_path().display().to_string();
+    let d = Daemon::start(&[
+        "--network",
+        "on",
+        "--uplink",
+        "up0",
+        "--net-host-netns",
+        &host,
+        "--dns-upstream",
+        "198.51.100.53:53",
+    ]);
     // The 429 and at-capacity tests: a daemon of their own (local sandboxes).
     let limited = Daemon::start_local(&[
         "--rate-limit",
@@ -119,6 +134,7 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
     ]);
     let env = |c: &mut Command| {
         c.env("AGENT_SANDBOX_URL", &d.base)
+            .env("AGENT_SANDBOX_TEST_NETWORK", "on")
             .env("AGENT_SANDBOX_API_KEY", &d.key)
             .env("AGENT_SANDBOX_LIMITED_URL", &limited.base)
             .env("AGENT_SANDBOX_LIMITED_KEY", &limited.key)

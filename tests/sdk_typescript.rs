@@ -7,6 +7,8 @@
 //! node/npm or a VM backend.
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/skip.rs"]
 mod skip;
 
@@ -79,9 +81,23 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     )
     .expect("copy quickstart");
 
-    let d = Daemon::start(&[]);
+    // Sessions with networking, through a test uplink namespace (no packet
+    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK).
+    let topo = netns::Topology::new("sdkts");
+    let host = topo.host_path().display().to_string();
+    let d = Daemon::start(&[
+        "--network",
+        "on",
+        "--uplink",
+        "up0",
+        "--net-host-netns",
+        &host,
+        "--dns-upstream",
+        "198.51.100.53:53",
+    ]);
     let env = |c: &mut Command| {
         c.env("AGENT_SANDBOX_URL", &d.base)
+            .env("AGENT_SANDBOX_TEST_NETWORK", "on")
             .env("AGENT_SANDBOX_API_KEY", &d.key);
     };
     let mut qs = Command::new("node");
