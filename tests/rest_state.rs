@@ -45,20 +45,21 @@ fn vm_daemon(extra: &[&str]) -> Option<Daemon> {
 }
 
 /// A Python process that keeps a counter in memory, driven through a
-/// FIFO: `inc` adds one, `dump` writes it to /tmp/counter.
+/// FIFO: `inc` adds one, `dump` writes it to /tmp/counter. It holds the
+/// FIFO open for writing too, so it never reads an EOF: a reader that
+/// closed at each EOF and reopened lost the line of a writer that came in
+/// between (CI: 1 counted of 3 `inc`s).
 const COUNTER: &str = r#"mkfifo /tmp/ctl; exec python3 -c '
-import sys
+import os
 n = 0
-while True:
-    with open("/tmp/ctl") as f:
-        for line in f:
-            if line.strip() == "inc":
-                n += 1
-            elif line.strip() == "dump":
-                with open("/tmp/counter.tmp", "w") as o:
-                    o.write(str(n))
-                import os
-                os.rename("/tmp/counter.tmp", "/tmp/counter")
+with os.fdopen(os.open("/tmp/ctl", os.O_RDWR), "r") as f:
+    for line in f:
+        if line.strip() == "inc":
+            n += 1
+        elif line.strip() == "dump":
+            with open("/tmp/counter.tmp", "w") as o:
+                o.write(str(n))
+            os.rename("/tmp/counter.tmp", "/tmp/counter")
 '"#;
 
 /// Starts `cmd` as a background process of session `id`.
