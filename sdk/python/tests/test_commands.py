@@ -96,6 +96,9 @@ def test_signal_kill_and_kill_all(sbx: Sandbox) -> None:
     sbx.commands.signal(a.proc_id, 19)  # SIGSTOP by number: still there for kill_all
     killed, remaining = sbx.commands.kill_all()
     assert killed >= 2 and remaining == 0
+    # Their records note the exit a moment after the answer (the agent's
+    # pump, after the reaper): wait for it rather than read a list at once.
+    assert a.wait().signal == "SIGKILL" and b.wait().signal == "SIGKILL"
     running = {i.proc_id for i in sbx.commands.list() if i.running}
     assert a.proc_id not in running and b.proc_id not in running
     with pytest.raises(errors.ProcessNotFound):

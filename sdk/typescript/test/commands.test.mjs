@@ -159,6 +159,8 @@ test("background: signal, kill, killAll", async () => {
   const k = await sb.commands.killAll();
   assert.ok(k.killed >= 2, `killed ${k.killed}`);
   assert.equal(k.remaining, 0);
+  // The record notes the exit a moment after the answer: wait for it.
+  assert.equal((await c.wait()).signal, "SIGKILL");
   assert.equal((await c.info()).running, false);
   await assert.rejects(sb.commands.get(999999), ProcessNotFound);
 });
