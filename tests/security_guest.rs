@@ -250,8 +250,10 @@ impl Watch {
         }
     }
 
-    /// Stops and checks: health always within a second, the bystander
-    /// answered every time (and at least once).
+    /// Stops and checks: health always within two seconds, the bystander
+    /// answered every time (and at least once). (Two, not one: with other
+    /// VM suites on the same 2 cores a /health answer once waited 1.4 s on
+    /// the scheduler alone; a daemon stalled by an attack waits far longer.)
     fn finish(mut self, what: &str) {
         self.stop.store(true, Ordering::Release);
         let (worst, execs, fails) = self
@@ -264,7 +266,7 @@ impl Watch {
         assert!(fails.is_empty(), "{what}: {fails:?}");
         assert!(execs >= 1, "{what}: the bystander never ran");
         assert!(
-            worst < Duration::from_secs(1),
+            worst < Duration::from_secs(2),
             "{what}: /health took {worst:?}"
         );
     }
