@@ -414,8 +414,9 @@ pub fn plan(
         Placement::Auto => hs
             .iter()
             .find(|h| h.v1.is_none())
-            .and_then(|h| own_rel(h, proc_cgroup).map(|r| h.mount.join(r)))
-            .is_some_and(|d| d != Path::new("") && delegated(&d)),
+            .and_then(|h| Some((h, own_rel(h, proc_cgroup)?)))
+            // (A root cgroup is nobody's to delegate.)
+            .is_some_and(|(h, r)| !r.as_os_str().is_empty() && delegated(&h.mount.join(r))),
     };
     if !own {
         let rel = daemon_rel(state_dir);
