@@ -1047,7 +1047,7 @@ pub fn vsock_connect(
 ) -> Result<UnixStream> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
-    let mut last = String::from("no answer");
+    let mut last = String::new();
     loop {
         if !alive() {
             return Err(VmError::Api {
@@ -1063,6 +1063,12 @@ pub fn vsock_connect(
             // An empty reason (deadline hit before trying) keeps the last real one.
             Err(Attempt::Retry(why)) if why.is_empty() => {}
             Err(Attempt::Retry(why)) => last = why,
+            // The read waits only until the deadline, so silence is the
+            // last try: keep what the tries before it saw (on a loaded host
+            // a server that closes at once may not run before the deadline).
+            Err(Attempt::Silent) if last.is_empty() => last = SILENT.into(),
+            Err(Attempt::Silent) if last.ends_with(SILENT) => {}
+            Err(Attempt::Silent) => last = format!("{last}; then {SILENT}"),
             Err(Attempt::Fatal(e)) => return Err(e),
         }
         let now = Instant::now();
@@ -1070,8 +1076,9 @@ pub fn vsock_connect(
             return Err(VmError::Timeout {
                 backend: NAME,
                 what: format!(
-                    "guest agent on vsock port {port} via {} (last: {last})",
-                    uds.display()
+                    "guest agent on vsock port {port} via {} (last: {})",
+                    uds.display(),
+                    if last.is_empty() { "no answer" } else { &last }
                 ),
                 ms: ms(started, deadline),
             });
@@ -1081,8 +1088,12 @@ pub fn vsock_connect(
     }
 }
 
+const SILENT: &str = "no answer to CONNECT";
+
 enum Attempt {
     Retry(String),
+    /// Connected, but no answer before the deadline.
+    Silent,
     Fatal(VmError),
 }
 
@@ -1149,7 +1160,7 @@ fn handshake(uds: &Path, port: u32, deadline: Instant) -> std::result::Result<Un
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(Attempt::Retry("no answer to CONNECT".into()))
+                return Err(Attempt::Silent)
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
                 return Err(Attempt::Retry(format!("read: {e}")))
