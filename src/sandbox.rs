@@ -149,6 +149,10 @@ pub trait Sandbox: Send {
             self.id()
         )))
     }
+    /// What the session's egress inspection proxy did (networking layer).
+    fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
+        None
+    }
     /// How long the phases of creation took, e.g. `(Phase::Network, 3 ms)`;
     /// exported as metrics by the session layer.
     fn timings(&self) -> Vec<(Phase, std::time::Duration)> {

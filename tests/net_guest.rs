@@ -753,3 +753,200 @@ fn run_reaches_the_network_only_when_allowed() {
         );
     }
 }
+
+/// A web server for the inspection proxy test in the test internet
+/// namespace: HTTP on :80 and HTTPS on :443 (a throwaway certificate; the
+/// guest's curl runs with -k, what matters here is the name it sends),
+/// serving `dir`; every request's Host header and every TLS ClientHello's
+/// SNI name is appended to `log`.
+fn named_web_server(
+    topo: &Topology,
+    addr: Ipv4Addr,
+    dir: &std::path::Path,
+    log: &std::path::Path,
+) -> Child {
+    let certs = dir.join("tls");
+    std::fs::create_dir_all(&certs).unwrap();
+    let (cert, key) = (certs.join("cert.pem"), certs.join("key.pem"));
+    let mut openssl = std::process::Command::new("openssl");
+    openssl
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=pypi.test", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert);
+    common::run_checked(
+        openssl,
+        "openssl: a throwaway certificate",
+        Duration::from_secs(60),
+    );
+    let script = r#"
+import functools, http.server, socketserver, ssl, sys, threading
+addr, root, logf, cert, key = sys.argv[1:6]
+log = open(logf, "a", buffering=1)
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps connections open unless told
+    def do_GET(self):
+        log.write("host %s\n" % self.headers.get("Host"))
+        super().do_GET()
+    def log_message(self, *a):
+        pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+h = functools.partial(H, directory=root)
+plain, tls = S((addr, 80), h), S((addr, 443), h)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+ctx.sni_callback = lambda sock, name, c: log.write("sni %s\n" % name)
+tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
+plain.serve_forever()
+"#;
+    let c = Child(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &topo.internet, "python3", "-c", script])
+            .arg(addr.to_string())
+            .arg(dir)
+            .arg(log)
+            .arg(&cert)
+            .arg(&key)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the test web server"),
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            in_ns(&topo.internet, || {
+                [80, 443]
+                    .iter()
+                    .all(|p| std::net::TcpStream::connect((addr, *p)).is_ok())
+            })
+        }),
+        "test web server on {addr}:80/443 did not start"
+    );
+    c
+}
+
+/// The inspection proxy (issue #25): with `domains: [pypi.test]`, a guest
+/// installs from `http://pypi.test`; the same address named `evil.test`
+/// (Host header, SNI, absolute request target, a second request on a
+/// kept-alive connection), an IP literal, TLS without SNI and a name not
+/// listed are refused, and the server never sees any of them.
+#[test]
+fn the_proxy_checks_names_not_addresses() {
+    if !is_root() || !vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
+    }
+    let prefix = common::daemon::unique_prefix();
+    let topo = Topology::new("pxy");
+    add_internet_addr(&topo, RESOLVER);
+    let _dns = DnsServer::start(
+        &topo.internet,
+        RESOLVER,
+        &[
+            ("pypi.test", Rr::A(INTERNET, 60)),
+            ("evil.test", Rr::A(INTERNET, 60)),
+        ],
+    );
+    let web = tempfile::tempdir().unwrap();
+    make_index(web.path());
+    let seen = web.path().join("seen.log");
+    std::fs::write(&seen, "").unwrap();
+    let _srv = named_web_server(&topo, INTERNET, web.path(), &seen);
+    let d = daemon(&topo, &prefix, None);
+    let r = d.http().post(
+        "/v1/sessions",
+        &json!({"id": "px", "template": "python",
+                "egress": {"mode": "allowlist", "domains": ["pypi.test"]}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let run = |cmd: &str| -> (Option<i64>, String) {
+        let r = d.http().post(
+            "/v1/sessions/px/exec",
+            &json!({"command": cmd, "timeout": 120000}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        (v["exitCode"].as_i64(), stdout_of(&v).trim().to_string())
+    };
+    let code = |args: &str| {
+        run(&format!(
+            "curl -sk --max-time 20 -o /dev/null -w '%{{http_code}}' {args}; true"
+        ))
+        .1
+    };
+    let ip = INTERNET.to_string();
+
+    // Allowed: pip from the listed name over plain HTTP, curl over HTTPS.
+    let (c, out) = run(
+        "PIP_ROOT_USER_ACTION=ignore pip install -q --disable-pip-version-check --retries 0 \
+         --timeout 10 --index-url http://pypi.test/simple/ tinypkg && \
+         python3 -c 'import tinypkg; print(tinypkg.ANSWER)'",
+    );
+    assert_eq!((c, out.as_str()), (Some(0), "42"), "pip through the proxy");
+    assert_eq!(code("https://pypi.test/simple/"), "200");
+
+    // The same address under another name, every way of naming it.
+    assert_eq!(code("-H 'Host: evil.test' http://pypi.test/simple/"), "403");
+    assert_eq!(
+        code(&format!(
+            "--resolve evil.test:80:{ip} http://evil.test/simple/"
+        )),
+        "403"
+    );
+    assert_eq!(
+        code("--request-target http://evil.test/simple/ http://pypi.test/simple/"),
+        "403"
+    );
+    assert_eq!(
+        code(&format!(
+            "--resolve evil.test:443:{ip} https://evil.test/simple/"
+        )),
+        "000",
+        "TLS with SNI evil.test"
+    );
+    // An IP literal: HTTP Host is the address; TLS has no SNI at all.
+    assert_eq!(code(&format!("http://{ip}/simple/")), "403");
+    assert_eq!(code(&format!("https://{ip}/simple/")), "000");
+    // A second request on a kept-alive connection naming another host:
+    // only the first goes out.
+    let (_, two) = run(
+        "exec 3<>/dev/tcp/pypi.test/80 && printf 'GET /simple/ HTTP/1.1\\r\\nHost: pypi.test\\r\\n\\r\\n\
+         GET /simple/ HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n' >&3 && timeout 20 cat <&3 | grep -c '^HTTP/1'",
+    );
+    assert_eq!(two, "1", "responses on one connection");
+
+    let log = std::fs::read_to_string(&seen).unwrap();
+    assert!(log.contains("host pypi.test"), "{log}");
+    assert!(log.contains("sni pypi.test"), "{log}");
+    assert!(!log.contains("evil"), "the server saw evil.test:\n{log}");
+    assert!(!log.contains(&ip), "the server saw an IP literal:\n{log}");
+    assert!(
+        !log.contains("sni None"),
+        "the server saw TLS without SNI:\n{log}"
+    );
+
+    let g = d.http().get("/v1/sessions/px/network").json();
+    let p = &g["proxy"];
+    let n = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("{k} in {g}"));
+    assert!(n("allowed") >= 3, "{g}");
+    assert!(n("refusedNotListed") >= 2, "{g}");
+    assert!(n("refusedMismatch") >= 1, "{g}");
+    assert!(n("refusedIpLiteral") >= 1, "{g}");
+    assert!(n("refusedNoName") >= 1, "{g}");
+    assert!(
+        d.log().contains("egress proxy refused"),
+        "refusals are logged"
+    );
+
+    // Internet mode: no proxy (nothing to check names against).
+    set_policy(&d, "px", json!({"mode": "internet"}));
+    assert!(d
+        .http()
+        .get("/v1/sessions/px/network")
+        .json()
+        .get("proxy")
+        .is_none());
+}

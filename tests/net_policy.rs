@@ -493,3 +493,128 @@ fn failed_live_change_keeps_the_previous_policy() {
     net.close().unwrap();
     assert!(leftovers(&topo, prefix).is_empty());
 }
+
+/// The inspection proxy without a VM (a namespace on the TAP plays the
+/// guest): with `domains: [pypi.test]`, HTTP to a shared address passes
+/// only when the request names pypi.test, whatever address the guest
+/// dialled; the server sees no other name; TLS without SNI and junk are
+/// refused; the DNS set still opens other ports for resolved names;
+/// counters count; a live change to `internet` stops the redirect.
+#[test]
+fn the_proxy_lets_through_only_the_listed_names() {
+    if !is_root() {
+        skip!("{NEEDS_ROOT}");
+    }
+    let prefix = "asbxp1";
+    let mut topo = Topology::new("p1");
+    add_internet_addr(&topo, EVIL);
+    let cfg = config(&topo, prefix);
+    let _sweep = SweepGuard(cfg.clone());
+    let web = WebServer::start(&topo.internet, INTERNET);
+    let _srv = Servers::start(&topo.internet, &[INTERNET, EVIL]);
+    let _dns = DnsServer::start(
+        &topo.internet,
+        INTERNET,
+        &[
+            ("pypi.test", Rr::A(INTERNET, 300)),
+            ("evil.test", Rr::A(INTERNET, 300)),
+        ],
+    );
+    let net = Net::new(cfg).unwrap();
+    let s = net
+        .create_session(policy(r#"{"mode":"allowlist","domains":["pypi.test"]}"#))
+        .expect("session");
+    let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+    let get = |dst: Ipv4Addr, host: &str| {
+        let req = format!("GET /bytes/5 HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let out = http_raw(&g.ns, dst, 80, req.as_bytes()).unwrap_or_default();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    // Listed: through, whatever address the guest dialled (nothing
+    // resolved yet, and EVIL is not where pypi.test lives).
+    let ok = get(INTERNET, "pypi.test");
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    assert!(ok.ends_with("ooooo"), "{ok}");
+    assert!(get(EVIL, "pypi.test").starts_with("HTTP/1.1 200"));
+    // Not listed, an IP literal, no Host: a 403 from the proxy.
+    for host in ["evil.test", "198.51.100.1", ""] {
+        let r = if host.is_empty() {
+            let out = http_raw(&g.ns, INTERNET, 80, b"GET / HTTP/1.1\r\n\r\n").unwrap_or_default();
+            String::from_utf8_lossy(&out).into_owned()
+        } else {
+            get(INTERNET, host)
+        };
+        assert!(r.starts_with("HTTP/1.1 403"), "Host {host:?}: {r}");
+        assert!(r.contains("agent-sandbox"), "{r}");
+    }
+    // A second request on the connection naming another host never
+    // leaves: one answer, then the proxy's close.
+    let two = http_raw(
+        &g.ns,
+        INTERNET,
+        80,
+        b"GET /bytes/1 HTTP/1.1\r\nHost: pypi.test\r\n\r\nGET /bytes/1 HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        String::from_utf8_lossy(&two).matches("HTTP/1.1").count(),
+        1,
+        "{}",
+        String::from_utf8_lossy(&two)
+    );
+    // A POST body by Content-Length and by chunks goes through whole.
+    let post = http_raw(
+        &g.ns,
+        INTERNET,
+        80,
+        b"POST /bytes/3 HTTP/1.1\r\nHost: pypi.test\r\nContent-Length: 4\r\n\r\nbody",
+    )
+    .unwrap_or_default();
+    assert!(String::from_utf8_lossy(&post).ends_with("ooo"));
+    let chunked = http_raw(
+        &g.ns,
+        INTERNET,
+        80,
+        b"POST /bytes/3 HTTP/1.1\r\nHost: pypi.test\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n",
+    )
+    .unwrap_or_default();
+    assert!(String::from_utf8_lossy(&chunked).ends_with("ooo"));
+    // TLS without SNI, and bytes that are neither: refused.
+    let tls = http_raw(&g.ns, INTERNET, 443, &[0x16, 3, 1, 0, 4, 1, 0, 0, 0]).unwrap_or_default();
+    assert_eq!(tls.first(), Some(&0x15), "a TLS alert: {tls:?}");
+    assert_eq!(
+        http_raw(&g.ns, INTERNET, 80, b"SSH-2.0-x\r\n\r\n")
+            .unwrap_or_default()
+            .get(..12),
+        Some(&b"HTTP/1.1 403"[..])
+    );
+    let hosts = web.hosts.lock().unwrap().clone();
+    assert!(!hosts.is_empty());
+    assert!(hosts.iter().all(|h| h == "pypi.test"), "{hosts:?}");
+
+    let st = s.proxy_stats().expect("the proxy runs");
+    assert!(st.allowed >= 5, "{st:?}");
+    assert_eq!(st.refused_not_listed, 1, "{st:?}");
+    assert_eq!(st.refused_ip_literal, 1, "{st:?}");
+    assert!(st.refused_no_name >= 3, "{st:?}");
+
+    // Other ports: the DNS set, as before: what pypi.test resolved to (by
+    // the proxy's own lookup through the forwarder, or the guest's) is
+    // open, an address no allowed name has is not.
+    let r = dns_ask(&g.ns, gw(), "pypi.test", A, false).expect("answer");
+    assert_eq!(r.addrs, vec![INTERNET]);
+    assert!(tcp_probe(&g.ns, INTERNET).is_some());
+    assert_eq!(tcp_probe(&g.ns, EVIL), None);
+
+    // Internet mode: no proxy; Host is no longer looked at.
+    s.set_policy(policy(r#"{"mode":"internet"}"#)).unwrap();
+    assert!(s.proxy_stats().is_none());
+    assert!(get(INTERNET, "evil.test").starts_with("HTTP/1.1 200"));
+    // And back: proxied again (the listener's port was freed).
+    s.set_policy(policy(r#"{"mode":"none","domains":["pypi.test"]}"#))
+        .unwrap();
+    assert!(get(INTERNET, "evil.test").starts_with("HTTP/1.1 403"));
+    assert!(get(INTERNET, "pypi.test").starts_with("HTTP/1.1 200"));
+    drop(g);
+    drop(s);
+}

@@ -91,6 +91,10 @@ pub enum ThreadKind {
     /// namespace, forwards queries upstream over UDP/TCP, adds answers to
     /// the session's nf_tables set.
     Dns,
+    /// A session's inspection proxy (`src/net/proxy`): acceptor and
+    /// connection threads inside the session namespace; TCP to the guest
+    /// and upstream, UDP to the session's DNS forwarder.
+    Proxy,
 }
 
 impl ThreadKind {
@@ -103,6 +107,7 @@ impl ThreadKind {
         ThreadKind::NetReaper,
         ThreadKind::SpawnerClient,
         ThreadKind::Dns,
+        ThreadKind::Proxy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -115,6 +120,7 @@ impl ThreadKind {
             ThreadKind::NetReaper => "net-reaper",
             ThreadKind::SpawnerClient => "spawner-client",
             ThreadKind::Dns => "dns",
+            ThreadKind::Proxy => "proxy",
         }
     }
 
@@ -182,6 +188,10 @@ impl ThreadKind {
             ThreadKind::SpawnerClient => {
                 socket_io(&mut r);
                 pidfd(&mut r);
+            }
+            ThreadKind::Proxy => {
+                threads(&mut r)?;
+                sockets(&mut r, &[libc::AF_INET])?;
             }
             ThreadKind::Dns => {
                 fs_read(&mut r)?;

@@ -48,6 +48,12 @@ pub struct NetConfig {
     pub dns_ttl_max_secs: u32,
     /// Addresses a session's DNS answers may keep allowed at once.
     pub dns_max_addrs: u32,
+    /// TCP ports whose guest connections go through the inspection proxy
+    /// (names checked by TLS SNI / HTTP Host) in sessions with a domain
+    /// allowlist; see `src/net/proxy.rs`.
+    pub proxy_ports: Vec<u16>,
+    /// Port the proxy listens on at the TAP address (the redirect's target).
+    pub proxy_listen_port: u16,
 }
 
 impl Default for NetConfig {
@@ -69,6 +75,8 @@ impl Default for NetConfig {
             dns_ttl_min_secs: 30,
             dns_ttl_max_secs: 86_400,
             dns_max_addrs: 4096,
+            proxy_ports: vec![80, 443],
+            proxy_listen_port: 3129,
         }
     }
 }
@@ -135,6 +143,24 @@ impl NetConfig {
             return bad(format!(
                 "dns_max_addrs {}: between 1 and 65536",
                 self.dns_max_addrs
+            ));
+        }
+        if self.proxy_ports.is_empty()
+            || self.proxy_ports.len() > 16
+            || self.proxy_ports.iter().any(|p| *p == 0 || *p == 53)
+        {
+            return bad(format!(
+                "proxy_ports {:?}: 1 to 16 TCP ports, none 0 or 53",
+                self.proxy_ports
+            ));
+        }
+        if self.proxy_listen_port == 0
+            || self.proxy_listen_port == 53
+            || self.proxy_ports.contains(&self.proxy_listen_port)
+        {
+            return bad(format!(
+                "proxy_listen_port {}: not 0, 53 or one of proxy_ports",
+                self.proxy_listen_port
             ));
         }
         Ok(())

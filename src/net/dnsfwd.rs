@@ -65,7 +65,7 @@ pub(super) struct Forwarder {
     thread: Option<JoinHandle<()>>,
 }
 
-fn eventfd() -> Result<OwnedFd> {
+pub(super) fn eventfd() -> Result<OwnedFd> {
     // SAFETY: plain syscall; the fd is owned right away.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
@@ -174,7 +174,7 @@ struct Worker {
     wake: Arc<OwnedFd>,
 }
 
-fn random_u16() -> u16 {
+pub(super) fn random_u16() -> u16 {
     let mut b = [0u8; 2];
     // SAFETY: writes at most 2 bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 2, 0) };
@@ -393,7 +393,12 @@ impl Worker {
     }
 }
 
-fn udp_exchange(up: SocketAddr, q: &[u8], id: u16, timeout: Duration) -> io::Result<Vec<u8>> {
+pub(super) fn udp_exchange(
+    up: SocketAddr,
+    q: &[u8],
+    id: u16,
+    timeout: Duration,
+) -> io::Result<Vec<u8>> {
     let bind: SocketAddr = if up.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()
     } else {

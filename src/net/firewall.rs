@@ -13,7 +13,7 @@
 use super::cidr::Cidr;
 use super::egress::ALWAYS_BLOCKED;
 use super::nft::{BaseChain, Chain, Hook, IfName, Match, Rule, Set, Table, Verdict};
-use super::{NetConfig, NetPolicy};
+use super::{EgressFilter, NetConfig, NetPolicy};
 
 /// Name of the session table's set of addresses the DNS forwarder
 /// resolved for allowed names (it fills the set, this table matches it).
@@ -21,6 +21,47 @@ pub const SET: &str = "dns_allowed";
 
 /// Chain holding the mode rules; flushed and refilled on a live change.
 pub const POLICY_CHAIN: &str = "session_policy";
+
+/// Chain (nat prerouting) sending the guest's TCP to the proxied ports to
+/// the inspection proxy; refilled on a live change like the policy chain.
+pub const PROXY_CHAIN: &str = "session_proxy";
+
+/// Whether `p`'s sessions go through the inspection proxy: a domain
+/// allowlist in a mode that ends in drop. (`internet` and `denylist` reach
+/// any address anyway: a name check there would stop nothing.)
+pub fn proxied(p: &NetPolicy) -> bool {
+    !p.domains.is_empty()
+        && matches!(
+            p.egress,
+            EgressFilter::None | EgressFilter::Allowlist { .. }
+        )
+}
+
+/// Rules of the proxy chain: destinations an allowlist rule names pass as
+/// they are (plain CIDR rules stay address rules); other TCP to a proxied
+/// port goes to the proxy.
+pub fn proxy_rules(cfg: &NetConfig, p: &NetPolicy) -> Vec<Rule> {
+    if !proxied(p) {
+        return Vec::new();
+    }
+    let mut rules: Vec<Rule> = match &p.egress {
+        EgressFilter::Allowlist { .. } => {
+            let mut v = p.egress.to_rules();
+            v.pop(); // the final drop
+            v.into_iter()
+                .map(|r| Rule::new(r.matches, Verdict::Accept))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    for port in &cfg.proxy_ports {
+        rules.push(Rule::new(
+            vec![Match::L4Proto(6), Match::Dport(*port)],
+            Verdict::Redirect(cfg.proxy_listen_port),
+        ));
+    }
+    rules
+}
 
 fn base(kind: &'static str, hook: Hook, priority: i32, accept: bool) -> Option<BaseChain> {
     Some(BaseChain {
@@ -42,7 +83,16 @@ fn base(kind: &'static str, hook: Hook, priority: i32, accept: bool) -> Option<B
 pub fn policy_rules(p: &NetPolicy, generation: u32) -> Vec<Rule> {
     let mut rules = p.egress.to_rules();
     if !p.domains.is_empty() {
-        let at = rules.len().saturating_sub(1);
+        let mut at = rules.len().saturating_sub(1);
+        if proxied(p) {
+            // QUIC carries its SNI where the proxy does not look: HTTP/3
+            // clients fall back to TCP, which the proxy inspects.
+            rules.insert(
+                at,
+                Rule::new(vec![Match::L4Proto(17), Match::Dport(443)], Verdict::Drop),
+            );
+            at += 1;
+        }
         rules.insert(
             at,
             Rule::new(
@@ -180,6 +230,17 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Tabl
             Verdict::Accept,
         ));
     }
+    // The inspection proxy, reached through the redirect (its own port
+    // reached directly is closed by the proxy at once).
+    input.push(r(
+        vec![
+            Match::Iif(tap.clone()),
+            Match::Daddr(Cidr::new(cfg.tap_addr(), 32)),
+            Match::L4Proto(6),
+            Match::Dport(cfg.proxy_listen_port),
+        ],
+        Verdict::Accept,
+    ));
     input.push(r(vec![Match::Iif(tap.clone())], Verdict::Drop));
     Table {
         name: cfg.prefix.clone(),
@@ -240,7 +301,23 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Tabl
             Chain {
                 name: "nat".into(),
                 base: base("nat", Hook::Postrouting, 100, true),
-                rules: vec![r(vec![Match::Oif(peer), guest], Verdict::Masquerade)],
+                rules: vec![r(
+                    vec![Match::Oif(peer), guest.clone()],
+                    Verdict::Masquerade,
+                )],
+            },
+            Chain {
+                name: "prerouting".into(),
+                base: base("nat", Hook::Prerouting, -100, true),
+                rules: vec![r(
+                    vec![Match::Iif(tap), guest],
+                    Verdict::Jump(PROXY_CHAIN.into()),
+                )],
+            },
+            Chain {
+                name: PROXY_CHAIN.into(),
+                base: None,
+                rules: proxy_rules(cfg, policy),
             },
         ],
     }

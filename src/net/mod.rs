@@ -23,6 +23,7 @@ pub mod isolated;
 pub mod netns;
 pub mod nft;
 pub mod policy;
+pub mod proxy;
 pub mod rtnl;
 pub mod tap;
 pub mod tc;
@@ -46,6 +47,8 @@ pub use egress::{EgressFilter, EgressRule};
 pub use isolated::Isolated;
 use nft::Nft;
 pub use policy::{Bandwidth, DnsNames, DomainPattern, EgressMode, EgressPolicy, NetPolicy};
+pub use proxy::ProxyStats;
+use proxy::{Proxy, ProxyConfig};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -468,6 +471,7 @@ impl Net {
             policy: policy.clone(),
             generation: 1,
             dns: None,
+            proxy: None,
         });
         injected(1)?;
         // 2. Host side: the veth pair, its host end configured before it is
@@ -523,9 +527,17 @@ impl Net {
         let rtnl = &mut ctl.rtnl;
         rtnl.set_up(peer, &s.peer_if)?;
         rtnl.set_up(tapi, &cfg.tap_name)?;
+        // Loopback: the inspection proxy asks the session's forwarder on
+        // the TAP address, a local address, which needs `lo` up. The guest
+        // never reaches it (127/8 and the namespace itself are dropped).
+        let lo = rtnl.need_index("lo")?;
+        rtnl.set_up(lo, "lo")?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
         if let Some(names) = self.inner.dns_names(policy) {
             ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
+        }
+        if firewall::proxied(policy) {
+            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy)?);
         }
         drop(g);
         drop(ns);
@@ -622,6 +634,8 @@ struct Ctl {
     /// [`firewall::policy_rules`]); the session table starts with 1.
     generation: u32,
     dns: Option<Forwarder>,
+    /// The inspection proxy, while the policy is [`firewall::proxied`].
+    proxy: Option<Proxy>,
 }
 
 /// Install `to`'s bandwidth limits (changed from `from`) and read them back.
@@ -693,6 +707,22 @@ impl Inner {
             exceptions: cfg.allow_exceptions.clone(),
         };
         Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names)
+    }
+
+    fn start_proxy(&self, id: &str, ns: &File, p: &NetPolicy) -> Result<Proxy> {
+        let cfg = &self.cfg;
+        let pc = ProxyConfig {
+            listen: std::net::SocketAddrV4::new(cfg.tap_addr(), cfg.proxy_listen_port),
+            ports: cfg.proxy_ports.clone(),
+            resolver: (cfg.tap_addr(), 53).into(),
+            // The forwarder tries each upstream in turn.
+            resolve_timeout: Duration::from_millis(
+                cfg.dns_timeout_ms * cfg.dns_upstreams.len().max(1) as u64 + 500,
+            ),
+            blocked: firewall::blocked_set(cfg),
+            exceptions: cfg.allow_exceptions.clone(),
+        };
+        Proxy::start(id, ns, pc, DnsNames::Only(p.domains.clone()))
     }
 }
 
@@ -786,6 +816,11 @@ impl SessionNet {
             firewall::POLICY_CHAIN,
             &firewall::policy_rules(to, ctl.generation),
         );
+        b.replace_chain_rules(
+            &cfg.prefix,
+            firewall::PROXY_CHAIN,
+            &firewall::proxy_rules(cfg, to),
+        );
         if names_changed {
             b.flush_set(&cfg.prefix, firewall::SET);
         }
@@ -823,7 +858,25 @@ impl SessionNet {
             (true, None) => ctl.dns = None,
             _ => {}
         }
+        // 4. The proxy runs exactly while the policy is proxied (after the
+        //    forwarder: it resolves through it).
+        match (&ctl.proxy, firewall::proxied(to)) {
+            (None, true) => {
+                let ns = netns::open(&self.netns_path())?;
+                ctl.proxy = Some(self.net.start_proxy(&self.id, &ns, to)?);
+            }
+            (Some(_), false) => ctl.proxy = None,
+            (Some(p), true) => p.set_names(DnsNames::Only(to.domains.clone())),
+            (None, false) => {}
+        }
         Ok(())
+    }
+
+    /// What the inspection proxy did, while it runs.
+    pub fn proxy_stats(&self) -> Option<ProxyStats> {
+        lock(&self.ctl)
+            .as_ref()
+            .and_then(|c| c.proxy.as_ref().map(Proxy::stats))
     }
 
     /// Remove everything of this session. Idempotent.
@@ -842,6 +895,7 @@ impl SessionNet {
         let r = netns::delete(&self.netns);
         let held = ctl.map(|mut c| {
             c.dns = None; // stop serving now
+            c.proxy = None;
             Box::new(c) as Box<dyn Send>
         });
         self.net.release_after(self.slot, &self.host_if, held);

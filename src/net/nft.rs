@@ -74,6 +74,7 @@ const NFTA_BITWISE_LEN: u16 = 3;
 const NFTA_BITWISE_MASK: u16 = 4;
 const NFTA_BITWISE_XOR: u16 = 5;
 const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
@@ -121,6 +122,7 @@ const CT_ESTABLISHED_RELATED: u32 = 0b110;
 /// Netfilter hooks of the ip family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
+    Prerouting = 0,
     Input = 1,
     Forward = 2,
     Output = 3,
@@ -130,6 +132,7 @@ pub enum Hook {
 impl Hook {
     fn nft_name(self) -> &'static str {
         match self {
+            Hook::Prerouting => "prerouting",
             Hook::Input => "input",
             Hook::Forward => "forward",
             Hook::Output => "output",
@@ -180,6 +183,8 @@ pub enum Verdict {
     Masquerade,
     /// Set the connection's conntrack mark, then accept.
     MarkAccept(u32),
+    /// NAT to this port on the receiving interface's address (nat chains).
+    Redirect(u16),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +223,7 @@ impl Rule {
             Verdict::Jump(c) => write!(s, "jump {c}"),
             Verdict::Masquerade => write!(s, "masquerade"),
             Verdict::MarkAccept(v) => write!(s, "ct mark set {v:#x} accept"),
+            Verdict::Redirect(p) => write!(s, "redirect to :{p}"),
         };
         s
     }
@@ -592,6 +598,18 @@ impl Batch {
                     Verdict::Return => m.verdict(NFT_RETURN, None),
                     Verdict::Jump(c) => m.verdict(NFT_JUMP, Some(c)),
                     Verdict::Masquerade => m.expr("masq", |_| {}),
+                    Verdict::Redirect(port) => {
+                        // The port in network order in a register, then
+                        // `redir proto_min reg 1` (the kernel sets
+                        // NF_NAT_RANGE_PROTO_SPECIFIED itself).
+                        m.expr("immediate", |m| {
+                            m.u32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                            m.data_value(NFTA_IMMEDIATE_DATA, &port.to_be_bytes());
+                        });
+                        m.expr("redir", |m| {
+                            m.u32(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1);
+                        });
+                    }
                     Verdict::MarkAccept(v) => {
                         m.expr("immediate", |m| {
                             m.u32(NFTA_IMMEDIATE_DREG, NFT_REG_1);

@@ -2,7 +2,11 @@
 //! it on the running sandbox.
 
 use super::{Ops, OpsResult};
-use crate::net::EgressPolicy;
+use crate::net::{EgressPolicy, ProxyStats};
+use std::time::Duration;
+
+/// How long a GET waits for a busy session's worker to report counters.
+const STATS_WAIT: Duration = Duration::from_millis(500);
 use crate::session::Session;
 use crate::sync::lock;
 use serde::Serialize;
@@ -13,6 +17,10 @@ use serde::Serialize;
 pub struct NetworkView {
     pub session_id: String,
     pub egress: EgressPolicy,
+    /// Counters of the egress inspection proxy, while one runs (a domain
+    /// allowlist in `allowlist` or `none` mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyStats>,
 }
 
 impl NetworkView {
@@ -20,6 +28,7 @@ impl NetworkView {
         NetworkView {
             session_id: s.id.clone(),
             egress: lock(&s.egress).clone(),
+            proxy: s.proxy_stats(STATS_WAIT).ok().flatten(),
         }
     }
 

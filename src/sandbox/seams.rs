@@ -59,4 +59,8 @@ pub trait NetLease: Send {
     /// Live policy change (`PUT /v1/sessions/:id/network`).
     fn set_egress(&mut self, policy: &EgressPolicy) -> Result<()>;
     fn teardown(&mut self) -> Result<()>;
+    /// What the session's inspection proxy did (while one runs).
+    fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
+        None
+    }
 }

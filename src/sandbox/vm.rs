@@ -492,6 +492,10 @@ impl Sandbox for VmSandbox {
         }
     }
 
+    fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
+        self.net.as_ref().and_then(|n| n.proxy_stats())
+    }
+
     fn checkpoint(&mut self, dir: &Path) -> Result<super::CheckpointStats> {
         let r = self.vm.checkpoint(dir).map_err(|e| SandboxError::Failed {
             id: self.id.clone(),

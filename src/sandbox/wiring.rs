@@ -593,6 +593,9 @@ impl NetLease for SessionLease {
             .teardown()
             .map_err(|e| SandboxError::Other(format!("session network {}: {e}", self.net.id())))
     }
+    fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
+        self.net.proxy_stats()
+    }
 }
 
 /// Networking off: every VM still gets its NIC (the snapshot has one), on a

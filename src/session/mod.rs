@@ -57,6 +57,8 @@ pub(crate) enum Cmd {
     Call(Box<Request>, Sender<Result<Call, SessionError>>),
     /// Change the running sandbox's egress policy.
     SetEgress(EgressPolicy, Sender<Result<(), SessionError>>),
+    /// What the egress proxy did (`None`: none runs, or the session is paused).
+    ProxyStats(Sender<Result<Option<crate::net::ProxyStats>, SessionError>>),
     /// Save the state as a checkpoint of `kind` (named `name`); the
     /// session runs on.
     Checkpoint(
@@ -199,6 +201,23 @@ impl Session {
                 id: self.id.clone(),
                 wait,
             }),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
+        }
+    }
+
+    /// What the session's egress inspection proxy did so far.
+    pub fn proxy_stats(
+        &self,
+        wait: Duration,
+    ) -> Result<Option<crate::net::ProxyStats>, SessionError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.tx.send(Cmd::ProxyStats(tx)).is_err() {
+            return Err(self.gone_error());
+        }
+        match rx.recv_timeout(wait) {
+            Ok(r) => r,
+            // Busy (e.g. starting): the counters are not worth a wait.
+            Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Err(self.gone_error()),
         }
     }

@@ -284,6 +284,9 @@ impl Worker {
                     };
                     let _ = reply.send(r);
                 }
+                Cmd::ProxyStats(reply) => {
+                    let _ = reply.send(Ok(self.sandbox.as_ref().and_then(|sb| sb.proxy_stats())));
+                }
                 Cmd::Checkpoint(ask, reply) => {
                     let _ = reply.send(self.checkpoint(ask));
                 }
@@ -546,6 +549,7 @@ fn refuse(cmd: Cmd, e: SessionError) {
     match cmd {
         Cmd::Call(_, tx) => send(tx, e),
         Cmd::SetEgress(_, tx) => send(tx, e),
+        Cmd::ProxyStats(tx) => send(tx, e),
         Cmd::Checkpoint(_, tx) => send(tx, e),
         Cmd::Pause(tx) | Cmd::Resume(tx) => send(tx, e),
         Cmd::Stop | Cmd::Shutdown | Cmd::IdlePause => {}

@@ -823,3 +823,118 @@ pub fn upload(ns: &str, dst: Ipv4Addr, bytes: usize) -> Option<(usize, f64)> {
         Some((s.trim().parse().ok()?, t.elapsed().as_secs_f64()))
     })
 }
+
+/// A small HTTP/1.1 server on `addr`:80 (tests of the inspection proxy and
+/// its bench): `GET /bytes/N` answers N bytes, anything else "ok"; every
+/// request's Host header is recorded. Keeps connections open unless the
+/// request says `Connection: close`, so a proxy that let a second request
+/// through on one connection would be seen.
+pub struct WebServer {
+    pub hosts: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WebServer {
+    pub fn start(ns: &str, addr: Ipv4Addr) -> WebServer {
+        let l = in_ns(ns, || TcpListener::bind((addr, 80)).expect("bind :80"));
+        l.set_nonblocking(true).unwrap();
+        let hosts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (hosts.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((c, _)) => {
+                        let h = h.clone();
+                        std::thread::spawn(move || web_conn(c, &h));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        WebServer {
+            hosts,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+fn web_conn(c: std::net::TcpStream, hosts: &std::sync::Mutex<Vec<String>>) {
+    use std::io::BufRead;
+    let _ = c.set_nonblocking(false);
+    let _ = c.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(mut w) = c.try_clone() else { return };
+    let mut r = std::io::BufReader::new(c);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let mut close = false;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("host:") {
+                hosts.lock().unwrap().push(v.trim().to_string());
+            }
+            if lower.starts_with("connection:") && lower.contains("close") {
+                close = true;
+            }
+        }
+        let n: usize = path
+            .strip_prefix("/bytes/")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(2);
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n");
+        if w.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let chunk = vec![b'o'; 64 << 10];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(chunk.len());
+            if w.write_all(&chunk[..k]).is_err() {
+                return;
+            }
+            left -= k;
+        }
+        if close {
+            return;
+        }
+    }
+}
+
+impl Drop for WebServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One HTTP/1.1 exchange from namespace `ns` to `dst`:`port` with `req`
+/// written as is; everything the other side sent until it closed (or 10 s).
+pub fn http_raw(ns: &str, dst: Ipv4Addr, port: u16, req: &[u8]) -> Option<Vec<u8>> {
+    let req = req.to_vec();
+    in_ns(ns, move || {
+        let mut c =
+            std::net::TcpStream::connect_timeout(&(dst, port).into(), Duration::from_secs(5))
+                .ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        c.write_all(&req).ok()?;
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        Some(out)
+    })
+}
