@@ -615,6 +615,14 @@ fn the_proxy_lets_through_only_the_listed_names() {
         .unwrap();
     assert!(get(INTERNET, "evil.test").starts_with("HTTP/1.1 403"));
     assert!(get(INTERNET, "pypi.test").starts_with("HTTP/1.1 200"));
+    // A plain CIDR rule stays an address rule: its destination is not
+    // proxied (no name check there), every other one still is.
+    s.set_policy(policy(
+        r#"{"mode":"allowlist","rules":["198.51.100.1/32:80/tcp"],"domains":["pypi.test"]}"#,
+    ))
+    .unwrap();
+    assert!(get(INTERNET, "evil.test").starts_with("HTTP/1.1 200"));
+    assert!(get(EVIL, "evil.test").starts_with("HTTP/1.1 403"));
     drop(g);
     drop(s);
 }
