@@ -11,6 +11,8 @@
 //! (tests/common/netns.rs `Guest`), the same for both sessions: it bounds
 //! the download rate of both, so compare the two, not the absolute rate.
 
+#[path = "common/mod.rs"]
+mod bench;
 #[path = "../tests/common/netns.rs"]
 mod netns;
 #[path = "../tests/common/skip.rs"]
@@ -23,10 +25,9 @@ use std::time::{Duration, Instant};
 use agent_sandbox::net::{Net, NetConfig, NetPolicy};
 use netns::{in_ns, is_root, DnsServer, Guest, Rr, SweepGuard, Topology, WebServer, INTERNET};
 
+/// The `p` quantile in milliseconds.
 fn pct(v: &mut [Duration], p: f64) -> f64 {
-    v.sort();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i].as_secs_f64() * 1e3
+    bench::pct(v, p).as_secs_f64() * 1e3
 }
 
 /// One `GET path` with Connection: close; the bytes received.
