@@ -329,7 +329,15 @@ fn exec(d: &Daemon, s: &str, command: &str, env: serde_json::Value) -> (i64, Str
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    let err = v["stderr"].as_str().unwrap_or_default().to_string();
+    let err: String = v["output"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["stream"] == "stderr")
+                .filter_map(|e| e["data"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
     (v["exitCode"].as_i64().unwrap_or(-1), stdout_of(&v), err)
 }
 
