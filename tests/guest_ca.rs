@@ -437,6 +437,17 @@ fn guests_trust_the_guest_ca_bundle() {
     let d = daemon(&topo, &["--guest-ca-bundle", ca.to_str().unwrap()]);
     create(&d, "ca");
     trusts(&d, "ca", &ca_pem);
+    // Node reads NODE_EXTRA_CA_CERTS (it has its own roots otherwise).
+    let (code, out, err) = exec(
+        &d,
+        "ca",
+        &format!(
+            "node -e 'require(\"https\").get(\"https://{NAME}:{HTTPS_PORT}/\", r => r.pipe(process.stdout))\
+             .on(\"error\", e => {{ console.error(e.message); process.exit(1); }})'"
+        ),
+        json!({}),
+    );
+    assert_eq!((code, out.as_str()), (0, "hello over tls\n"), "node: {err}");
     // A user's own value wins, the others stay.
     let (_, out, _) = exec(
         &d,
