@@ -210,6 +210,15 @@ fn bad_guest_ca_bundles_fail_the_daemon_start() {
         err.contains("guest_ca_bundle: relative/ca.pem is not an absolute path"),
         "{err}"
     );
+    // `host`: the host's own bundle, shown as given.
+    if Path::new(BUNDLE).is_file() {
+        let (code, out, err) = serve(
+            d,
+            &[&base[..], &["--guest-ca-bundle", "host", "--check"]].concat(),
+        );
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.contains(r#""guest_ca_bundle": "host""#), "{out}");
+    }
     // The local-process backend's agent runs on this host: refused.
     if have_openssl() {
         let ca = make_ca(d);
