@@ -2,6 +2,7 @@
 //! single host. The CLI (`main.rs`) fills it from a JSON config file
 //! ([`FileConfig`]) and flags; tests build it directly.
 
+pub mod guest_ca;
 pub mod seed_env;
 
 use crate::net::{EgressPolicy, NetConfig};
@@ -155,6 +156,9 @@ pub struct Config {
     /// What new API keys' tokens start with (`asbx_`; the seed's
     /// `AUTH_KEY_PREFIX`); keys made under another prefix keep working.
     pub key_prefix: String,
+    /// PEM file of extra CAs every guest trusts (`guest_ca::HOST`, `host`:
+    /// the host's own bundle); `None`: guests keep their image's store.
+    pub guest_ca_bundle: Option<PathBuf>,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -262,6 +266,7 @@ impl Default for Config {
             vm_nofile_limit: None,
             jail_dir: None,
             key_prefix: "asbx_".into(),
+            guest_ca_bundle: None,
         }
     }
 }
@@ -287,6 +292,14 @@ impl Config {
                 BackendKind::names()
             )
         })
+    }
+
+    /// The checked `guest_ca_bundle`, read from disk (`None` when unset).
+    pub fn guest_cas(&self) -> Result<Option<guest_ca::GuestCas>, String> {
+        self.guest_ca_bundle
+            .as_deref()
+            .map(guest_ca::load)
+            .transpose()
     }
 
     /// Checks what the types cannot: ranges, combinations, the network
@@ -442,6 +455,18 @@ impl Config {
                 return Err(format!("vm_nofile_limit {n}: between 64 and 1048576"));
             }
         }
+        // Read now, so a bad path fails `--check` and the start, not the
+        // first session.
+        self.guest_cas()?;
+        if self.guest_ca_bundle.is_some() && self.backend_kind() == Ok(BackendKind::LocalProcess) {
+            // Its "guest" is an agent process on this host: the install
+            // would edit the host's own trust store.
+            return Err(
+                "guest_ca_bundle: not with backend local-process (its agent runs on this host, \
+                 whose trust store it would edit)"
+                    .into(),
+            );
+        }
         if (self.vm_ids.sessions() as usize) < self.max_sessions {
             return Err(format!(
                 "vm_ids.count {}: fewer session ids than max_sessions {} (one id is the \
@@ -523,6 +548,7 @@ pub struct FileConfig {
     pub vm_nofile_limit: Option<u64>,
     pub jail_dir: Option<PathBuf>,
     pub key_prefix: Option<String>,
+    pub guest_ca_bundle: Option<PathBuf>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -578,6 +604,11 @@ impl FileConfig {
         .into_iter()
         .filter_map(|(k, v)| v.as_ref().map(|p| (k.to_string(), p)))
         .collect();
+        if let Some(p) = &self.guest_ca_bundle {
+            if p != Path::new(guest_ca::HOST) {
+                paths.push(("guest_ca_bundle".into(), p));
+            }
+        }
         for (t, p) in self.images.iter().flatten() {
             paths.push((format!("images.{t}"), p));
         }
@@ -685,6 +716,7 @@ impl FileConfig {
             vm_cpu_max => c.vm_cpu_max,
             vm_nofile_limit => c.vm_nofile_limit,
             jail_dir => c.jail_dir,
+            guest_ca_bundle => c.guest_ca_bundle,
         );
     }
 
@@ -755,6 +787,7 @@ impl FileConfig {
             vm_nofile_limit: c.vm_nofile_limit,
             jail_dir: c.jail_dir.clone(),
             key_prefix: Some(c.key_prefix.clone()),
+            guest_ca_bundle: c.guest_ca_bundle.clone(),
         }
     }
 }

@@ -293,6 +293,11 @@ struct ServeArgs {
     /// the daemon's cgroup (Delegate=yes) [auto].
     #[arg(long)]
     cgroup_placement: Option<agent_sandbox::vm::cgroup::Placement>,
+    /// PEM file of extra CAs every guest trusts (trust store and
+    /// SSL_CERT_FILE & co.), e.g. a TLS-inspecting proxy's; `host`: the
+    /// host's own bundle, /etc/ssl/certs/ca-certificates.crt [none].
+    #[arg(long, value_name = "PATH")]
+    guest_ca_bundle: Option<PathBuf>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -474,6 +479,9 @@ fn serve_config_with(
     }
     if let Some(p) = a.cgroup_placement {
         c.cgroup_placement = p;
+    }
+    if a.guest_ca_bundle.is_some() {
+        c.guest_ca_bundle = a.guest_ca_bundle.clone();
     }
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {

@@ -90,6 +90,9 @@ impl Ops {
         factory: Arc<dyn SandboxFactory>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Ops>, String> {
+        // A bad `guest_ca_bundle` fails the start here too (not only in
+        // `Config::validate`), for configs that were never validated.
+        cfg.guest_cas()?;
         let mgr = Manager::new(cfg.clone(), factory, metrics);
         mgr.pool
             .start()

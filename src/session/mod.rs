@@ -9,6 +9,7 @@
 //! session thread nor any other session, and one session can run several
 //! commands at once.
 
+pub mod cas;
 pub mod checkpoints;
 pub mod error;
 pub mod limits;
@@ -152,6 +153,10 @@ pub struct Session {
     pub(crate) pids: Mutex<Vec<i32>>,
     /// The egress policy in force (`spec.egress` until changed live).
     pub(crate) egress: Mutex<EgressPolicy>,
+    /// Env under the session's own: the CA variables when the daemon has
+    /// a `guest_ca_bundle` (`cas::guest_env`). Fixed at creation, since an
+    /// exec's env is built before the session may be up.
+    pub(crate) base_env: BTreeMap<String, String>,
 }
 
 /// Held while a request uses a session: counts as activity.
@@ -312,9 +317,11 @@ impl Session {
         lock(&self.pids).clone()
     }
 
-    /// Session-wide env merged under a command's own.
+    /// Session-wide env merged under a command's own, both over the
+    /// daemon's (the CA variables): the user's value of a variable wins.
     pub fn env_for(&self, cmd_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-        let mut e = self.spec.env.clone();
+        let mut e = self.base_env.clone();
+        e.extend(self.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         e.extend(cmd_env.iter().map(|(k, v)| (k.clone(), v.clone())));
         e
     }

@@ -6,6 +6,7 @@ use super::pool::Pool;
 use super::worker::Origin;
 use super::SessionError;
 use super::{default_of, template_name, worker, Cmd, OnIdle, PausedInfo, Session, State};
+use crate::config::guest_ca::GuestCas;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::net::EgressPolicy;
@@ -46,6 +47,9 @@ pub struct Manager {
     pub replies: Arc<crate::budget::ReplyBudget>,
     /// Saved session states (checkpoints, paused sessions, forks).
     pub checkpoints: Arc<Store>,
+    /// `guest_ca_bundle`'s CAs, installed into every session's guest at
+    /// each start (`cas::install_guest_cas`).
+    pub guest_cas: Option<Arc<GuestCas>>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
 }
@@ -104,6 +108,23 @@ impl Manager {
             log::error!("checkpoints: {e}");
             Store::unusable(root)
         });
+        // `Config::validate` and `Ops::start` fail the daemon's start on a
+        // bad bundle; a Manager made without them (tests, fuzzing) and a
+        // file broken since then run without, and say so.
+        let guest_cas = match cfg.guest_cas() {
+            Ok(c) => c.map(Arc::new),
+            Err(e) => {
+                log::error!("{e}: guests get no extra CAs");
+                None
+            }
+        };
+        if let Some(c) = &guest_cas {
+            log::info!(
+                "guest_ca_bundle {}: {} certificate(s) for every guest",
+                c.path.display(),
+                c.certs.len()
+            );
+        }
         let mgr = Arc::new(Manager {
             cfg,
             factory,
@@ -112,6 +133,7 @@ impl Manager {
             limits,
             replies,
             checkpoints: Arc::new(checkpoints),
+            guest_cas,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         });
@@ -209,6 +231,11 @@ impl Manager {
             thread: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
             egress,
+            base_env: if self.guest_cas.is_some() {
+                super::cas::guest_env()
+            } else {
+                BTreeMap::new()
+            },
         });
         let handle = worker::spawn(self.home(), session.clone(), rx, origin).map_err(|e| {
             SessionError::Thread {
@@ -470,6 +497,7 @@ impl Manager {
             metrics: self.metrics.clone(),
             forget: Box::new(move |s| me.forget(s)),
             store: self.checkpoints.clone(),
+            guest_cas: self.guest_cas.clone(),
             admit: Box::new(move |s| me2.admit_resume(s)),
         }
     }

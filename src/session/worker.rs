@@ -5,6 +5,7 @@ use super::checkpoints::{self, Entry, Kind, Meta, PausedRecord, Store};
 use super::pool::Pool;
 use super::SessionError;
 use super::{now_unix_ms, CheckpointAsk, Cmd, PausedInfo, Session, State};
+use crate::config::guest_ca::GuestCas;
 use crate::metrics::Metrics;
 use crate::sandbox::{Sandbox, SandboxError, SandboxFactory, SandboxSpec};
 use crate::sync::lock;
@@ -29,6 +30,8 @@ pub(crate) struct Home {
     pub forget: Forget,
     /// Where checkpoints go.
     pub store: Arc<Store>,
+    /// `guest_ca_bundle`'s CAs: in the guest before the session is ready.
+    pub guest_cas: Option<Arc<GuestCas>>,
     /// The registry's admission of a paused session about to resume
     /// (capacity and the key's quota, as for a new session); it marks
     /// the session starting under the registry's lock.
@@ -182,6 +185,7 @@ impl Worker {
             // pull its files away.
             Origin::Checkpoint(e) => self.home.factory.restore(&spec, e.dir()),
         };
+        let made = made.and_then(|sb| self.prepare(sb));
         let sandbox = match made {
             Ok(sb) => sb,
             Err(e) => {
@@ -204,6 +208,51 @@ impl Worker {
         };
         self.started(sandbox, t0);
         self.serve(rx);
+    }
+
+    /// What a sandbox needs before the session's first request, however it
+    /// came up (fresh, pool, standby, template or checkpoint restore,
+    /// resume): the daemon's extra CAs in its trust store. Run on this
+    /// thread before `started`, so no call can reach the guest first. A
+    /// sandbox that cannot take them is destroyed: a session without the
+    /// trust its operator asked for would fail later and less clearly.
+    fn prepare(&self, mut sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>, SandboxError> {
+        let Some(cas) = &self.home.guest_cas else {
+            return Ok(sb);
+        };
+        let t0 = Instant::now();
+        match super::cas::install_guest_cas(sb.agent(), super::cas::CONFIG_LABEL, &cas.pem()) {
+            Ok(done) => {
+                log::debug!(
+                    "session {}/{}: {} extra CA(s) in the guest in {:?}{}",
+                    self.session.owner,
+                    self.session.id,
+                    done.certs,
+                    t0.elapsed(),
+                    if done.bundle_changed {
+                        ""
+                    } else {
+                        " (already there)"
+                    }
+                );
+                Ok(sb)
+            }
+            Err(e) => {
+                self.home.metrics.error("guest_ca_install");
+                if let Err(d) = sb.destroy() {
+                    log::warn!(
+                        "session {}/{}: destroy after a failed CA install: {d}",
+                        self.session.owner,
+                        self.session.id
+                    );
+                }
+                Err(SandboxError::Failed {
+                    id: sb.id().to_string(),
+                    what: "install guest_ca_bundle into the guest",
+                    msg: e,
+                })
+            }
+        }
     }
 
     /// A sandbox is up: the session is ready.
@@ -490,7 +539,12 @@ impl Worker {
             .paused
             .as_ref()
             .map(|p| Duration::from_millis(p.lifetime_left_ms));
-        match self.home.factory.restore(&self.restore_spec(), entry.dir()) {
+        let restored = self
+            .home
+            .factory
+            .restore(&self.restore_spec(), entry.dir())
+            .and_then(|sb| self.prepare(sb));
+        match restored {
             Ok(sb) => {
                 if let Some(left) = left {
                     *lock(&self.session.expires) = Instant::now() + left;
