@@ -623,6 +623,36 @@ fn the_proxy_lets_through_only_the_listed_names() {
     .unwrap();
     assert!(get(INTERNET, "evil.test").starts_with("HTTP/1.1 200"));
     assert!(get(EVIL, "evil.test").starts_with("HTTP/1.1 403"));
+    // A guest holding MAX_CONNS silent connections: the next is closed at
+    // once and counted; the held ones do not outlive the hello timeout.
+    let before = s.proxy_stats().map_or(0, |st| st.connections);
+    let held = in_ns(&g.ns, || {
+        (0..agent_sandbox::net::proxy::MAX_CONNS)
+            .map(|_| {
+                std::net::TcpStream::connect_timeout(&(EVIL, 80).into(), Duration::from_secs(5))
+                    .expect("connect")
+            })
+            .collect::<Vec<_>>()
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while s.proxy_stats().map_or(0, |st| st.connections) < before + held.len() as u64 {
+        assert!(Instant::now() < until, "the proxy did not accept them all");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    assert_eq!(
+        http_raw(
+            &g.ns,
+            EVIL,
+            80,
+            b"GET / HTTP/1.1\r\nHost: pypi.test\r\n\r\n"
+        ),
+        Some(Vec::new()),
+        "closed without an answer"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(s.proxy_stats().map(|st| st.refused_busy), Some(1));
+    drop(held);
     drop(g);
     drop(s);
 }

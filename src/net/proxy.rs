@@ -44,6 +44,10 @@ use crate::sync::lock;
 
 /// Concurrent connections per session; more are closed at once (counted).
 pub const MAX_CONNS: usize = 256;
+/// ... and over all sessions of the daemon (each holds one or two
+/// threads): hostile guests together cannot grow the daemon beyond it.
+pub const MAX_CONNS_TOTAL: usize = 4096;
+static TOTAL_LIVE: AtomicUsize = AtomicUsize::new(0);
 /// The first bytes (ClientHello, request head) must arrive within this.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// ... and fit in this (a ClientHello with post-quantum key shares is
@@ -85,7 +89,7 @@ enum Refusal {
     Unresolved,
     /// No connection to any of its addresses.
     Upstream,
-    /// More than [`MAX_CONNS`] at once.
+    /// More than [`MAX_CONNS`] at once (or [`MAX_CONNS_TOTAL`] daemon-wide).
     Busy,
 }
 
@@ -285,8 +289,14 @@ fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, wake: &OwnedFd) {
                 }
             };
             sh.counters.connections.fetch_add(1, Ordering::Relaxed);
-            if sh.live.fetch_add(1, Ordering::SeqCst) >= MAX_CONNS {
+            let own = sh.live.fetch_add(1, Ordering::SeqCst);
+            let all = TOTAL_LIVE.fetch_add(1, Ordering::SeqCst);
+            let release = |sh: &Shared| {
                 sh.live.fetch_sub(1, Ordering::SeqCst);
+                TOTAL_LIVE.fetch_sub(1, Ordering::SeqCst);
+            };
+            if own >= MAX_CONNS || all >= MAX_CONNS_TOTAL {
+                release(sh);
                 refuse(sh, Refusal::Busy, "", None, c);
                 continue;
             }
@@ -295,10 +305,10 @@ fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, wake: &OwnedFd) {
                 .name(format!("proxy-{}-c", sh.id))
                 .spawn(move || {
                     serve(&sh2, c);
-                    sh2.live.fetch_sub(1, Ordering::SeqCst);
+                    release(&sh2);
                 });
             if let Err(e) = spawned {
-                sh.live.fetch_sub(1, Ordering::SeqCst);
+                release(sh);
                 log::warn!("session {}: egress proxy: spawn: {e}", sh.id);
             }
         }
