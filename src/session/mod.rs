@@ -150,6 +150,10 @@ pub struct Session {
     pub(crate) pids: Mutex<Vec<i32>>,
     /// The egress policy in force (`spec.egress` until changed live).
     pub(crate) egress: Mutex<EgressPolicy>,
+    /// Names of the secret files (`/run/secrets/NAME`) of the commands
+    /// running now: while any is there, no checkpoint, fork or pause may
+    /// capture them, and no second command may take the same name.
+    pub secret_files: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Held while a request uses a session: counts as activity.
