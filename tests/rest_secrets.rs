@@ -152,6 +152,10 @@ fn secret_files_live_for_one_exec_and_output_is_masked() {
         assert_eq!(r.code(), "session_busy", "{path}: {}", r.text());
         assert!(r.message().contains("secret files"), "{}", r.text());
     }
+    // Its output is not replayed, while it runs, to an attach (only its own answer masked it).
+    let r = h.get(&format!("/v1/sessions/s/processes/{proc}/output"));
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(!r.text().contains(VALUE), "{}", r.text());
     // Another exec may not take the same name meanwhile.
     let r = h.post(
         "/v1/sessions/s/exec",

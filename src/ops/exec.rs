@@ -207,6 +207,10 @@ impl Ops {
             )?)
         };
         let masker = Masker::new(p.secrets.0.values().map(|v| v.as_bytes()));
+        if files.is_some() {
+            // Its process id is what attaches are refused by.
+            p.req.notify_start = true;
+        }
         let call = session.call(Request::Exec(p.req.clone()), self.cfg.create_timeout)?;
         if let Some(data) = &p.stdin {
             let tx = call.sender();
@@ -374,6 +378,9 @@ impl Running {
         let r = self.convert(m);
         if matches!(r, Ok(Some(ExecEvent::Exited(_))) | Err(_)) {
             self.ended();
+        }
+        if let (Ok(Some(ExecEvent::Started { proc, .. })), Some(f)) = (&r, &self.secrets) {
+            f.started(*proc);
         }
         match r {
             Ok(Some(ExecEvent::Output { stream, bytes })) => {

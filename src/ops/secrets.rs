@@ -67,6 +67,10 @@ impl<'de> Deserialize<'de> for Secrets {
     }
 }
 
+/// How many process ids of secret commands a session remembers; far
+/// more than the exited processes a guest agent keeps a record of.
+const MAX_SECRET_PROCS: usize = 4096;
+
 fn path_of(name: &str) -> String {
     format!("{DIR}/{name}")
 }
@@ -168,6 +172,16 @@ impl SecretFiles {
         let mut held = lock(&self.session.secret_files);
         for name in self.reserved.drain(..) {
             held.remove(&name);
+        }
+    }
+
+    /// The command runs as process `proc`: attaches to it are refused
+    /// from now on (see `Ops::attach`).
+    pub fn started(&self, proc: u64) {
+        let mut procs = lock(&self.session.secret_procs);
+        procs.insert(proc);
+        while procs.len() > MAX_SECRET_PROCS {
+            procs.pop_first();
         }
     }
 

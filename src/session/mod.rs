@@ -154,6 +154,10 @@ pub struct Session {
     /// running now: while any is there, no checkpoint, fork or pause may
     /// capture them, and no second command may take the same name.
     pub secret_files: Mutex<std::collections::BTreeSet<String>>,
+    /// Processes started with secret files: their output is masked only
+    /// in their own exec's answer, so no attach may replay it (bounded:
+    /// the oldest ids go first, long after the agent forgot them).
+    pub secret_procs: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// Held while a request uses a session: counts as activity.

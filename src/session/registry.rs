@@ -205,6 +205,7 @@ impl Manager {
             last_used: Mutex::new(now),
             active: AtomicUsize::new(0),
             secret_files: Default::default(),
+            secret_procs: Default::default(),
             state: Mutex::new(state),
             tx,
             thread: Mutex::new(None),
