@@ -151,13 +151,15 @@ impl SecretFiles {
     }
 
     /// Deletes the files and frees their names; once only. A file that
-    /// cannot be removed is logged by name (the guest may be gone: then so
-    /// is its tmpfs).
+    /// cannot be removed is logged by name and its name stays reserved, so
+    /// the session is never checkpointed with it (a guest that does not
+    /// answer is in no state for one anyway).
     pub fn remove(&mut self) {
         if self.done {
             return;
         }
         self.done = true;
+        let mut kept = Vec::new();
         for name in &self.reserved[..self.written] {
             let path = path_of(name);
             if let Err(e) = files::remove(&self.session, &path, false, self.wait) {
@@ -166,12 +168,15 @@ impl SecretFiles {
                         "session {}: secret file {path} not removed: {e}",
                         self.session.id
                     );
+                    kept.push(name.clone());
                 }
             }
         }
         let mut held = lock(&self.session.secret_files);
         for name in self.reserved.drain(..) {
-            held.remove(&name);
+            if !kept.contains(&name) {
+                held.remove(&name);
+            }
         }
     }
 

@@ -79,8 +79,9 @@ fn busy(s: &Session, what: &str) -> OpsResult<()> {
         return Err(OpsError::SessionBusy {
             id: s.id.clone(),
             why: format!(
-                "a command with secret files (/run/secrets) is running and a snapshot \
-                 must not capture them; {what} once it ends"
+                "a command with secret files (/run/secrets) is running (or its files \
+                 could not be removed) and a snapshot must not capture them; {what} once \
+                 it ends"
             ),
         });
     }
