@@ -263,5 +263,11 @@ fn bad_secrets_are_refused_with_a_400_that_never_shows_the_value() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.message().contains("foreground"), "{}", r.text());
+    // Valid secrets, but this backend's /run is the host's.
+    let r = h.post(
+        "/v1/sessions/b/exec",
+        &json!({"command": "true", "secrets": secrets()}),
+    );
+    assert_eq!(r.code(), "not_supported", "{}", r.text());
     assert!(!d.log().contains(VALUE));
 }

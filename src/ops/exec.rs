@@ -199,6 +199,12 @@ impl Ops {
         // removed) if the start fails.
         let files = if p.secrets.is_empty() {
             None
+        } else if self.mgr.factory.backend() == "local-process" {
+            // Its agent runs on the host: /run/secrets would be the host's.
+            return Err(OpsError::NotSupported(
+                "secret files need a VM backend: a local-process sandbox's /run is the host's"
+                    .into(),
+            ));
         } else {
             Some(SecretFiles::place(
                 session,
