@@ -225,7 +225,10 @@ pub fn execute(
     p: &Principal,
     params: &Params,
 ) -> ApiResult<Reply> {
-    let body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
+    let mut body: crate::ops::exec::ExecSpec = json_body(req, ctx.cfg.max_body)?;
+    // The seed routes stay as they were: `secrets` is a /v1 (and MCP)
+    // field, ignored here like any other unknown one.
+    body.secrets = None;
     if body.background.unwrap_or(false) || body.pty.is_some() {
         return Err(ApiError::bad_request(
             "background and pty are /v1 features (POST /v1/sessions/{id}/exec)",

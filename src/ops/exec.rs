@@ -4,6 +4,8 @@
 //! ([`Running`], [`ExecEvent`]) that every front end consumes: REST as a
 //! buffered answer or NDJSON/SSE, MCP as progress and a result.
 
+use super::mask::Masker;
+use super::secrets::{SecretFiles, Secrets};
 use super::{validate, Ops, OpsError, OpsResult, Principal};
 use crate::agent::{Call, ClientError, Inbound};
 use crate::config::Config;
@@ -12,7 +14,7 @@ use crate::session::{Activity, Session};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,9 @@ pub struct ExecSpec {
     pub tag: Option<String>,
     /// `utf8` (default; invalid bytes replaced) or `base64`.
     pub encoding: Option<String>,
+    /// Files `/run/secrets/NAME` for this command only; their values are
+    /// masked in its output (see [`super::secrets`]).
+    pub secrets: Option<Secrets>,
 }
 
 /// How output (and file content) is handed back.
@@ -65,6 +70,8 @@ pub struct Prepared {
     pub stdin: Option<Vec<u8>>,
     pub encoding: Encoding,
     pub timeout: Duration,
+    /// Validated; placed by [`Ops::exec_in`] just before the start.
+    pub secrets: Secrets,
 }
 
 fn bad(m: impl Into<String>) -> OpsError {
@@ -139,6 +146,16 @@ impl ExecSpec {
             }
         }
         let background = self.background.unwrap_or(false);
+        let secrets = self.secrets.unwrap_or_default();
+        validate::secrets(&secrets.0)?;
+        if background && !secrets.is_empty() {
+            // The daemon removes the files when the call ends, and a
+            // background call ends at the start; no watcher outlives it.
+            return Err(bad(
+                "secrets are for foreground commands only: a background command \
+                 would outlive the removal of its secret files",
+            ));
+        }
         #[allow(clippy::needless_update)] // see `..Default::default()` below
         let req = ExecRequest {
             argv,
@@ -167,6 +184,7 @@ impl ExecSpec {
             stdin,
             encoding: encoding(self.encoding.as_deref())?,
             timeout: Duration::from_millis(timeout_ms),
+            secrets,
         })
     }
 }
@@ -177,6 +195,28 @@ impl Ops {
     pub fn exec_in(&self, session: &Arc<Session>, mut p: Prepared) -> OpsResult<Started> {
         p.req.env = session.env_for(&p.req.env);
         let activity = session.activity();
+        // Files first: the command may read them at once. Dropped (so
+        // removed) if the start fails.
+        let files = if p.secrets.is_empty() {
+            None
+        } else if self.mgr.factory.backend() == "local-process" {
+            // Its agent runs on the host: /run/secrets would be the host's.
+            return Err(OpsError::NotSupported(
+                "secret files need a VM backend: a local-process sandbox's /run is the host's"
+                    .into(),
+            ));
+        } else {
+            Some(SecretFiles::place(
+                session,
+                &p.secrets,
+                self.cfg.create_timeout,
+            )?)
+        };
+        let masker = Masker::new(p.secrets.0.values().map(|v| v.as_bytes()));
+        if files.is_some() {
+            // Its process id is what attaches are refused by.
+            p.req.notify_start = true;
+        }
         let call = session.call(Request::Exec(p.req.clone()), self.cfg.create_timeout)?;
         if let Some(data) = &p.stdin {
             let tx = call.sender();
@@ -191,8 +231,11 @@ impl Ops {
                     }
                 });
         }
+        let mut running = Running::new(call, "exec", Some(activity));
+        running.masker = masker;
+        running.secrets = files;
         Ok(Started {
-            running: Running::new(call, "exec", Some(activity)),
+            running,
             encoding: p.encoding,
             timeout: p.timeout,
             background: p.req.background,
@@ -221,11 +264,11 @@ pub struct Started {
     pub background: bool,
 }
 
-/// Which output stream.
+/// Which output stream (its value indexes the masker's tails).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
-    Stdout,
-    Stderr,
+    Stdout = 0,
+    Stderr = 1,
 }
 
 impl Stream {
@@ -272,11 +315,31 @@ pub enum ExecEvent {
 
 /// A call in flight. Dropping it cancels it in the guest (a foreground
 /// command dies with its client); an attach only detaches.
+///
+/// Its output passes its [`Masker`] (every front end reads output only
+/// from here), and its secret files are removed as soon as the command's
+/// end is seen, or at the drop (timeout, client gone, an error).
 pub struct Running {
     call: Call,
     /// Names the call in its errors (`exec: ...`).
     what: String,
+    masker: Masker,
+    secrets: Option<SecretFiles>,
+    /// Events due before the next one read (held output flushed before
+    /// the exit).
+    queue: VecDeque<ExecEvent>,
+    // Last: the session counts as busy until the files are gone.
     _activity: Option<Activity>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut f) = self.secrets.take() {
+            // Kill the command before its files go.
+            let _ = self.call.cancel();
+            f.remove();
+        }
+    }
 }
 
 impl Running {
@@ -284,6 +347,9 @@ impl Running {
         Running {
             call,
             what: what.into(),
+            masker: Masker::default(),
+            secrets: None,
+            queue: VecDeque::new(),
             _activity: activity,
         }
     }
@@ -305,8 +371,44 @@ impl Running {
         }
     }
 
+    /// The command ended (or its call failed): its files go now, before
+    /// its answer reaches the client (who may look for them next).
+    fn ended(&mut self) {
+        if let Some(mut f) = self.secrets.take() {
+            f.remove();
+        }
+    }
+
     /// `None` for what no front end shows (EOF marks, other events).
-    fn event(&self, m: Inbound) -> OpsResult<Option<ExecEvent>> {
+    fn event(&mut self, m: Inbound) -> OpsResult<Option<ExecEvent>> {
+        let r = self.convert(m);
+        if matches!(r, Ok(Some(ExecEvent::Exited(_))) | Err(_)) {
+            self.ended();
+        }
+        if let (Ok(Some(ExecEvent::Started { proc, .. })), Some(f)) = (&r, &self.secrets) {
+            f.started(*proc);
+        }
+        match r {
+            Ok(Some(ExecEvent::Output { stream, bytes })) => {
+                let bytes = self.masker.push(stream as usize, &bytes);
+                Ok((!bytes.is_empty()).then_some(ExecEvent::Output { stream, bytes }))
+            }
+            Ok(Some(ev @ ExecEvent::Exited(_))) if !self.masker.is_empty() => {
+                // What the masker held of each stream, before the end.
+                for stream in [Stream::Stdout, Stream::Stderr] {
+                    let bytes = self.masker.flush(stream as usize);
+                    if !bytes.is_empty() {
+                        self.queue.push_back(ExecEvent::Output { stream, bytes });
+                    }
+                }
+                self.queue.push_back(ev);
+                Ok(self.queue.pop_front())
+            }
+            other => other,
+        }
+    }
+
+    fn convert(&self, m: Inbound) -> OpsResult<Option<ExecEvent>> {
         Ok(Some(match m {
             Inbound::Data { channel, bytes } => ExecEvent::Output {
                 stream: Stream::of(channel),
@@ -327,6 +429,9 @@ impl Running {
     /// The next event, waiting until `deadline` (none: for ever); past it,
     /// an agent timeout error.
     pub fn next(&mut self, deadline: Option<Instant>) -> OpsResult<ExecEvent> {
+        if let Some(ev) = self.queue.pop_front() {
+            return Ok(ev);
+        }
         loop {
             let m = match deadline {
                 Some(d) => self.call.recv_deadline(d),
@@ -342,6 +447,9 @@ impl Running {
     /// Whatever arrives within `t`: `None` when nothing (worth showing)
     /// did, so a caller can look at its own stop conditions in between.
     pub fn poll(&mut self, t: Duration) -> OpsResult<Option<ExecEvent>> {
+        if let Some(ev) = self.queue.pop_front() {
+            return Ok(Some(ev));
+        }
         match self.call.recv_timeout(t) {
             Ok(Some(m)) => self.event(m),
             Ok(None) => Ok(None),

@@ -132,6 +132,13 @@ impl Ops {
         stdin: bool,
         replay: bool,
     ) -> OpsResult<Running> {
+        // Its output passed a masker only in its own exec's answer.
+        if crate::sync::lock(&s.secret_procs).contains(&proc) {
+            return Err(OpsError::Forbidden(format!(
+                "process {proc} ran with secret files: its output (and stdin) is only \
+                 its own exec's"
+            )));
+        }
         let activity = s.activity();
         let call = s.call(
             Request::Attach {

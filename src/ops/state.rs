@@ -73,6 +73,18 @@ fn lift(e: SessionError) -> OpsError {
 }
 
 fn busy(s: &Session, what: &str) -> OpsResult<()> {
+    // Checked first, for its own message: secret files must never be in a
+    // snapshot, so this is a refusal, not a wait.
+    if !crate::sync::lock(&s.secret_files).is_empty() {
+        return Err(OpsError::SessionBusy {
+            id: s.id.clone(),
+            why: format!(
+                "a command with secret files (/run/secrets) is running (or its files \
+                 could not be removed) and a snapshot must not capture them; {what} once \
+                 it ends"
+            ),
+        });
+    }
     if s.busy() {
         return Err(OpsError::SessionBusy {
             id: s.id.clone(),

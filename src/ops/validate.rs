@@ -109,6 +109,53 @@ pub fn on_idle(s: &str) -> OpsResult<super::OnIdle> {
     })
 }
 
+/// Episodic secret files per exec (`exec {secrets}`): at most this many.
+pub const MAX_SECRETS: usize = 32;
+/// A secret value's size in bytes, at most (its least is
+/// [`super::mask::MIN_MASKED_LEN`]: shorter values could not be masked).
+pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+/// A secret's name (the file `/run/secrets/NAME`), at most this long.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// An exec's secrets: names of `[A-Za-z0-9_.-]`, 1..=64 characters, no
+/// `..`; values of [`super::mask::MIN_MASKED_LEN`]..=[`MAX_SECRET_BYTES`]
+/// bytes, no more than [`MAX_SECRETS`]. Errors name a secret, never show
+/// its value.
+pub fn secrets(s: &BTreeMap<String, String>) -> OpsResult<()> {
+    if s.len() > MAX_SECRETS {
+        return Err(OpsError::BadRequest(format!(
+            "too many secrets: {}, at most {MAX_SECRETS}",
+            s.len()
+        )));
+    }
+    let min = super::mask::MIN_MASKED_LEN;
+    for (k, v) in s {
+        let ok_chars = k
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if k.is_empty() || k.len() > MAX_SECRET_NAME || !ok_chars || k.contains("..") {
+            return Err(OpsError::BadRequest(format!(
+                "secret name {:?} is invalid: use 1-{MAX_SECRET_NAME} characters of \
+                 A-Z a-z 0-9 _ . - and no ..",
+                truncate(k)
+            )));
+        }
+        if v.len() < min || v.len() > MAX_SECRET_BYTES {
+            return Err(OpsError::BadRequest(format!(
+                "secret {k:?} is {} bytes: a value takes {min}..={MAX_SECRET_BYTES} bytes \
+                 (shorter ones could not be masked in output)",
+                v.len()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(OpsError::BadRequest(format!(
+                "secret {k:?} contains a NUL byte"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +191,29 @@ mod tests {
         }
         assert_eq!(on_idle("pause").ok(), Some(super::super::OnIdle::Pause));
         assert!(on_idle("sleep").unwrap_err().message().contains("onIdle"));
+    }
+
+    #[test]
+    fn secret_names_sizes_and_counts() {
+        let one = |k: &str, v: &str| secrets(&BTreeMap::from([(k.to_string(), v.to_string())]));
+        assert!(one("API_KEY.v1-x", "abcd").is_ok());
+        assert!(one(&"n".repeat(64), &"v".repeat(MAX_SECRET_BYTES)).is_ok());
+        for bad in ["", "a/b", "..", "a..b", "a b", "é", &"n".repeat(65)] {
+            let e = one(bad, "value-1234").unwrap_err().message();
+            assert!(e.starts_with("secret name"), "{bad}: {e}");
+            assert!(!e.contains("value-1234"), "{e}");
+        }
+        for v in ["abc".to_string(), "v".repeat(MAX_SECRET_BYTES + 1)] {
+            let e = one("K", &v).unwrap_err().message();
+            assert!(e.starts_with("secret \"K\" is"), "{e}");
+            assert!(!e.contains(&v), "{e}");
+        }
+        let many: BTreeMap<String, String> = (0..=MAX_SECRETS)
+            .map(|i| (format!("k{i}"), "abcd".to_string()))
+            .collect();
+        assert!(secrets(&many)
+            .unwrap_err()
+            .message()
+            .contains("too many secrets"));
     }
 }

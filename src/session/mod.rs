@@ -157,6 +157,14 @@ pub struct Session {
     /// a `guest_ca_bundle` (`cas::guest_env`). Fixed at creation, since an
     /// exec's env is built before the session may be up.
     pub(crate) base_env: BTreeMap<String, String>,
+    /// Names of the secret files (`/run/secrets/NAME`) of the commands
+    /// running now: while any is there, no checkpoint, fork or pause may
+    /// capture them, and no second command may take the same name.
+    pub secret_files: Mutex<std::collections::BTreeSet<String>>,
+    /// Processes started with secret files: their output is masked only
+    /// in their own exec's answer, so no attach may replay it (bounded:
+    /// the oldest ids go first, long after the agent forgot them).
+    pub secret_procs: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// Held while a request uses a session: counts as activity.

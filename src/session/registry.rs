@@ -226,6 +226,8 @@ impl Manager {
             paused: Mutex::new(n.paused),
             last_used: Mutex::new(now),
             active: AtomicUsize::new(0),
+            secret_files: Default::default(),
+            secret_procs: Default::default(),
             state: Mutex::new(state),
             tx,
             thread: Mutex::new(None),

@@ -67,6 +67,9 @@ def test_async_commands_stream_background_pty() -> None:
         async with AsyncSandbox.create() as sbx:
             r = await sbx.commands.run("echo out; echo err >&2; exit 4", env={"A": "b"})
             assert (r.exit_code, r.stdout, r.stderr) == (4, "out\n", "err\n")
+            r = await sbx.commands.run("cat /run/secrets/K", secrets={"K": "async-secret-42"})
+            assert (r.exit_code, r.stdout) == (0, "****")
+            assert (await sbx.commands.run("test -e /run/secrets/K")).exit_code == 1
             assert (await sbx.commands.run("printf '\\377\\000'", binary=True)).stdout_bytes == b"\xff\x00"
             events = [e async for e in sbx.commands.stream("echo 1; sleep 0.05; echo 2 >&2; echo 3")]
             assert isinstance(events[0], Started) and isinstance(events[-1], Exited)

@@ -29,6 +29,24 @@ def test_run_argv_cwd_env_stdin(sbx: Sandbox) -> None:
     assert sbx.commands.run("od -An -tx1", stdin=b"\x00\xff").stdout.split() == ["00", "ff"]
 
 
+def test_run_with_secret_files_masks_their_values(sbx: Sandbox) -> None:
+    value = "sdk-secret-0a1b2c3d4e5f"
+    r = sbx.commands.run(
+        "stat -c %a /run/secrets/TOKEN; cat /run/secrets/TOKEN; echo; "
+        "cat /run/secrets/TOKEN >&2",
+        secrets={"TOKEN": value},
+    )
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "400\n****\n", "****")
+    # Streamed (callbacks) as well; the file is gone after each command.
+    seen: List[str] = []
+    sbx.commands.run("cat /run/secrets/TOKEN", secrets={"TOKEN": value}, on_stdout=seen.append)
+    assert "".join(seen) == "****"
+    assert sbx.commands.run("test -e /run/secrets/TOKEN").exit_code == 1
+    with pytest.raises(errors.BadRequest) as e:
+        sbx.commands.run("true", secrets={"a/b": value})
+    assert "secret name" in str(e.value) and value not in str(e.value)
+
+
 def test_run_timeout(sbx: Sandbox) -> None:
     r = sbx.commands.run("sleep 30", timeout=0.5)
     assert r.timed_out is True

@@ -47,6 +47,11 @@ export interface CommandOptions {
    */
   binary?: boolean;
   /**
+   * Files `/run/secrets/NAME` (mode 0400) for this command only, removed when
+   * it ends; each value is masked as `****` in its output. Not for `start`.
+   */
+  secrets?: Record<string, string>;
+  /**
    * Aborting it disconnects; the daemon then kills the foreground command
    * (it notices the disconnect when the command next prints).
    */
@@ -62,7 +67,7 @@ export interface RunOptions extends CommandOptions {
 }
 
 /** Options of {@link Commands.start}. */
-export interface StartOptions extends Omit<CommandOptions, "signal" | "binary"> {
+export interface StartOptions extends Omit<CommandOptions, "signal" | "binary" | "secrets"> {
   /** A label shown in process listings. */
   tag?: string;
   /** Run on a terminal of this size (all output is stdout). */
@@ -90,6 +95,7 @@ function execBody(cmd: string | string[], o: CommandOptions & StartOptions, extr
   if (o.tag !== undefined) body.tag = o.tag;
   if (o.pty !== undefined) body.pty = o.pty;
   if (o.binary) body.encoding = "base64";
+  if (o.secrets !== undefined) body.secrets = o.secrets;
   return { ...body, ...extra };
 }
 

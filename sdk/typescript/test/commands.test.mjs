@@ -45,6 +45,19 @@ test("binary: exact output bytes, buffered, streamed and attached; text split mi
   assert.equal((await sb.commands.run(cmd)).stdoutBytes, undefined); // text only unless asked
 });
 
+test("run: secrets are files for that command only, masked in its output", async () => {
+  const sb = ref.sb;
+  const value = "ts-secret-9f8e7d6c5b4a";
+  const r = await sb.commands.run("stat -c %a /run/secrets/TOKEN; cat /run/secrets/TOKEN", { secrets: { TOKEN: value } });
+  assert.equal(r.exitCode, 0);
+  assert.equal(r.stdout, "400\n****");
+  const chunks = [];
+  await sb.commands.run("cat /run/secrets/TOKEN", { secrets: { TOKEN: value }, onStdout: (d) => chunks.push(d) });
+  assert.equal(chunks.join(""), "****");
+  assert.equal((await sb.commands.run("test -e /run/secrets/TOKEN")).exitCode, 1);
+  await assert.rejects(sb.commands.run("true", { secrets: { "a/b": value } }), (e) => /secret name/.test(e.message) && !e.message.includes(value));
+});
+
 test("run: a timeout kills the command", async () => {
   const r = await ref.sb.commands.run("sleep 30", { timeout: 500 });
   assert.equal(r.timedOut, true);

@@ -27,6 +27,10 @@ pub(super) fn exec_spec(
         timeout: opt_u64(a, "timeout")?,
         background: Some(background),
         tag: opt_str(a, "tag")?,
+        secrets: match a.get("secrets") {
+            None => None,
+            Some(v) => Some(crate::ops::secrets::Secrets::from_json(v.clone())?),
+        },
         ..Default::default()
     };
     let mut p = spec.prepare(&ctx.host.ops.cfg).map_err(op_msg)?;

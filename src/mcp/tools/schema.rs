@@ -207,6 +207,14 @@ pub(super) fn execute_in() -> Value {
         "template".into(),
         json!({"type": "string", "description": "Template for a session this call creates"}),
     );
+    p.insert(
+        "secrets".into(),
+        json!({"type": "object", "maxProperties": crate::ops::validate::MAX_SECRETS,
+               "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+               "additionalProperties": {"type": "string", "minLength": crate::ops::mask::MIN_MASKED_LEN},
+               "description": "Files /run/secrets/NAME (mode 0400) for this command only, \
+                               removed when it ends; their values are masked (****) in its output"}),
+    );
     obj(Value::Object(p), &["command"])
 }
 

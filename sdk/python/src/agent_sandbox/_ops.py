@@ -170,9 +170,11 @@ def exec_body(
     background: bool = False,
     tag: Optional[str] = None,
     binary: bool = False,
+    secrets: Optional[Mapping[str, str]] = None,
 ) -> Json:
     """The exec body; `timeout` in seconds (the wire takes milliseconds);
-    `binary`: output as base64 chunks (exact bytes)."""
+    `binary`: output as base64 chunks (exact bytes); `secrets`: files
+    /run/secrets/NAME for this command only, masked in its output."""
     body: Json = {"command": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
     if isinstance(stdin, bytes):
         body["stdinBase64"] = base64.b64encode(stdin).decode()
@@ -186,6 +188,8 @@ def exec_body(
         body["background"] = True
     if binary:
         body["encoding"] = "base64"
+    if secrets:
+        body["secrets"] = dict(secrets)
     return _drop_none({**body, "cwd": cwd, "env": dict(env) if env else None, "tag": tag})
 
 

@@ -378,15 +378,20 @@ class Commands:
         on_stdout: Optional[OnOutput] = None,
         on_stderr: Optional[OnOutput] = None,
         binary: bool = False,
+        secrets: Optional[Mapping[str, str]] = None,
     ) -> CommandResult:
         """Run `cmd` (a shell line, or an argv list) to its end.
 
         `timeout` in seconds (then `timed_out` and SIGKILL); with
         `on_stdout`/`on_stderr` the output is streamed to them as it comes;
         `binary=True` keeps the exact bytes (`stdout_bytes`, `stderr_bytes`).
+        `secrets={NAME: value}`: files `/run/secrets/NAME` (0400) for this
+        command only, each value masked as `****` in its output.
         A non-zero exit is a result, not an exception.
         """
-        body = ops.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, binary=binary)
+        body = ops.exec_body(
+            cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, binary=binary, secrets=secrets
+        )
         if on_stdout is None and on_stderr is None:
             return self._t.call(ops.exec_buffered(self._s, body))
         return _gather(self._t.stream(ops.exec_stream(self._s, body)), on_stdout, on_stderr)
