@@ -118,8 +118,8 @@ pub const MAX_SECRET_BYTES: usize = 64 * 1024;
 pub const MAX_SECRET_NAME: usize = 64;
 
 /// An exec's secrets: names of `[A-Za-z0-9_.-]`, 1..=64 characters, no
-/// `..`; values of [`super::mask::MIN_MASKED_LEN`]..=[`MAX_SECRET_BYTES`]
-/// bytes, no more than [`MAX_SECRETS`]. Errors name a secret, never show
+/// `..`; values of at least [`super::mask::MIN_MASKED_LEN`] characters
+/// and at most [`MAX_SECRET_BYTES`] bytes, no more than [`MAX_SECRETS`]. Errors name a secret, never show
 /// its value.
 pub fn secrets(s: &BTreeMap<String, String>) -> OpsResult<()> {
     if s.len() > MAX_SECRETS {
@@ -140,10 +140,15 @@ pub fn secrets(s: &BTreeMap<String, String>) -> OpsResult<()> {
                 truncate(k)
             )));
         }
-        if v.len() < min || v.len() > MAX_SECRET_BYTES {
+        // The least counts characters, as JSON Schema's `minLength` does (4
+        // characters are at least 4 bytes, so the masker's floor holds); the
+        // most counts bytes, which is what a value costs.
+        let chars = v.chars().count();
+        if chars < min || v.len() > MAX_SECRET_BYTES {
             return Err(OpsError::BadRequest(format!(
-                "secret {k:?} is {} bytes: a value takes {min}..={MAX_SECRET_BYTES} bytes \
-                 (shorter ones could not be masked in output)",
+                "secret {k:?} is {chars} characters, {} bytes: a value takes at least \
+                 {min} characters (shorter ones could not be masked in output) and at \
+                 most {MAX_SECRET_BYTES} bytes",
                 v.len()
             )));
         }
@@ -203,6 +208,9 @@ mod tests {
             assert!(e.starts_with("secret name"), "{bad}: {e}");
             assert!(!e.contains("value-1234"), "{e}");
         }
+        // 3 characters of 5 bytes are too short: the schema's minLength counts characters.
+        assert!(one("K", "\u{ea}>\u{ba}").is_err());
+        assert!(one("K", "\u{ea}>\u{ba}x").is_ok());
         for v in ["abc".to_string(), "v".repeat(MAX_SECRET_BYTES + 1)] {
             let e = one("K", &v).unwrap_err().message();
             assert!(e.starts_with("secret \"K\" is"), "{e}");
