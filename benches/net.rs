@@ -192,7 +192,8 @@ fn main() {
         let ha = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 1);
         let pa = format!("10.201.{}.{}/30", i / 64, (i % 64) * 4 + 2);
         let gw = ha.trim_end_matches("/30").to_string();
-        let table = firewall::session_table(&cfg, &pif, &NetPolicy::default()).to_nft_script();
+        let table =
+            firewall::session_table(&cfg, &pif, &NetPolicy::default(), false).to_nft_script();
         let t = Instant::now();
         run(&["ip", "netns", "add", &ns]);
         run(&[

@@ -269,6 +269,10 @@ struct ServeArgs {
     /// two daemons on one host need different ones.
     #[arg(long)]
     net_prefix: Option<String>,
+    /// CA bundle (PEM) the egress proxy verifies a secret's host against
+    /// when it injects credentials [/etc/ssl/certs/ca-certificates.crt].
+    #[arg(long, value_name = "PATH")]
+    proxy_upstream_ca: Option<PathBuf>,
     /// uids/gids of VMs, `FIRST:COUNT`: the first is the snapshot builder's,
     /// each session's VMM gets one of the others for its life [2000000000:65536].
     #[arg(long, value_parser = agent_sandbox::vm::ids::IdRange::parse)]
@@ -342,6 +346,9 @@ fn network_config(
             (None, Some(sigs)) => wait_for_uplink(find, sigs, HOW)?,
         };
     }
+    if let Some(p) = &a.proxy_upstream_ca {
+        n.proxy_upstream_ca = p.clone();
+    }
     if !a.dns_upstream.is_empty() {
         n.dns_upstreams = a.dns_upstream.clone();
     } else if n.dns_upstreams.is_empty() && !env_dns.is_empty() {
@@ -371,7 +378,7 @@ fn wait_for_uplink(
             );
             return Ok(i);
         }
-        if !said.is_some_and(|t| t.elapsed() < Duration::from_secs(30)) {
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
             log::warn!(
                 "network: no default route yet to take the uplink from; waiting for one \
                  (waited {} s; {how})",

@@ -153,6 +153,17 @@ pub trait Sandbox: Send {
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         None
     }
+    /// Secrets the session's egress proxy puts into requests to their
+    /// hosts (`None`: none); see `net::inject`.
+    fn set_injection(&mut self, inj: Option<Arc<crate::net::inject::Injection>>) -> Result<()> {
+        if inj.is_none() {
+            return Ok(());
+        }
+        Err(SandboxError::Unsupported(format!(
+            "sandbox {}: injected secrets need a VM backend with per-session networking",
+            self.id()
+        )))
+    }
     /// How long the phases of creation took, e.g. `(Phase::Network, 3 ms)`;
     /// exported as metrics by the session layer.
     fn timings(&self) -> Vec<(Phase, std::time::Duration)> {

@@ -179,7 +179,7 @@ fn silent_or_trickling_server_hits_the_deadline() {
 
     // A byte every 5 ms (for 20 s and more) never completes the head; the
     // deadline still holds.
-    let pieces: Vec<&'static [u8]> = std::iter::repeat(&b"X"[..]).take(4000).collect();
+    let pieces: Vec<&'static [u8]> = std::iter::repeat_n(&b"X"[..], 4000).collect();
     let (s, _rx) = server(pieces, Duration::ZERO);
     let t = Instant::now();
     let e = request(

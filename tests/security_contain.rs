@@ -532,7 +532,7 @@ fn leftovers(
             })
             // A name that embeds a daemon pid (`asbx-<pid>-<n>-<rand>`) is
             // ours only if the pid is one of our daemons'.
-            .filter(|o| embedded_pid(o).map_or(true, |p| daemon_pids.contains(&p))),
+            .filter(|o| embedded_pid(o).is_none_or(|p| daemon_pids.contains(&p))),
     );
     out
 }

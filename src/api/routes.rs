@@ -76,6 +76,18 @@ pub static ROUTES: &[Route] = &[
         EXEC,
         v1::set_network
     ),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/secrets",
+        EXEC,
+        v1::get_secrets
+    ),
+    r!(
+        "PUT",
+        "/v1/sessions/{session}/secrets",
+        EXEC,
+        v1::set_secrets
+    ),
     r!("POST", "/v1/sessions/{session}/exec", EXEC, v1::exec),
     r!(
         "GET",

@@ -9,10 +9,10 @@ use super::rest::{self, stream_format};
 use super::{validate, Ctx};
 use crate::ops::network::NetworkView;
 use crate::ops::sessions::Span;
-use crate::ops::EgressPolicy;
 use crate::ops::{
     files, procs, Ops, OpsError, OpsResult, Session, SessionSpec, SessionView, SnapshotView,
 };
+use crate::ops::{EgressPolicy, SecretSpec};
 use crate::proto::Signal;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -50,6 +50,8 @@ struct CreateBody {
     /// Sessions to start (the answer is then a list).
     #[serde(default, deserialize_with = "validate::opt_int")]
     count: Option<i64>,
+    /// Credentials the egress proxy injects (issue #25).
+    secrets: Option<Vec<SecretSpec>>,
 }
 
 pub fn create_session(
@@ -77,6 +79,7 @@ pub fn create_session(
         paused_ttl: b.paused_ttl,
         from_snapshot: b.from_snapshot,
         count,
+        secrets: b.secrets.unwrap_or_default(),
     };
     let ops = ctx.ops.clone();
     if count.is_none() && spec.from_snapshot.is_none() {
@@ -192,6 +195,40 @@ pub fn set_network(
             Err(e) => ApiError::from(e).into(),
         }
     })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretsBody {
+    secrets: Vec<SecretSpec>,
+}
+
+/// Replace the session's injected secrets (`{"secrets": []}`: none).
+/// Answers once the proxy has them (a paused session: at its resume).
+pub fn set_secrets(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let b: SecretsBody = json_body(req, ctx.cfg.max_body)?;
+    let s = own_session(ctx, p, params)?;
+    let ops = ctx.ops.clone();
+    Ok(later_json(200, move || {
+        let list = ops.set_secrets(&s, b.secrets)?;
+        Ok(json!({"sessionId": s.id, "secrets": list}))
+    }))
+}
+
+/// The session's injected secrets: names, hosts, placeholders (never a value).
+pub fn get_secrets(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    ok_json(json!({"sessionId": s.id, "secrets": s.secrets_info()}))
 }
 
 pub fn exec(

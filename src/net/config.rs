@@ -54,6 +54,9 @@ pub struct NetConfig {
     pub proxy_ports: Vec<u16>,
     /// Port the proxy listens on at the TAP address (the redirect's target).
     pub proxy_listen_port: u16,
+    /// CA bundle (PEM) the proxy verifies a secret's host against when it
+    /// re-originates TLS for credential injection (`src/net/inject.rs`).
+    pub proxy_upstream_ca: PathBuf,
 }
 
 impl Default for NetConfig {
@@ -77,6 +80,7 @@ impl Default for NetConfig {
             dns_max_addrs: 4096,
             proxy_ports: vec![80, 443],
             proxy_listen_port: 3129,
+            proxy_upstream_ca: PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
         }
     }
 }

@@ -43,7 +43,7 @@ pub fn check(cfg: &NetConfig) -> Result<()> {
         Ok(())
     })?;
     let name = format!("{}-doctor-{}", cfg.prefix, std::process::id());
-    let table = firewall::session_table(cfg, "lo", &NetPolicy::default());
+    let table = firewall::session_table(cfg, "lo", &NetPolicy::default(), false);
     let r = netns::create(&name, || {
         let mut nft = Nft::open(&name)?;
         let mut b = nft.batch();

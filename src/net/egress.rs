@@ -155,6 +155,26 @@ impl EgressFilter {
         Ok(())
     }
 
+    /// Whether the mode's rules let a TCP connection to `addr:port` out
+    /// (what the `policy` chain decides; the always-blocked set is checked
+    /// apart). For connections the daemon makes on the guest's behalf
+    /// (the egress proxy), which that chain never sees.
+    pub fn permits_tcp(&self, addr: Ipv4Addr, port: u16) -> bool {
+        let hit = |rules: &[EgressRule]| {
+            rules.iter().any(|r| {
+                r.net.contains(addr)
+                    && r.port.is_none_or(|p| p == port)
+                    && r.proto.is_none_or(|p| p == Proto::Tcp)
+            })
+        };
+        match self {
+            EgressFilter::Internet => true,
+            EgressFilter::None => false,
+            EgressFilter::Allowlist { rules } => hit(rules),
+            EgressFilter::Denylist { rules } => !hit(rules),
+        }
+    }
+
     /// Rules of the per-session `policy` chain (evaluated only for traffic
     /// that already passed the always-blocked checks).
     pub fn to_rules(&self) -> Vec<Rule> {
@@ -230,6 +250,25 @@ mod tests {
         assert!("1.2.3.4:53/icmp".parse::<EgressRule>().is_err());
         assert!("1.2.3.4/33".parse::<EgressRule>().is_err());
         assert!("nonsense".parse::<EgressRule>().is_err());
+    }
+
+    #[test]
+    fn permits_tcp_as_the_chain_decides() {
+        let rules = |r: &[&str]| r.iter().map(|x| x.parse().unwrap()).collect::<Vec<_>>();
+        let a = Ipv4Addr::new(198, 51, 100, 7);
+        let allow = EgressFilter::Allowlist {
+            rules: rules(&["198.51.100.0/24:443/tcp", "203.0.113.0/24:53/udp"]),
+        };
+        assert!(allow.permits_tcp(a, 443));
+        assert!(!allow.permits_tcp(a, 80));
+        assert!(!allow.permits_tcp(Ipv4Addr::new(203, 0, 113, 1), 53));
+        let deny = EgressFilter::Denylist {
+            rules: rules(&["198.51.100.0/24"]),
+        };
+        assert!(!deny.permits_tcp(a, 443));
+        assert!(deny.permits_tcp(Ipv4Addr::new(203, 0, 113, 1), 443));
+        assert!(EgressFilter::Internet.permits_tcp(a, 1));
+        assert!(!EgressFilter::None.permits_tcp(a, 1));
     }
 
     #[test]

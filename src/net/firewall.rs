@@ -39,13 +39,15 @@ pub fn proxied(p: &NetPolicy) -> bool {
 
 /// Rules of the proxy chain: destinations an allowlist rule names pass as
 /// they are (plain CIDR rules stay address rules); other TCP to a proxied
-/// port goes to the proxy.
-pub fn proxy_rules(cfg: &NetConfig, p: &NetPolicy) -> Vec<Rule> {
-    if !proxied(p) {
+/// port goes to the proxy. With `injecting` (the session has secrets for
+/// the proxy to put in) all TCP to those ports goes to it, whatever the
+/// mode: it applies the mode's rules itself.
+pub fn proxy_rules(cfg: &NetConfig, p: &NetPolicy, injecting: bool) -> Vec<Rule> {
+    if !proxied(p) && !injecting {
         return Vec::new();
     }
     let mut rules: Vec<Rule> = match &p.egress {
-        EgressFilter::Allowlist { .. } => {
+        EgressFilter::Allowlist { .. } if proxied(p) => {
             let mut v = p.egress.to_rules();
             v.pop(); // the final drop
             v.into_iter()
@@ -199,7 +201,7 @@ pub fn host_table(cfg: &NetConfig, uplink_nets: &[Cidr]) -> Table {
 
 /// The table inside a session namespace. `peer_if` is the namespace end of
 /// the veth pair.
-pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Table {
+pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy, injecting: bool) -> Table {
     let r = Rule::new;
     let tap = IfName::Exact(cfg.tap_name.clone());
     let peer = IfName::Exact(peer_if.to_string());
@@ -317,7 +319,7 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy) -> Tabl
             Chain {
                 name: PROXY_CHAIN.into(),
                 base: None,
-                rules: proxy_rules(cfg, policy),
+                rules: proxy_rules(cfg, policy, injecting),
             },
         ],
     }

@@ -19,6 +19,7 @@ mod dnsfwd;
 pub mod doctor;
 pub mod egress;
 pub mod firewall;
+pub mod inject;
 pub mod isolated;
 pub mod netns;
 pub mod nft;
@@ -48,7 +49,7 @@ pub use isolated::Isolated;
 use nft::Nft;
 pub use policy::{Bandwidth, DnsNames, DomainPattern, EgressMode, EgressPolicy, NetPolicy};
 pub use proxy::ProxyStats;
-use proxy::{Proxy, ProxyConfig};
+use proxy::{Gate, Proxy, ProxyConfig};
 use rtnl::Rtnl;
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +117,9 @@ struct Inner {
     host: Mutex<Host>,
     blocks: Arc<Blocks>,
     reap: Sender<Reap>,
+    /// How the egress proxy re-originates TLS for injected secrets (from
+    /// `proxy_upstream_ca`; `None` when it could not be read).
+    upstream_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Inner {
@@ -236,6 +240,14 @@ impl Net {
             }),
             changed: Condvar::new(),
         });
+        // Read once here, before the daemon confines itself.
+        let upstream_tls = match inject::upstream_tls(&cfg.proxy_upstream_ca) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                log::warn!("{e}: sessions with injected secrets will get 502 from the proxy");
+                None
+            }
+        };
         let (tx, rx) = crossbeam_channel::unbounded();
         let b2 = blocks.clone();
         std::thread::Builder::new()
@@ -257,6 +269,7 @@ impl Net {
                 host: Mutex::new(host),
                 blocks,
                 reap: tx,
+                upstream_tls,
             }),
         })
     }
@@ -430,7 +443,7 @@ impl Net {
             Ok(())
         };
         let cfg = &self.inner.cfg;
-        let table = firewall::session_table(cfg, &s.peer_if, policy);
+        let table = firewall::session_table(cfg, &s.peer_if, policy, false);
         let nsn = s.netns.clone();
         // 1. The namespace, set up from inside: no IPv6 (nothing of ours
         //    chatters), forwarding, strict reverse-path filter, the firewall
@@ -472,6 +485,7 @@ impl Net {
             generation: 1,
             dns: None,
             proxy: None,
+            inject: None,
         });
         injected(1)?;
         // 2. Host side: the veth pair, its host end configured before it is
@@ -537,7 +551,7 @@ impl Net {
             ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
         }
         if firewall::proxied(policy) {
-            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy)?);
+            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None)?);
         }
         drop(g);
         drop(ns);
@@ -634,8 +648,11 @@ struct Ctl {
     /// [`firewall::policy_rules`]); the session table starts with 1.
     generation: u32,
     dns: Option<Forwarder>,
-    /// The inspection proxy, while the policy is [`firewall::proxied`].
+    /// The inspection proxy, while the policy is [`firewall::proxied`] or
+    /// the session has secrets to inject.
     proxy: Option<Proxy>,
+    /// The session's injected secrets ([`inject`]), if any.
+    inject: Option<Arc<inject::Injection>>,
 }
 
 /// Install `to`'s bandwidth limits (changed from `from`) and read them back.
@@ -665,6 +682,21 @@ fn apply_bandwidth(
         }
     }
     Ok(())
+}
+
+/// What the proxy applies of `p`.
+fn gate(p: &NetPolicy) -> Gate {
+    let proxied = firewall::proxied(p);
+    Gate {
+        proxied,
+        names: if proxied {
+            DnsNames::Only(p.domains.clone())
+        } else {
+            // No resolver (`none`, CIDR allowlist): the filter decides.
+            p.dns_names().unwrap_or(DnsNames::Any)
+        },
+        filter: p.egress.clone(),
+    }
 }
 
 impl Inner {
@@ -709,7 +741,13 @@ impl Inner {
         Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names)
     }
 
-    fn start_proxy(&self, id: &str, ns: &File, p: &NetPolicy) -> Result<Proxy> {
+    fn start_proxy(
+        &self,
+        id: &str,
+        ns: &File,
+        p: &NetPolicy,
+        inject: Option<Arc<inject::Injection>>,
+    ) -> Result<Proxy> {
         let cfg = &self.cfg;
         let pc = ProxyConfig {
             listen: std::net::SocketAddrV4::new(cfg.tap_addr(), cfg.proxy_listen_port),
@@ -721,8 +759,9 @@ impl Inner {
             ),
             blocked: firewall::blocked_set(cfg),
             exceptions: cfg.allow_exceptions.clone(),
+            upstream_tls: self.upstream_tls.clone(),
         };
-        Proxy::start(id, ns, pc, DnsNames::Only(p.domains.clone()))
+        Proxy::start(id, ns, pc, gate(p), inject)
     }
 }
 
@@ -816,10 +855,11 @@ impl SessionNet {
             firewall::POLICY_CHAIN,
             &firewall::policy_rules(to, ctl.generation),
         );
+        let injecting = ctl.inject.is_some();
         b.replace_chain_rules(
             &cfg.prefix,
             firewall::PROXY_CHAIN,
-            &firewall::proxy_rules(cfg, to),
+            &firewall::proxy_rules(cfg, to, injecting),
         );
         if names_changed {
             b.flush_set(&cfg.prefix, firewall::SET);
@@ -827,7 +867,7 @@ impl SessionNet {
         ctl.nft.commit(b)?;
         verify(
             &mut ctl.nft,
-            &firewall::session_table(cfg, &self.peer_if, to),
+            &firewall::session_table(cfg, &self.peer_if, to, injecting),
             &self.netns,
         )?;
         let names = self.net.dns_names(to);
@@ -858,16 +898,64 @@ impl SessionNet {
             (true, None) => ctl.dns = None,
             _ => {}
         }
-        // 4. The proxy runs exactly while the policy is proxied (after the
-        //    forwarder: it resolves through it).
-        match (&ctl.proxy, firewall::proxied(to)) {
+        // 4. The proxy (after the forwarder: it resolves through it).
+        self.run_proxy(ctl, to)
+    }
+
+    /// The proxy runs exactly while the policy is proxied or there are
+    /// secrets to inject, with the policy's gate and the secrets.
+    fn run_proxy(&self, ctl: &mut Ctl, p: &NetPolicy) -> Result<()> {
+        let want = firewall::proxied(p) || ctl.inject.is_some();
+        match (&ctl.proxy, want) {
             (None, true) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.proxy = Some(self.net.start_proxy(&self.id, &ns, to)?);
+                ctl.proxy = Some(self.net.start_proxy(&self.id, &ns, p, ctl.inject.clone())?);
             }
             (Some(_), false) => ctl.proxy = None,
-            (Some(p), true) => p.set_names(DnsNames::Only(to.domains.clone())),
+            (Some(px), true) => {
+                px.set_gate(gate(p));
+                px.set_injection(ctl.inject.clone());
+            }
             (None, false) => {}
+        }
+        Ok(())
+    }
+
+    /// Give the session's proxy these secrets to inject (`None`: none):
+    /// TCP to the proxied ports goes through it from now on whatever the
+    /// mode. Read back like a policy change; on error nothing changed.
+    pub fn set_injection(&self, inj: Option<Arc<inject::Injection>>) -> Result<()> {
+        let cfg = &self.net.cfg;
+        if inj.is_some() && cfg.dns_upstreams.is_empty() {
+            return Err(NetError::invalid(
+                "injected secrets need dns_upstreams in the network config: the proxy \
+                 resolves a secret's host itself",
+            ));
+        }
+        let mut g = lock(&self.ctl);
+        let ctl = g
+            .as_mut()
+            .ok_or_else(|| NetError::invalid(format!("session {} is torn down", self.id)))?;
+        let policy = ctl.policy.clone();
+        let injecting = inj.is_some();
+        if injecting != ctl.inject.is_some() {
+            let mut b = ctl.nft.batch();
+            b.replace_chain_rules(
+                &cfg.prefix,
+                firewall::PROXY_CHAIN,
+                &firewall::proxy_rules(cfg, &policy, injecting),
+            );
+            ctl.nft.commit(b)?;
+            verify(
+                &mut ctl.nft,
+                &firewall::session_table(cfg, &self.peer_if, &policy, injecting),
+                &self.netns,
+            )?;
+        }
+        let old = std::mem::replace(&mut ctl.inject, inj);
+        if let Err(e) = self.run_proxy(ctl, &policy) {
+            ctl.inject = old;
+            return Err(e);
         }
         Ok(())
     }
@@ -896,6 +984,7 @@ impl SessionNet {
         let held = ctl.map(|mut c| {
             c.dns = None; // stop serving now
             c.proxy = None;
+            c.inject = None;
             Box::new(c) as Box<dyn Send>
         });
         self.net.release_after(self.slot, &self.host_if, held);

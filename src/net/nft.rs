@@ -312,7 +312,7 @@ impl Msg<'_> {
         self.pad();
     }
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }

@@ -22,6 +22,16 @@
 //! names one host in SNI and another in the encrypted Host header is
 //! domain fronting: see docs/security.md).
 //!
+//! Sessions with injected secrets ([`super::inject`]) go through the
+//! proxy whatever their mode. For a host a secret names, TLS is
+//! terminated with the session's CA, the request head checked and given
+//! the value, and TLS re-originated to the host (verified against
+//! `proxy_upstream_ca`). In a mode without a domain list (`internet`,
+//! `denylist`, `allowlist` of CIDRs) every other connection goes on to the
+//! address the guest chose, if the mode's rules allow it
+//! ([`EgressFilter::permits_tcp`]): the proxy's own connections do not
+//! pass the session's policy chain, so it applies the rules itself.
+//!
 //! Threads: one acceptor per session (`proxy-<id>`) and one per
 //! connection, all in the session namespace, under the `Proxy` seccomp
 //! filter; at most [`MAX_CONNS`] connections per session.
@@ -38,6 +48,8 @@ use serde::Serialize;
 
 use super::cidr::Cidr;
 use super::dns::{self, Action};
+use super::egress::EgressFilter;
+use super::inject::{Injection, Rewrite};
 use super::policy::DnsNames;
 use super::{netns, NetError, Result};
 use crate::sync::lock;
@@ -74,6 +86,21 @@ pub(super) struct ProxyConfig {
     /// Never connected to (the host table drops them anyway).
     pub blocked: Vec<Cidr>,
     pub exceptions: Vec<Cidr>,
+    /// How TLS to a secret's host is re-originated (`None`: the bundle
+    /// could not be read; interception then answers 502).
+    pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// What the proxy lets through: the session policy's parts it applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Gate {
+    /// A domain allowlist in a mode ending in drop ([`super::firewall::proxied`]):
+    /// only `names` pass, each to what the proxy resolves. Otherwise the
+    /// proxy runs for injection only and the guest's own destinations
+    /// pass when `filter` allows them.
+    pub proxied: bool,
+    pub names: DnsNames,
+    pub filter: EgressFilter,
 }
 
 /// Why a connection was refused (one counter each).
@@ -91,6 +118,9 @@ enum Refusal {
     Upstream,
     /// More than [`MAX_CONNS`] at once (or [`MAX_CONNS_TOTAL`] daemon-wide).
     Busy,
+    /// A secret's placeholder towards a host the secret is not bound to
+    /// (or over plain HTTP).
+    Placeholder,
 }
 
 impl Refusal {
@@ -98,11 +128,14 @@ impl Refusal {
         match self {
             Refusal::NoName => "no TLS SNI or HTTP Host name",
             Refusal::IpLiteral => "an IP address instead of a name",
-            Refusal::NotListed => "a name not on the session's domain list",
+            Refusal::NotListed => "a destination the session's egress policy does not allow",
             Refusal::Mismatch => "a request line naming another host than its Host header",
             Refusal::Unresolved => "the name has no reachable address",
             Refusal::Upstream => "no connection to the name's addresses",
             Refusal::Busy => "too many proxied connections at once",
+            Refusal::Placeholder => {
+                "a secret's placeholder towards a host it is not bound to (or in plain HTTP)"
+            }
         }
     }
 }
@@ -120,13 +153,20 @@ pub struct ProxyStats {
     pub refused_unresolved: u64,
     pub refused_upstream: u64,
     pub refused_busy: u64,
+    pub refused_placeholder: u64,
+    /// TLS connections terminated for a secret's host.
+    pub intercepted: u64,
+    /// Requests that left with a secret's value in them.
+    pub injected: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     connections: AtomicU64,
     allowed: AtomicU64,
-    refused: [AtomicU64; 7],
+    refused: [AtomicU64; 8],
+    intercepted: AtomicU64,
+    injected: AtomicU64,
 }
 
 impl Counters {
@@ -146,6 +186,9 @@ impl Counters {
             refused_unresolved: r(Refusal::Unresolved),
             refused_upstream: r(Refusal::Upstream),
             refused_busy: r(Refusal::Busy),
+            refused_placeholder: r(Refusal::Placeholder),
+            intercepted: self.intercepted.load(Ordering::Relaxed),
+            injected: self.injected.load(Ordering::Relaxed),
         }
     }
 
@@ -158,7 +201,8 @@ impl Counters {
 struct Shared {
     id: String,
     cfg: ProxyConfig,
-    names: Mutex<Arc<DnsNames>>,
+    gate: Mutex<Arc<Gate>>,
+    inject: Mutex<Option<Arc<Injection>>>,
     counters: Counters,
     live: AtomicUsize,
     stop: AtomicBool,
@@ -174,7 +218,13 @@ impl Proxy {
     /// Bind the listener inside the session namespace `ns` and serve from
     /// a thread that enters `ns` too (its connections' upstream sockets
     /// and resolver queries belong there).
-    pub fn start(id: &str, ns: &File, cfg: ProxyConfig, names: DnsNames) -> Result<Proxy> {
+    pub fn start(
+        id: &str,
+        ns: &File,
+        cfg: ProxyConfig,
+        gate: Gate,
+        inject: Option<Arc<Injection>>,
+    ) -> Result<Proxy> {
         let what = format!("session {id} egress proxy");
         let listen = cfg.listen;
         let l = netns::within(ns, &what, || {
@@ -190,7 +240,8 @@ impl Proxy {
         let shared = Arc::new(Shared {
             id: id.to_string(),
             cfg,
-            names: Mutex::new(Arc::new(names)),
+            gate: Mutex::new(Arc::new(gate)),
+            inject: Mutex::new(inject),
             counters: Counters::default(),
             live: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -221,10 +272,15 @@ impl Proxy {
         })
     }
 
-    /// The allowed names changed (live policy change): new connections
-    /// are checked against these; open ones stay.
-    pub fn set_names(&self, names: DnsNames) {
-        *lock(&self.shared.names) = Arc::new(names);
+    /// The policy changed live: new connections are checked against it;
+    /// open ones stay.
+    pub fn set_gate(&self, gate: Gate) {
+        *lock(&self.shared.gate) = Arc::new(gate);
+    }
+
+    /// The session's secrets changed: new connections use these.
+    pub fn set_injection(&self, inject: Option<Arc<Injection>>) {
+        *lock(&self.shared.inject) = inject;
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -507,13 +563,14 @@ fn is_ip_literal(n: &str) -> bool {
 }
 
 fn serve(sh: &Shared, mut c: TcpStream) {
-    let port = match original_port(&c) {
-        Ok(p) => p,
+    let orig = match original_dst(&c) {
+        Ok(a) => a,
         Err(e) => {
             log::warn!("session {}: egress proxy: SO_ORIGINAL_DST: {e}", sh.id);
             return;
         }
     };
+    let port = orig.port();
     if !sh.cfg.ports.contains(&port) {
         // Reached the proxy's own address directly, not through the
         // redirect: nothing to inspect for.
@@ -536,7 +593,14 @@ fn serve(sh: &Shared, mut c: TcpStream) {
             Ok(n) => buf.extend_from_slice(&chunk[..n.min(MAX_HELLO - buf.len())]),
         }
     };
+    let gate = lock(&sh.gate).clone();
+    let inject = lock(&sh.inject).clone();
     let tls = matches!(hello, Hello::Tls(_));
+    // Plain HTTP never carries a placeholder out: a value is only ever
+    // put in over TLS, and a placeholder elsewhere is refused.
+    if !tls && inject.as_ref().is_some_and(|i| i.carries_placeholder(&buf)) {
+        return refuse(sh, Refusal::Placeholder, "", Some(false), c);
+    }
     let (name, http) = match hello {
         Hello::Tls(Some(n)) => (n, None),
         Hello::Http {
@@ -550,27 +614,50 @@ fn serve(sh: &Shared, mut c: TcpStream) {
             }
             (h, Some((len, body)))
         }
+        Hello::Http { len, body, .. } if !gate.proxied => (String::new(), Some((len, body))),
+        _ if !gate.proxied => (String::new(), None),
         _ => return refuse(sh, Refusal::NoName, "", Some(tls), c),
     };
     let name = name.trim_end_matches('.').to_string();
-    if is_ip_literal(&name) {
-        return refuse(sh, Refusal::IpLiteral, &name, Some(tls), c);
-    }
-    let names = lock(&sh.names).clone();
-    if name.is_empty() || !names.allows(&name) {
-        return refuse(sh, Refusal::NotListed, &name, Some(tls), c);
-    }
-    let addrs = match resolve(&sh.cfg, &name) {
-        Ok(a) if !a.is_empty() => a,
-        Ok(_) => return refuse(sh, Refusal::Unresolved, &name, Some(tls), c),
-        Err(e) => {
-            log::info!("session {}: egress proxy: resolve {name}: {e}", sh.id);
+    let intercept = tls
+        && !name.is_empty()
+        && !is_ip_literal(&name)
+        && inject.as_ref().is_some_and(|i| i.binds(&name));
+    let up = if gate.proxied || intercept {
+        // The name decides, and the proxy's own answer for it.
+        if is_ip_literal(&name) {
+            return refuse(sh, Refusal::IpLiteral, &name, Some(tls), c);
+        }
+        if name.is_empty() || !gate.names.allows(&name) {
+            return refuse(sh, Refusal::NotListed, &name, Some(tls), c);
+        }
+        let addrs = match resolve(&sh.cfg, &name) {
+            Ok(a) => a,
+            Err(e) => {
+                log::info!("session {}: egress proxy: resolve {name}: {e}", sh.id);
+                return refuse(sh, Refusal::Unresolved, &name, Some(tls), c);
+            }
+        };
+        let addrs: Vec<Ipv4Addr> = addrs
+            .into_iter()
+            .filter(|a| gate.proxied || gate.filter.permits_tcp(*a, port))
+            .collect();
+        if addrs.is_empty() {
             return refuse(sh, Refusal::Unresolved, &name, Some(tls), c);
         }
+        addrs.iter().take(4).find_map(|a| {
+            TcpStream::connect_timeout(&SocketAddr::from((*a, port)), CONNECT_TIMEOUT).ok()
+        })
+    } else {
+        // Injection only: the guest's own destination, if its mode
+        // allows it (the policy chain never sees this connection).
+        let a = *orig.ip();
+        if !reachable(&sh.cfg, a) || !gate.filter.permits_tcp(a, port) {
+            return refuse(sh, Refusal::NotListed, &a.to_string(), Some(tls), c);
+        }
+        TcpStream::connect_timeout(&SocketAddr::from(orig), CONNECT_TIMEOUT).ok()
     };
-    let Some(mut up) = addrs.iter().take(4).find_map(|a| {
-        TcpStream::connect_timeout(&SocketAddr::from((*a, port)), CONNECT_TIMEOUT).ok()
-    }) else {
+    let Some(mut up) = up else {
         return refuse(sh, Refusal::Upstream, &name, Some(tls), c);
     };
     sh.counters.allowed.fetch_add(1, Ordering::Relaxed);
@@ -579,6 +666,10 @@ fn serve(sh: &Shared, mut c: TcpStream) {
     let _ = c.set_write_timeout(Some(IDLE));
     let _ = up.set_read_timeout(Some(IDLE));
     let _ = up.set_write_timeout(Some(IDLE));
+    if let (true, Some(inj)) = (intercept, inject) {
+        sh.counters.intercepted.fetch_add(1, Ordering::Relaxed);
+        return intercept_tls(sh, c, buf, &name, up, &inj);
+    }
     match http {
         None => {
             if up.write_all(&buf).is_ok() {
@@ -605,6 +696,205 @@ fn serve(sh: &Shared, mut c: TcpStream) {
     }
 }
 
+/// Whether `a` is outside the always-blocked set (or an exception in it).
+fn reachable(cfg: &ProxyConfig, a: Ipv4Addr) -> bool {
+    !cfg.blocked.iter().any(|b| b.contains(a)) || cfg.exceptions.iter().any(|b| b.contains(a))
+}
+
+/// Bytes already read (the ClientHello), then the socket.
+struct Replay {
+    head: Vec<u8>,
+    at: usize,
+    sock: TcpStream,
+}
+
+impl Read for Replay {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        if self.at < self.head.len() {
+            let n = (self.head.len() - self.at).min(b.len());
+            b[..n].copy_from_slice(&self.head[self.at..self.at + n]);
+            self.at += n;
+            return Ok(n);
+        }
+        self.sock.read(b)
+    }
+}
+
+impl Write for Replay {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.sock.write(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+/// A request head (through its blank line) from `r`, at most
+/// [`MAX_HELLO`] bytes; the bytes after it stay in the returned buffer.
+fn read_head(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    loop {
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(Some(buf));
+        }
+        if buf.len() >= MAX_HELLO {
+            return Ok(None);
+        }
+        let n = r.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// TLS to a secret's host: terminated with the session's CA, one request
+/// read and given its secrets, sent on over TLS verified against the
+/// upstream bundle, its answer copied back.
+fn intercept_tls(
+    sh: &Shared,
+    c: TcpStream,
+    hello: Vec<u8>,
+    name: &str,
+    up: TcpStream,
+    inj: &Injection,
+) {
+    let server = match inj.ca().server_config(name) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("session {}: egress proxy: {e}", sh.id);
+            return;
+        }
+    };
+    let conn = match rustls::ServerConnection::new(server) {
+        Ok(c) => c,
+        Err(e) => {
+            log::warn!("session {}: egress proxy: TLS for {name}: {e}", sh.id);
+            return;
+        }
+    };
+    let mut guest = rustls::StreamOwned::new(
+        conn,
+        Replay {
+            head: hello,
+            at: 0,
+            sock: c,
+        },
+    );
+    let first = match read_head(&mut guest) {
+        Ok(Some(h)) => h,
+        Ok(None) => return,
+        Err(e) => {
+            // Most often the guest does not trust the session's CA (a
+            // client with its own bundle): say so in the log.
+            log::info!(
+                "session {}: egress proxy: TLS from the guest to {name}: {e}",
+                sh.id
+            );
+            return;
+        }
+    };
+    let answer = |guest: &mut rustls::StreamOwned<rustls::ServerConnection, Replay>,
+                  status: &str,
+                  why: &str| {
+        let body = format!("agent-sandbox: {name}: {why}\n");
+        let _ = write!(
+            guest,
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        guest.conn.send_close_notify();
+        let _ = guest.flush();
+    };
+    let (len, body) = match http_head(&first) {
+        Some(Hello::Http {
+            host: Some(h),
+            target_host,
+            len,
+            body,
+        }) if h.trim_end_matches('.') == name && target_host.as_ref().is_none_or(|t| t == &h) => {
+            (len, body)
+        }
+        Some(Hello::Http { .. }) => {
+            sh.counters.refused(Refusal::Mismatch);
+            return answer(
+                &mut guest,
+                "403 Forbidden",
+                "the request names another host than the TLS connection",
+            );
+        }
+        _ => {
+            sh.counters.refused(Refusal::NoName);
+            return answer(&mut guest, "400 Bad Request", "not an HTTP/1.1 request");
+        }
+    };
+    let (rewritten, put) = match inj.rewrite(name, &first[..len]) {
+        Rewrite::Send(h, n) => (h, n),
+        Rewrite::Refuse(secret) => {
+            sh.counters.refused(Refusal::Placeholder);
+            log::info!(
+                "session {}: egress proxy refused a request to {name}: it carries the \
+                 placeholder of secret {secret}, which is not bound to that host",
+                sh.id
+            );
+            return answer(
+                &mut guest,
+                "403 Forbidden",
+                "a secret's placeholder towards a host it is not bound to",
+            );
+        }
+    };
+    let Some(client) = sh.cfg.upstream_tls.clone() else {
+        return answer(
+            &mut guest,
+            "502 Bad Gateway",
+            "no CA bundle to verify the host with (proxy_upstream_ca)",
+        );
+    };
+    let server_name = match rustls::pki_types::ServerName::try_from(name.to_string()) {
+        Ok(n) => n,
+        Err(_) => return answer(&mut guest, "502 Bad Gateway", "not a TLS server name"),
+    };
+    let Ok(cconn) = rustls::ClientConnection::new(client, server_name) else {
+        return answer(&mut guest, "502 Bad Gateway", "TLS client setup failed");
+    };
+    let mut upstream = rustls::StreamOwned::new(cconn, up);
+    let head = close_head(&rewritten);
+    if let Err(e) = upstream.write_all(&head).and_then(|_| upstream.flush()) {
+        sh.counters.refused(Refusal::Upstream);
+        log::info!("session {}: egress proxy: TLS to {name}: {e}", sh.id);
+        return answer(
+            &mut guest,
+            "502 Bad Gateway",
+            &format!("TLS to the host failed: {e}"),
+        );
+    }
+    if put > 0 {
+        sh.counters.injected.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut rest = first[len..].to_vec();
+    if forward_body(&mut guest, &mut upstream, body, &mut rest).is_err() {
+        return;
+    }
+    let _ = upstream.flush();
+    // The answer, until the host closes (the request said `close`).
+    let mut b = vec![0u8; 32 << 10];
+    loop {
+        match upstream.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if guest.write_all(&b[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    guest.conn.send_close_notify();
+    let _ = guest.flush();
+    let _ = guest.sock.sock.shutdown(Shutdown::Both);
+}
+
 /// The request head with `Connection: close` (replacing any Connection
 /// and Keep-Alive header): one request per connection.
 fn close_head(head: &[u8]) -> Vec<u8> {
@@ -628,8 +918,8 @@ fn close_head(head: &[u8]) -> Vec<u8> {
 /// Copy the request body (framed by `body`; `rest` holds bytes already
 /// read after the head), then nothing more.
 fn forward_body(
-    c: &mut TcpStream,
-    up: &mut TcpStream,
+    c: &mut impl Read,
+    up: &mut impl Write,
     body: Body,
     rest: &mut Vec<u8>,
 ) -> io::Result<()> {
@@ -822,8 +1112,8 @@ fn refuse(sh: &Shared, r: Refusal, name: &str, tls: Option<bool>, mut c: TcpStre
     let _ = c.shutdown(Shutdown::Both);
 }
 
-/// The destination port the guest connected to, before the redirect.
-fn original_port(c: &TcpStream) -> io::Result<u16> {
+/// Where the guest connected to, before the redirect.
+fn original_dst(c: &TcpStream) -> io::Result<SocketAddrV4> {
     // SAFETY: zeroed sockaddr_in is a valid value; getsockopt writes at
     // most `len` bytes into it.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
@@ -841,7 +1131,10 @@ fn original_port(c: &TcpStream) -> io::Result<u16> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(u16::from_be(sa.sin_port))
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ))
 }
 
 /// The name's A records, through the session's forwarder, without
@@ -860,10 +1153,7 @@ fn resolve(cfg: &ProxyConfig, name: &str) -> io::Result<Vec<Ipv4Addr>> {
         .addrs
         .into_iter()
         .map(|(a, _)| a)
-        .filter(|a| {
-            !cfg.blocked.iter().any(|b| b.contains(*a))
-                || cfg.exceptions.iter().any(|b| b.contains(*a))
-        })
+        .filter(|a| reachable(cfg, *a))
         .collect())
 }
 

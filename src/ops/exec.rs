@@ -212,7 +212,14 @@ impl Ops {
                 self.cfg.create_timeout,
             )?)
         };
-        let masker = Masker::new(p.secrets.0.values().map(|v| v.as_bytes()));
+        let injected = session.secret_values();
+        let masker = Masker::new(
+            p.secrets
+                .0
+                .values()
+                .map(|v| v.as_bytes())
+                .chain(injected.iter().map(|v| v.as_bytes())),
+        );
         if files.is_some() {
             // Its process id is what attaches are refused by.
             p.req.notify_start = true;
@@ -323,7 +330,7 @@ pub struct Running {
     call: Call,
     /// Names the call in its errors (`exec: ...`).
     what: String,
-    masker: Masker,
+    pub(super) masker: Masker,
     secrets: Option<SecretFiles>,
     /// Events due before the next one read (held output flushed before
     /// the exit).

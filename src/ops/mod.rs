@@ -20,6 +20,11 @@ pub mod validate;
 
 /// The one egress policy type, for the front ends (which do not import
 /// `net`).
+pub use crate::net::inject::{SecretInfo, SecretSpec};
+/// The bounds of injected secrets, for the front ends' schemas.
+pub mod inject_limits {
+    pub use crate::net::inject::{MAX_HOSTS, MAX_SECRETS, MAX_VALUE_BYTES, MIN_VALUE_CHARS};
+}
 pub use crate::net::{EgressMode, EgressPolicy};
 /// What builds the sandboxes: the composition root picks one and hands it
 /// to [`Ops::start`]; the front ends only pass it on.

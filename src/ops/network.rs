@@ -18,7 +18,7 @@ pub struct NetworkView {
     pub session_id: String,
     pub egress: EgressPolicy,
     /// Counters of the egress inspection proxy, while one runs (a domain
-    /// allowlist in `allowlist` or `none` mode).
+    /// allowlist in `allowlist` or `none` mode, or injected secrets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyStats>,
 }
@@ -48,5 +48,26 @@ impl Ops {
         self.ping(s)?;
         s.set_egress(policy, self.cfg.create_timeout)?;
         Ok(NetworkView::of(s))
+    }
+
+    /// Replaces the session's injected secrets (`[]`: none), live; a
+    /// paused session gets them when it resumes. Answers what GETs show
+    /// of them (never a value).
+    pub fn set_secrets(
+        &self,
+        s: &Session,
+        specs: Vec<crate::net::inject::SecretSpec>,
+    ) -> OpsResult<Vec<crate::net::inject::SecretInfo>> {
+        crate::net::inject::validate(&specs).map_err(super::OpsError::BadRequest)?;
+        if !specs.is_empty() && self.mgr.factory.backend() == "local-process" {
+            return Err(super::OpsError::NotSupported(
+                "injected secrets need a VM backend with per-session networking".into(),
+            ));
+        }
+        if s.state() != crate::session::State::Paused {
+            self.ping(s)?;
+        }
+        s.set_secrets(&specs, self.cfg.create_timeout)?;
+        Ok(s.secrets_info())
     }
 }

@@ -148,7 +148,10 @@ impl Ops {
             },
             self.wait(),
         )?;
-        Ok(Running::new(call, "exec", Some(activity)))
+        let mut r = Running::new(call, "exec", Some(activity));
+        let injected = s.secret_values();
+        r.masker = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
+        Ok(r)
     }
 
     /// Writes `data` (then EOF if `eof`) to process `proc`'s stdin; an

@@ -6,6 +6,7 @@
 
 use super::{validate, Ops, OpsError, OpsResult, Principal};
 use crate::config::parse_duration;
+use crate::net::inject::{SecretInfo, SecretSpec};
 use crate::net::EgressPolicy;
 use crate::proto::Request;
 pub use crate::session::OnIdle;
@@ -42,6 +43,8 @@ pub struct SessionSpec {
     pub from_snapshot: Option<String>,
     /// With `from_snapshot`: how many sessions ([`Ops::create_many`]).
     pub count: Option<u32>,
+    /// Credentials the egress proxy injects (`net::inject`).
+    pub secrets: Vec<SecretSpec>,
 }
 
 /// A duration as a client gives it: seconds, or text like `30m`.
@@ -98,6 +101,10 @@ pub struct SessionView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused_expires_at: Option<u64>,
     pub busy: bool,
+    /// Injected secrets: names, hosts, header and placeholder, never the
+    /// value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretInfo>,
     /// The session's state itself (the seed names it its own way).
     #[serde(skip)]
     pub phase: State,
@@ -133,6 +140,7 @@ impl SessionView {
             paused_at: paused.as_ref().map(|p| p.since_unix_ms),
             paused_expires_at: paused.as_ref().map(|p| p.expires_unix_ms),
             busy: s.busy(),
+            secrets: s.secrets_info(),
             phase,
         }
     }
@@ -181,6 +189,11 @@ pub(super) fn options(spec: SessionSpec) -> OpsResult<SessionOptions> {
         egress: spec.egress,
         on_idle: spec.on_idle,
         paused_ttl: spec.paused_ttl.map(|d| d.get("pausedTtl")).transpose()?,
+        secrets: {
+            crate::net::inject::validate(&spec.secrets).map_err(OpsError::BadRequest)?;
+            spec.secrets
+        },
+        secrets_from: None,
     })
 }
 
@@ -219,6 +232,11 @@ impl Ops {
                     "template name must be 1-64 characters".into(),
                 ));
             }
+        }
+        if !spec.secrets.is_empty() && self.mgr.factory.backend() == "local-process" {
+            return Err(OpsError::NotSupported(
+                "injected secrets need a VM backend with per-session networking".into(),
+            ));
         }
         let opts = options(spec)?;
         let (s, _) = self.mgr.get_or_create(&p.id, &id, opts, true)?;
@@ -296,6 +314,9 @@ impl Ops {
             egress: Some(old.spec.egress.clone()),
             on_idle: Some(old.on_idle),
             paused_ttl: Some(old.paused_ttl),
+            secrets: Vec::new(),
+            // Same placeholders (the caller's code holds them), a new CA.
+            secrets_from: old.injection(),
         };
         let (owner, id) = (old.owner.clone(), old.id.clone());
         drop(old);

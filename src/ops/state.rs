@@ -302,6 +302,9 @@ impl Ops {
             egress: Some(crate::sync::lock(&s.egress).clone()),
             on_idle: Some(s.on_idle),
             paused_ttl: Some(s.paused_ttl),
+            // The copies' processes hold the source's placeholders; each
+            // copy gets a CA of its own.
+            secrets_from: s.injection(),
             ..Default::default()
         };
         let sessions = self.mgr.create_from(&s.owner, &ids, &e, opts)?;

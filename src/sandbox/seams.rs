@@ -3,7 +3,7 @@
 //! traits `wiring` implements over `vm::templates` and `net`. Here, below
 //! both the factory and its standby VMMs, which use them alike.
 
-use super::{Result, TemplateInfo};
+use super::{Result, SandboxError, TemplateInfo};
 use crate::net::EgressPolicy;
 use crate::vm::NetAttachment;
 use std::path::PathBuf;
@@ -62,5 +62,17 @@ pub trait NetLease: Send {
     /// What the session's inspection proxy did (while one runs).
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         None
+    }
+    /// Secrets for the session's proxy to inject (`net::inject`).
+    fn set_injection(
+        &mut self,
+        inj: Option<std::sync::Arc<crate::net::inject::Injection>>,
+    ) -> Result<()> {
+        if inj.is_none() {
+            return Ok(());
+        }
+        Err(SandboxError::Unsupported(
+            "injected secrets need per-session networking (serve --network on)".into(),
+        ))
     }
 }

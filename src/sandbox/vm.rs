@@ -496,6 +496,20 @@ impl Sandbox for VmSandbox {
         self.net.as_ref().and_then(|n| n.proxy_stats())
     }
 
+    fn set_injection(
+        &mut self,
+        inj: Option<std::sync::Arc<crate::net::inject::Injection>>,
+    ) -> Result<()> {
+        match self.net.as_mut() {
+            Some(n) => n.set_injection(inj),
+            None if inj.is_none() => Ok(()),
+            None => Err(SandboxError::Unsupported(format!(
+                "sandbox {} has no network for injected secrets",
+                self.id
+            ))),
+        }
+    }
+
     fn checkpoint(&mut self, dir: &Path) -> Result<super::CheckpointStats> {
         let r = self.vm.checkpoint(dir).map_err(|e| SandboxError::Failed {
             id: self.id.clone(),

@@ -596,6 +596,14 @@ impl NetLease for SessionLease {
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         self.net.proxy_stats()
     }
+    fn set_injection(
+        &mut self,
+        inj: Option<std::sync::Arc<crate::net::inject::Injection>>,
+    ) -> Result<()> {
+        self.net
+            .set_injection(inj)
+            .map_err(|e| SandboxError::Other(format!("session network {}: {e}", self.net.id())))
+    }
 }
 
 /// Networking off: every VM still gets its NIC (the snapshot has one), on a

@@ -31,6 +31,8 @@ pub const STORE_DIR: &str = "/usr/local/share/ca-certificates";
 pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The label of `guest_ca_bundle`'s CAs.
 pub const CONFIG_LABEL: &str = "agent-sandbox";
+/// The label of the session's egress-proxy CA (injected secrets).
+pub const PROXY_LABEL: &str = "egress-proxy";
 /// The variables [`guest_env`] sets, all to [`BUNDLE`].
 pub const ENV_VARS: [&str; 6] = [
     "SSL_CERT_FILE",

@@ -315,7 +315,7 @@ impl Store {
     pub fn list(&self, owner: Option<&str>) -> Vec<Arc<Entry>> {
         let mut v: Vec<Arc<Entry>> = lock(&self.listed)
             .values()
-            .filter(|e| owner.map_or(true, |o| e.meta.owner == o))
+            .filter(|e| owner.is_none_or(|o| e.meta.owner == o))
             .cloned()
             .collect();
         v.sort_by(|a, b| {

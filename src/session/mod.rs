@@ -58,6 +58,11 @@ pub(crate) enum Cmd {
     Call(Box<Request>, Sender<Result<Call, SessionError>>),
     /// Change the running sandbox's egress policy.
     SetEgress(EgressPolicy, Sender<Result<(), SessionError>>),
+    /// Give the egress proxy these secrets (`None`: none).
+    SetSecrets(
+        Option<Arc<crate::net::inject::Injection>>,
+        Sender<Result<(), SessionError>>,
+    ),
     /// What the egress proxy did (`None`: none runs, or the session is paused).
     ProxyStats(Sender<Result<Option<crate::net::ProxyStats>, SessionError>>),
     /// Save the state as a checkpoint of `kind` (named `name`); the
@@ -157,6 +162,9 @@ pub struct Session {
     /// a `guest_ca_bundle` (`cas::guest_env`). Fixed at creation, since an
     /// exec's env is built before the session may be up.
     pub(crate) base_env: BTreeMap<String, String>,
+    /// Secrets the egress proxy injects for this session (their
+    /// placeholders are in every command's env; `net::inject`).
+    pub(crate) inject: Mutex<Option<Arc<crate::net::inject::Injection>>>,
     /// Names of the secret files (`/run/secrets/NAME`) of the commands
     /// running now: while any is there, no checkpoint, fork or pause may
     /// capture them, and no second command may take the same name.
@@ -255,6 +263,57 @@ impl Session {
         }
     }
 
+    /// Replaces the session's injected secrets (none: `specs` empty). A
+    /// secret keeps its placeholder when its name stays, and the session
+    /// keeps its CA; a paused session gets them when it resumes.
+    pub fn set_secrets(
+        &self,
+        specs: &[crate::net::inject::SecretSpec],
+        wait: Duration,
+    ) -> Result<(), SessionError> {
+        use crate::net::inject::{Ca, Injection};
+        let failed = |why: String| SessionError::Failed {
+            id: self.id.clone(),
+            why,
+        };
+        let prev = lock(&self.inject).clone();
+        let next = if specs.is_empty() {
+            None
+        } else {
+            let ca = match &prev {
+                Some(p) => p.ca().clone(),
+                None => Arc::new(Ca::new(&self.id).map_err(failed)?),
+            };
+            Some(Arc::new(
+                Injection::new(ca, specs, prev.as_deref()).map_err(failed)?,
+            ))
+        };
+        self.ask(|tx| Cmd::SetSecrets(next.clone(), tx), wait)?;
+        *lock(&self.inject) = next;
+        Ok(())
+    }
+
+    /// What GETs show of the injected secrets (never a value).
+    pub fn secrets_info(&self) -> Vec<crate::net::inject::SecretInfo> {
+        lock(&self.inject)
+            .as_ref()
+            .map(|i| i.info())
+            .unwrap_or_default()
+    }
+
+    /// The injected secrets' values, for masking output.
+    pub fn secret_values(&self) -> Vec<String> {
+        lock(&self.inject)
+            .as_ref()
+            .map(|i| i.values().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// The injected secrets as given (a fork passes them on).
+    pub fn injection(&self) -> Option<Arc<crate::net::inject::Injection>> {
+        lock(&self.inject).clone()
+    }
+
     fn gone_error(&self) -> SessionError {
         match self.state() {
             State::Failed(why) => SessionError::Failed {
@@ -329,6 +388,11 @@ impl Session {
     /// daemon's (the CA variables): the user's value of a variable wins.
     pub fn env_for(&self, cmd_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         let mut e = self.base_env.clone();
+        if let Some(inj) = lock(&self.inject).as_ref() {
+            // The guest trusts the proxy's CA through the same bundle.
+            e.extend(cas::guest_env());
+            e.extend(inj.env());
+        }
         e.extend(self.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         e.extend(cmd_env.iter().map(|(k, v)| (k.clone(), v.clone())));
         e

@@ -148,7 +148,7 @@ impl Pool {
         let mut failures = 0u32;
         let mut retry_at: Option<Instant> = None;
         while !self.stopping.load(Ordering::Acquire) {
-            let due = retry_at.map_or(true, |at| Instant::now() >= at);
+            let due = retry_at.is_none_or(|at| Instant::now() >= at);
             if due && self.size(template) < self.cfg.pool_size {
                 let spec = self.pooled_spec(template);
                 let t0 = Instant::now();

@@ -9,6 +9,7 @@ use super::{default_of, template_name, worker, Cmd, OnIdle, PausedInfo, Session,
 use crate::config::guest_ca::GuestCas;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::net::inject::{Ca, Injection, SecretSpec};
 use crate::net::EgressPolicy;
 use crate::sandbox::{new_sandbox_id, SandboxFactory, SandboxSpec, TemplateInfo};
 use crate::sync::lock;
@@ -30,6 +31,11 @@ pub struct SessionOptions {
     pub egress: Option<EgressPolicy>,
     pub on_idle: Option<super::OnIdle>,
     pub paused_ttl: Option<Duration>,
+    /// Secrets the egress proxy injects (validated by `ops`).
+    pub secrets: Vec<SecretSpec>,
+    /// A fork's source secrets: the copy keeps their placeholders (its
+    /// processes hold them) under a CA of its own. Wins over `secrets`.
+    pub secrets_from: Option<Arc<Injection>>,
 }
 
 /// Sessions are keyed by (owner key id, session id): each key has its own
@@ -66,6 +72,25 @@ struct NewSession {
     paused_ttl: Duration,
     created_unix_ms: u64,
     paused: Option<PausedInfo>,
+    inject: Option<Arc<Injection>>,
+}
+
+/// The secrets a new session `id` gets: a fork's source's under a CA of
+/// its own, or `opts.secrets` with a new CA; none without either.
+fn injection_for(id: &str, opts: &SessionOptions) -> Result<Option<Arc<Injection>>, SessionError> {
+    if opts.secrets_from.is_none() && opts.secrets.is_empty() {
+        return Ok(None);
+    }
+    let failed = |why: String| SessionError::Failed {
+        id: id.to_string(),
+        why,
+    };
+    let ca = Arc::new(Ca::new(id).map_err(failed)?);
+    let inj = match &opts.secrets_from {
+        Some(src) => src.rebind(ca),
+        None => Injection::new(ca, &opts.secrets, None).map_err(failed)?,
+    };
+    Ok(Some(Arc::new(inj)))
 }
 
 /// Sessions that run a VM (or are starting one): what capacity and the
@@ -169,6 +194,9 @@ impl Manager {
                     since_unix_ms: p.paused_at_unix_ms,
                     expires_unix_ms: p.paused_at_unix_ms + p.paused_ttl_ms,
                 }),
+                // Secret values are never written to disk: a session
+                // paused by an earlier run comes back without them.
+                inject: None,
             };
             let (id, owner) = (n.id.clone(), n.owner.clone());
             if map.contains_key(&(owner.clone(), id.clone())) {
@@ -233,6 +261,7 @@ impl Manager {
             thread: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
             egress,
+            inject: Mutex::new(n.inject),
             base_env: if self.guest_cas.is_some() {
                 super::cas::guest_env()
             } else {
@@ -262,7 +291,7 @@ impl Manager {
         n: usize,
         except: Option<&Arc<Session>>,
     ) -> Result<(), SessionError> {
-        let counted = |s: &&Arc<Session>| running(s) && except.map_or(true, |e| !Arc::ptr_eq(s, e));
+        let counted = |s: &&Arc<Session>| running(s) && except.is_none_or(|e| !Arc::ptr_eq(s, e));
         let mut held: Vec<Charge> = map
             .values()
             .filter(counted)
@@ -321,14 +350,25 @@ impl Manager {
         self.admit_locked(&map, owner, charge, ids.len(), None)?;
         let mut env = m.env.clone();
         env.extend(opts.env.clone());
-        let mut out = Vec::with_capacity(ids.len());
+        let mut out: Vec<Arc<Session>> = Vec::with_capacity(ids.len());
         for id in ids {
             let spec = SandboxSpec {
                 env: env.clone(),
                 egress: opts.egress.clone().unwrap_or_else(|| m.egress.clone()),
                 ..m.sandbox_spec(new_sandbox_id())
             };
-            let n = self.new_session(id, owner, spec, charge, &opts);
+            let mut n = self.new_session(id, owner, spec, charge, &opts);
+            n.inject = match injection_for(id, &opts) {
+                Ok(i) => i,
+                Err(e) => {
+                    for s in &out {
+                        map.remove(&(s.owner.clone(), s.id.clone()));
+                        let _ = s.tx.send(Cmd::Stop);
+                        self.metrics.sessions_active.dec();
+                    }
+                    return Err(e);
+                }
+            };
             match self.insert(&mut map, n, Origin::Checkpoint(entry.clone())) {
                 Ok(s) => out.push(s),
                 Err(e) => {
@@ -368,6 +408,7 @@ impl Manager {
             paused_ttl: opts.paused_ttl.unwrap_or(self.cfg.paused_ttl),
             created_unix_ms: super::now_unix_ms(),
             paused: None,
+            inject: None,
         }
     }
 
@@ -393,7 +434,7 @@ impl Manager {
     pub fn list(&self, owner: Option<&str>) -> Vec<Arc<Session>> {
         let mut v: Vec<Arc<Session>> = lock(&self.sessions)
             .values()
-            .filter(|s| owner.map_or(true, |o| s.owner == o))
+            .filter(|s| owner.is_none_or(|o| s.owner == o))
             .cloned()
             .collect();
         v.sort_by(|a, b| (&a.owner, &a.id).cmp(&(&b.owner, &b.id)));
@@ -471,7 +512,8 @@ impl Manager {
                 .clone()
                 .unwrap_or_else(|| self.cfg.default_egress.clone()),
         };
-        let n = self.new_session(id, owner, spec, charge, &opts);
+        let mut n = self.new_session(id, owner, spec, charge, &opts);
+        n.inject = injection_for(id, &opts)?;
         let session = self.insert(&mut map, n, Origin::Template)?;
         Ok((session, true))
     }

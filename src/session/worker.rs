@@ -128,6 +128,21 @@ fn checkpoint_error(id: &str, e: SandboxError) -> SessionError {
     }
 }
 
+/// The guest trusts the session's interception CA, then the proxy gets
+/// the secrets (in that order: a request it intercepts must verify).
+fn arm_injection(
+    id: &str,
+    sb: &mut dyn Sandbox,
+    inj: Option<&Arc<crate::net::inject::Injection>>,
+) -> Result<(), String> {
+    if let Some(i) = inj {
+        super::cas::install_guest_cas(sb.agent(), super::cas::PROXY_LABEL, i.ca().pem())
+            .map_err(|e| format!("session {id}: the egress proxy's CA into the guest: {e}"))?;
+    }
+    sb.set_injection(inj.cloned())
+        .map_err(|e| format!("session {id}: {e}"))
+}
+
 fn restore_error(id: &str, e: SandboxError) -> SessionError {
     match e {
         SandboxError::Unsupported(m) => SessionError::Unsupported(m),
@@ -216,7 +231,29 @@ impl Worker {
     /// thread before `started`, so no call can reach the guest first. A
     /// sandbox that cannot take them is destroyed: a session without the
     /// trust its operator asked for would fail later and less clearly.
-    fn prepare(&self, mut sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>, SandboxError> {
+    fn prepare(&self, sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>, SandboxError> {
+        let mut sb = self.prepare_cas(sb)?;
+        let inj = lock(&self.session.inject).clone();
+        if let Err(msg) = arm_injection(&self.session.id, sb.as_mut(), inj.as_ref()) {
+            self.home.metrics.error("secret_injection");
+            if let Err(d) = sb.destroy() {
+                log::warn!(
+                    "session {}/{}: destroy after failed secret injection: {d}",
+                    self.session.owner,
+                    self.session.id
+                );
+            }
+            return Err(SandboxError::Failed {
+                id: sb.id().to_string(),
+                what: "arm the egress proxy with the session's secrets",
+                msg,
+            });
+        }
+        Ok(sb)
+    }
+
+    /// `guest_ca_bundle` into the guest (see [`Self::prepare`]).
+    fn prepare_cas(&self, mut sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>, SandboxError> {
         let Some(cas) = &self.home.guest_cas else {
             return Ok(sb);
         };
@@ -332,6 +369,14 @@ impl Worker {
                         None => Ok(()),
                     };
                     let _ = reply.send(r);
+                }
+                Cmd::SetSecrets(inj, reply) => {
+                    // A paused session gets them with its next restore.
+                    let r = match self.sandbox.as_mut() {
+                        Some(sb) => arm_injection(&self.session.id, sb.as_mut(), inj.as_ref()),
+                        None => Ok(()),
+                    };
+                    let _ = reply.send(r.map_err(SessionError::EgressNotApplied));
                 }
                 Cmd::ProxyStats(reply) => {
                     let _ = reply.send(Ok(self.sandbox.as_ref().and_then(|sb| sb.proxy_stats())));
@@ -603,6 +648,7 @@ fn refuse(cmd: Cmd, e: SessionError) {
     match cmd {
         Cmd::Call(_, tx) => send(tx, e),
         Cmd::SetEgress(_, tx) => send(tx, e),
+        Cmd::SetSecrets(_, tx) => send(tx, e),
         Cmd::ProxyStats(tx) => send(tx, e),
         Cmd::Checkpoint(_, tx) => send(tx, e),
         Cmd::Pause(tx) | Cmd::Resume(tx) => send(tx, e),

@@ -236,7 +236,7 @@ pub(crate) fn newest_artifact(dir: &Path, prefix: &str, suffix: &str) -> Option<
             continue;
         };
         let t = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        if !best.as_ref().is_some_and(|(bt, _)| t <= *bt) {
+        if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
             best = Some((t, path));
         }
     }

@@ -567,7 +567,7 @@ pub fn of_sessions(procs: Vec<i32>, log: &str) -> Vec<i32> {
         .collect();
     procs
         .into_iter()
-        .filter(|p| vm_id_of(*p).map_or(true, |id| served.contains(&id.as_str())))
+        .filter(|p| vm_id_of(*p).is_none_or(|id| served.contains(&id.as_str())))
         .collect()
 }
 

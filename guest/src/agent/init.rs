@@ -392,7 +392,7 @@ pub fn restored(unix_time_ns: u64, entropy_hex: &str) -> Result<(), ErrorBody> {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -64,10 +64,29 @@ pub(super) fn create_session_in() -> Value {
             "pausedTtl": {"description": "How long it may stay paused: seconds, or text like 30m",
                           "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
             "fromSnapshot": snapshot_id(),
-            "count": count("Start this many sessions (from fromSnapshot); the answer lists them in sessions")
+            "count": count("Start this many sessions (from fromSnapshot); the answer lists them in sessions"),
+            "secrets": injected_secrets()
         }),
         &[],
     )
+}
+
+/// Credentials the egress proxy injects (net::inject), as REST takes them.
+pub(super) fn injected_secrets() -> Value {
+    json!({"type": "array", "maxItems": crate::ops::inject_limits::MAX_SECRETS,
+           "description": "Credentials the guest never sees: each command gets NAME=<placeholder>; \
+                           the egress proxy puts the value in place of the placeholder in `header` \
+                           (default Authorization; `format` like \"Bearer {value}\") of HTTPS requests \
+                           to `hosts` only",
+           "items": {"type": "object", "additionalProperties": false,
+                     "required": ["name", "value", "hosts"],
+                     "properties": {
+                         "name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                         "value": {"type": "string", "minLength": crate::ops::inject_limits::MIN_VALUE_CHARS},
+                         "hosts": {"type": "array", "minItems": 1, "maxItems": crate::ops::inject_limits::MAX_HOSTS,
+                                   "items": {"type": "string"}},
+                         "header": {"type": "string"},
+                         "format": {"type": "string"}}}})
 }
 
 pub(super) fn snapshot_id() -> Value {

@@ -48,6 +48,12 @@ pub(super) fn create_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResul
         paused_ttl,
         from_snapshot: opt_str(a, "fromSnapshot")?,
         count: count_arg(a)?,
+        secrets: match a.get("secrets") {
+            None | Some(Value::Null) => Vec::new(),
+            // The error names the field, never a value.
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| format!("argument secrets: {}", e.to_string().replace('"', "'")))?,
+        },
     };
     if let Some(sid) = &spec.from_snapshot {
         validate::snapshot_id(sid, "fromSnapshot").map_err(op_msg)?;
