@@ -59,11 +59,7 @@ impl Ops {
         specs: Vec<crate::net::inject::SecretSpec>,
     ) -> OpsResult<Vec<crate::net::inject::SecretInfo>> {
         crate::net::inject::validate(&specs).map_err(super::OpsError::BadRequest)?;
-        if !specs.is_empty() && self.mgr.factory.backend() == "local-process" {
-            return Err(super::OpsError::NotSupported(
-                "injected secrets need a VM backend with per-session networking".into(),
-            ));
-        }
+        self.can_inject(&specs)?;
         if s.state() != crate::session::State::Paused {
             self.ping(s)?;
         }

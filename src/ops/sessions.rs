@@ -233,14 +233,35 @@ impl Ops {
                 ));
             }
         }
-        if !spec.secrets.is_empty() && self.mgr.factory.backend() == "local-process" {
+        self.can_inject(&spec.secrets)?;
+        let opts = options(spec)?;
+        let (s, _) = self.mgr.get_or_create(&p.id, &id, opts, true)?;
+        Ok(s)
+    }
+
+    /// Whether this daemon can inject `secrets` (valid ones: else 400): a
+    /// VM backend (501) with per-session networking (409, as a network
+    /// change there).
+    pub(super) fn can_inject(&self, secrets: &[SecretSpec]) -> OpsResult<()> {
+        if secrets.is_empty() {
+            return Ok(());
+        }
+        crate::net::inject::validate(secrets).map_err(OpsError::BadRequest)?;
+        if self.mgr.factory.backend() == "local-process" {
             return Err(OpsError::NotSupported(
                 "injected secrets need a VM backend with per-session networking".into(),
             ));
         }
-        let opts = options(spec)?;
-        let (s, _) = self.mgr.get_or_create(&p.id, &id, opts, true)?;
-        Ok(s)
+        if self.cfg.network.is_none() {
+            return Err(OpsError::Session(
+                crate::session::SessionError::EgressNotApplied(
+                    "injected secrets need per-session networking: this daemon runs with \
+                     --network off"
+                        .into(),
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The caller's session `id`, created with `template` (default: the

@@ -273,6 +273,7 @@ impl Ops {
             }
             None => (0..count).map(|_| new_id()).collect::<OpsResult<_>>()?,
         };
+        self.can_inject(&spec.secrets)?;
         // Template and shape are the checkpoint's (checked above).
         let opts = options(spec)?;
         self.mgr
