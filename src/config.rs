@@ -159,6 +159,15 @@ pub struct Config {
     /// PEM file of extra CAs every guest trusts (`guest_ca::HOST`, `host`:
     /// the host's own bundle); `None`: guests keep their image's store.
     pub guest_ca_bundle: Option<PathBuf>,
+    /// Where the preview listener (guest ports, issue #26) listens; `None`:
+    /// no preview URLs.
+    pub preview_listen: Option<SocketAddr>,
+    /// Wildcard domain of host-based preview URLs (`<token>.<domain>`);
+    /// `None`: only path-based ones (`/ports/<token>/`).
+    pub preview_domain: Option<String>,
+    /// How clients reach the preview listener (`https://preview.example`
+    /// behind a TLS proxy); `None`: `http://<preview_listen>`.
+    pub preview_url: Option<String>,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -267,6 +276,9 @@ impl Default for Config {
             jail_dir: None,
             key_prefix: "asbx_".into(),
             guest_ca_bundle: None,
+            preview_listen: None,
+            preview_domain: None,
+            preview_url: None,
         }
     }
 }
@@ -455,6 +467,38 @@ impl Config {
                 return Err(format!("vm_nofile_limit {n}: between 64 and 1048576"));
             }
         }
+        if let Some(d) = &self.preview_domain {
+            let ok = d.len() <= 200
+                && d.split('.').count() >= 2
+                && d.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                });
+            if !ok {
+                return Err(format!(
+                    "preview_domain {d:?}: a lower-case DNS name like preview.example.com \
+                     (its wildcard *.{d} must point at preview_listen)"
+                ));
+            }
+        }
+        if let Some(u) = &self.preview_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) || u.len() > 200 {
+                return Err(format!(
+                    "preview_url {u:?}: http:// or https:// and a host, like https://preview.example.com"
+                ));
+            }
+        }
+        if let Some(a) = self.preview_listen {
+            if !self.auth && !a.ip().is_loopback() {
+                return Err(format!(
+                    "preview_listen {a}: without authentication only a loopback address"
+                ));
+            }
+        } else if self.preview_domain.is_some() || self.preview_url.is_some() {
+            return Err("preview_domain and preview_url need preview_listen".into());
+        }
         // Read now, so a bad path fails `--check` and the start, not the
         // first session.
         self.guest_cas()?;
@@ -549,6 +593,9 @@ pub struct FileConfig {
     pub jail_dir: Option<PathBuf>,
     pub key_prefix: Option<String>,
     pub guest_ca_bundle: Option<PathBuf>,
+    pub preview_listen: Option<SocketAddr>,
+    pub preview_domain: Option<String>,
+    pub preview_url: Option<String>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -717,6 +764,9 @@ impl FileConfig {
             vm_nofile_limit => c.vm_nofile_limit,
             jail_dir => c.jail_dir,
             guest_ca_bundle => c.guest_ca_bundle,
+            preview_listen => c.preview_listen,
+            preview_domain => c.preview_domain,
+            preview_url => c.preview_url,
         );
     }
 
@@ -788,6 +838,9 @@ impl FileConfig {
             jail_dir: c.jail_dir.clone(),
             key_prefix: Some(c.key_prefix.clone()),
             guest_ca_bundle: c.guest_ca_bundle.clone(),
+            preview_listen: c.preview_listen,
+            preview_domain: c.preview_domain.clone(),
+            preview_url: c.preview_url.clone(),
         }
     }
 }

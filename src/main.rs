@@ -302,6 +302,18 @@ struct ServeArgs {
     /// host's own bundle, /etc/ssl/certs/ca-certificates.crt [none].
     #[arg(long, value_name = "PATH")]
     guest_ca_bundle: Option<PathBuf>,
+    /// Address of the preview listener, which reaches guests' exposed
+    /// ports (`POST /v1/sessions/:id/ports`) [none: no preview URLs].
+    #[arg(long, value_name = "ADDR")]
+    preview_listen: Option<SocketAddr>,
+    /// Wildcard domain for host-based preview URLs, `<token>.<domain>`
+    /// (its wildcard DNS record points at the preview listener) [none].
+    #[arg(long, value_name = "DOMAIN")]
+    preview_domain: Option<String>,
+    /// How clients reach the preview listener, e.g. behind a TLS proxy
+    /// `https://preview.example.com` [http://<preview-listen>].
+    #[arg(long, value_name = "URL")]
+    preview_url: Option<String>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -489,6 +501,15 @@ fn serve_config_with(
     }
     if a.guest_ca_bundle.is_some() {
         c.guest_ca_bundle = a.guest_ca_bundle.clone();
+    }
+    if a.preview_listen.is_some() {
+        c.preview_listen = a.preview_listen;
+    }
+    if a.preview_domain.is_some() {
+        c.preview_domain = a.preview_domain.clone();
+    }
+    if a.preview_url.is_some() {
+        c.preview_url = a.preview_url.clone();
     }
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {

@@ -153,6 +153,11 @@ pub trait Sandbox: Send {
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         None
     }
+    /// Dials the guest's TCP ports from the host side (preview URLs);
+    /// `None`: this backend or network has no way to.
+    fn guest_connector(&mut self) -> Option<crate::net::GuestConnector> {
+        None
+    }
     /// Secrets the session's egress proxy puts into requests to their
     /// hosts (`None`: none); see `net::inject`.
     fn set_injection(&mut self, inj: Option<Arc<crate::net::inject::Injection>>) -> Result<()> {

@@ -72,7 +72,7 @@ trap cleanup EXIT
 # without and one with a wrong key to every operation; the default (20 per
 # address) would answer the rest of the run 429 auth_throttled.
 "${RUNAS[@]}" env HOME="$STATE" "$BIN" serve --listen 127.0.0.1:0 "${BACKEND_ARGS[@]}" \
-    --state-dir "$STATE/state" \
+    --state-dir "$STATE/state" --preview-listen 127.0.0.1:0 \
     --rate-limit 100000 --rate-burst 100000 --auth-fail-burst 100000 \
     --max-sessions 4 --max-sessions-per-key 2 --max-vcpus 1 --max-mem-mib 512 --max-disk-mib 2048 \
     --exec-timeout 5s --max-file 1048576 >"$OUT" 2>"$STATE/daemon.log" &
@@ -119,6 +119,7 @@ enabled = false
 "path.session" = "st"
 "query.owner" = "${OWNER}"
 "path.proc" = ${PROC}
+"path.port" = 8000
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "414", "415", "422", "428", "429", "431", "5xx"]
 

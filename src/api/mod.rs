@@ -106,6 +106,9 @@ impl Server {
             )
             .map_err(|e| format!("start http acceptor: {e}"))?
         };
+        if let Some(a) = cfg.preview_listen {
+            crate::server::preview::start(ctx.clone(), a)?;
+        }
         if cfg.auth {
             let ctx = ctx.clone();
             crate::harden::thread::spawn(

@@ -77,6 +77,19 @@ pub static ROUTES: &[Route] = &[
         v1::set_network
     ),
     r!(
+        "POST",
+        "/v1/sessions/{session}/ports",
+        EXEC,
+        v1::expose_port
+    ),
+    r!("GET", "/v1/sessions/{session}/ports", EXEC, v1::list_ports),
+    r!(
+        "DELETE",
+        "/v1/sessions/{session}/ports/{port}",
+        EXEC,
+        v1::close_port
+    ),
+    r!(
         "GET",
         "/v1/sessions/{session}/secrets",
         EXEC,
@@ -211,6 +224,7 @@ fn static_name(name: &str) -> &'static str {
         "key" => "key",
         "proc" => "proc",
         "snapshot" => "snapshot",
+        "port" => "port",
         _ => "param",
     }
 }

@@ -199,6 +199,66 @@ pub fn set_network(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PortBody {
+    #[serde(deserialize_with = "validate::int")]
+    port: i64,
+    ttl: Option<Span>,
+    public: Option<bool>,
+}
+
+/// Open a guest port to the outside: its preview URLs (issue #26).
+pub fn expose_port(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let b: PortBody = json_body(req, ctx.cfg.max_body)?;
+    let s = own_session(ctx, p, params)?;
+    let port = u32::try_from(b.port)
+        .map_err(|_| ApiError::bad_request(format!("port {}: 1 to 65535", b.port)))?;
+    let ttl = b.ttl.map(|t| t.get("ttl")).transpose()?;
+    let v = ctx
+        .ops
+        .expose_port(&s, port, ttl, b.public.unwrap_or(false))?;
+    Ok(Reply::Json(201, v.json()))
+}
+
+pub fn list_ports(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let list: Vec<Value> = ctx.ops.ports(&s).iter().map(|v| v.json()).collect();
+    ok_json(json!({"sessionId": s.id, "ports": list}))
+}
+
+pub fn close_port(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let s = own_session(ctx, p, params)?;
+    let raw = params.get("port");
+    let port: u32 = raw
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("port {raw:?}: 1 to 65535")))?;
+    if ctx.ops.close_port(&s, port)? {
+        ok_json(json!({"sessionId": s.id, "port": port, "closed": true}))
+    } else {
+        Err(ApiError::new(
+            404,
+            "not_found",
+            format!("port {port} of session {} is not open", s.id),
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SecretsBody {
     secrets: Vec<SecretSpec>,
 }

@@ -95,6 +95,10 @@ pub enum ThreadKind {
     /// connection threads inside the session namespace; TCP to the guest
     /// and upstream, UDP to the session's DNS forwarder.
     Proxy,
+    /// The preview listener (`src/server/preview`): accepts on its own
+    /// listening socket and relays between a client and a guest
+    /// connection another thread made; it opens no socket and no file.
+    Preview,
 }
 
 impl ThreadKind {
@@ -108,6 +112,7 @@ impl ThreadKind {
         ThreadKind::SpawnerClient,
         ThreadKind::Dns,
         ThreadKind::Proxy,
+        ThreadKind::Preview,
     ];
 
     pub fn name(self) -> &'static str {
@@ -121,6 +126,7 @@ impl ThreadKind {
             ThreadKind::SpawnerClient => "spawner-client",
             ThreadKind::Dns => "dns",
             ThreadKind::Proxy => "proxy",
+            ThreadKind::Preview => "preview",
         }
     }
 
@@ -192,6 +198,14 @@ impl ThreadKind {
             ThreadKind::Proxy => {
                 threads(&mut r)?;
                 sockets(&mut r, &[libc::AF_INET])?;
+            }
+            ThreadKind::Preview => {
+                threads(&mut r)?;
+                socket_io(&mut r);
+                r.allow(
+                    "accepting on the preview listener",
+                    &[libc::SYS_accept, libc::SYS_accept4],
+                );
             }
             ThreadKind::Dns => {
                 fs_read(&mut r)?;

@@ -218,9 +218,15 @@ pub fn session_table(cfg: &NetConfig, peer_if: &str, policy: &NetPolicy, injecti
     }
     egress.push(r(vec![], Verdict::Jump(POLICY_CHAIN.into())));
     egress.push(r(vec![], Verdict::Drop));
+    // Replies to connections the namespace opened to the guest (the
+    // daemon dialing a guest port for a preview URL, `net::connect`); the
+    // guest itself opens none to the namespace but the two below.
+    let mut input = vec![r(
+        vec![Match::Iif(tap.clone()), Match::CtEstablishedRelated],
+        Verdict::Accept,
+    )];
     // The guest may ask the DNS forwarder on its gateway (port 53); when
     // none runs it gets a port-unreachable at once.
-    let mut input = Vec::new();
     for proto in [6u8, 17] {
         input.push(r(
             vec![

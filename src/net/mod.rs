@@ -14,6 +14,7 @@
 mod blocks;
 mod cidr;
 mod config;
+pub mod connect;
 pub mod dns;
 mod dnsfwd;
 pub mod doctor;
@@ -43,6 +44,7 @@ use crossbeam_channel::Sender;
 use blocks::{reaper, Alloc, Blocks, Reap, REAP_GRACE};
 pub use cidr::Cidr;
 pub use config::NetConfig;
+pub use connect::GuestConnector;
 use dnsfwd::{Forwarder, FwdConfig};
 pub use egress::{EgressFilter, EgressRule};
 pub use isolated::Isolated;
@@ -486,6 +488,7 @@ impl Net {
             dns: None,
             proxy: None,
             inject: None,
+            connector: None,
         });
         injected(1)?;
         // 2. Host side: the veth pair, its host end configured before it is
@@ -653,6 +656,8 @@ struct Ctl {
     proxy: Option<Proxy>,
     /// The session's injected secrets ([`inject`]), if any.
     inject: Option<Arc<inject::Injection>>,
+    /// Dials the guest's ports ([`connect`]), once asked for.
+    connector: Option<GuestConnector>,
 }
 
 /// Install `to`'s bandwidth limits (changed from `from`) and read them back.
@@ -960,6 +965,22 @@ impl SessionNet {
         Ok(())
     }
 
+    /// A handle that dials the guest's TCP ports from inside the session
+    /// namespace (started on first use).
+    pub fn guest_connector(&self) -> Result<GuestConnector> {
+        let mut g = lock(&self.ctl);
+        let ctl = g
+            .as_mut()
+            .ok_or_else(|| NetError::invalid(format!("session {} is torn down", self.id)))?;
+        if let Some(c) = &ctl.connector {
+            return Ok(c.clone());
+        }
+        let ns = netns::open(&self.netns_path())?;
+        let c = GuestConnector::start(&self.id, &ns, self.net.cfg.guest_addr())?;
+        ctl.connector = Some(c.clone());
+        Ok(c)
+    }
+
     /// What the inspection proxy did, while it runs.
     pub fn proxy_stats(&self) -> Option<ProxyStats> {
         lock(&self.ctl)
@@ -985,6 +1006,7 @@ impl SessionNet {
             c.dns = None; // stop serving now
             c.proxy = None;
             c.inject = None;
+            c.connector = None;
             Box::new(c) as Box<dyn Send>
         });
         self.net.release_after(self.slot, &self.host_if, held);

@@ -1011,7 +1011,7 @@ fn copy_until_eof(mut from: TcpStream, mut to: TcpStream) {
 
 /// Both directions until both ends closed (a half-close passed on), or
 /// [`IDLE`] without a byte either way.
-fn splice(mut a: TcpStream, mut b: TcpStream) {
+pub fn splice(mut a: TcpStream, mut b: TcpStream) {
     let mut buf = vec![0u8; 32 << 10];
     // open[0]: a -> b still reading; open[1]: b -> a.
     let mut open = [true, true];

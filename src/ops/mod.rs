@@ -11,6 +11,7 @@ pub mod files;
 pub mod keys;
 pub mod mask;
 pub mod network;
+pub mod ports;
 pub mod procs;
 pub mod run;
 pub mod secrets;
@@ -77,6 +78,8 @@ pub struct Ops {
     /// The reaper of a host started by [`Ops::start`]: its stop channel
     /// and thread, until [`Ops::shutdown`].
     reaper: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    /// Where the preview listener is reached, once it runs (`ports`).
+    preview: Mutex<Option<String>>,
 }
 
 impl Ops {
@@ -86,6 +89,7 @@ impl Ops {
             mgr,
             cfg,
             reaper: Mutex::new(None),
+            preview: Mutex::new(None),
         })
     }
 
@@ -111,6 +115,7 @@ impl Ops {
             mgr,
             cfg,
             reaper: Mutex::new(Some((stop_tx, reaper))),
+            preview: Mutex::new(None),
         }))
     }
 

@@ -63,6 +63,10 @@ pub trait NetLease: Send {
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         None
     }
+    /// Dials the guest's ports (`net::connect`), where the network can.
+    fn guest_connector(&mut self) -> Option<crate::net::GuestConnector> {
+        None
+    }
     /// Secrets for the session's proxy to inject (`net::inject`).
     fn set_injection(
         &mut self,

@@ -496,6 +496,10 @@ impl Sandbox for VmSandbox {
         self.net.as_ref().and_then(|n| n.proxy_stats())
     }
 
+    fn guest_connector(&mut self) -> Option<crate::net::GuestConnector> {
+        self.net.as_mut().and_then(|n| n.guest_connector())
+    }
+
     fn set_injection(
         &mut self,
         inj: Option<std::sync::Arc<crate::net::inject::Injection>>,

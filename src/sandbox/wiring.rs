@@ -596,6 +596,15 @@ impl NetLease for SessionLease {
     fn proxy_stats(&self) -> Option<crate::net::ProxyStats> {
         self.net.proxy_stats()
     }
+    fn guest_connector(&mut self) -> Option<crate::net::GuestConnector> {
+        match self.net.guest_connector() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                log::warn!("session network {}: guest connector: {e}", self.net.id());
+                None
+            }
+        }
+    }
     fn set_injection(
         &mut self,
         inj: Option<std::sync::Arc<crate::net::inject::Injection>>,

@@ -7,6 +7,7 @@
 
 pub mod http;
 pub mod httpd;
+pub mod preview;
 pub mod shape;
 
 use crate::config::Config;

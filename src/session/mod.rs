@@ -63,6 +63,9 @@ pub(crate) enum Cmd {
         Option<Arc<crate::net::inject::Injection>>,
         Sender<Result<(), SessionError>>,
     ),
+    /// A handle dialing the guest's ports (`None`: paused, or no network
+    /// that can).
+    Connector(Sender<Result<Option<crate::net::GuestConnector>, SessionError>>),
     /// What the egress proxy did (`None`: none runs, or the session is paused).
     ProxyStats(Sender<Result<Option<crate::net::ProxyStats>, SessionError>>),
     /// Save the state as a checkpoint of `kind` (named `name`); the
@@ -162,6 +165,8 @@ pub struct Session {
     /// a `guest_ca_bundle` (`cas::guest_env`). Fixed at creation, since an
     /// exec's env is built before the session may be up.
     pub(crate) base_env: BTreeMap<String, String>,
+    /// Guest ports reachable from outside (preview URLs), by port.
+    pub ports: Mutex<BTreeMap<u16, PortGrant>>,
     /// Secrets the egress proxy injects for this session (their
     /// placeholders are in every command's env; `net::inject`).
     pub(crate) inject: Mutex<Option<Arc<crate::net::inject::Injection>>>,
@@ -173,6 +178,18 @@ pub struct Session {
     /// in their own exec's answer, so no attach may replay it (bounded:
     /// the oldest ids go first, long after the agent forgot them).
     pub secret_procs: Mutex<std::collections::BTreeSet<u64>>,
+}
+
+/// A guest port opened to the outside (`POST /v1/sessions/:id/ports`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortGrant {
+    pub port: u16,
+    /// The URL's secret part: who has it reaches the port (a public
+    /// one), or with the owner's key as well (not public).
+    pub token: String,
+    pub public: bool,
+    pub created_unix_ms: u64,
+    pub expires_unix_ms: u64,
 }
 
 /// Held while a request uses a session: counts as activity.
@@ -291,6 +308,15 @@ impl Session {
         self.ask(|tx| Cmd::SetSecrets(next.clone(), tx), wait)?;
         *lock(&self.inject) = next;
         Ok(())
+    }
+
+    /// A handle that dials the guest's TCP ports; `None` while paused or
+    /// without per-session networking.
+    pub fn guest_connector(
+        &self,
+        wait: Duration,
+    ) -> Result<Option<crate::net::GuestConnector>, SessionError> {
+        self.ask(Cmd::Connector, wait)
     }
 
     /// What GETs show of the injected secrets (never a value).

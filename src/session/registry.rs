@@ -262,6 +262,7 @@ impl Manager {
             pids: Mutex::new(Vec::new()),
             egress,
             inject: Mutex::new(n.inject),
+            ports: Mutex::new(BTreeMap::new()),
             base_env: if self.guest_cas.is_some() {
                 super::cas::guest_env()
             } else {

@@ -378,6 +378,10 @@ impl Worker {
                     };
                     let _ = reply.send(r.map_err(SessionError::EgressNotApplied));
                 }
+                Cmd::Connector(reply) => {
+                    let c = self.sandbox.as_mut().and_then(|sb| sb.guest_connector());
+                    let _ = reply.send(Ok(c));
+                }
                 Cmd::ProxyStats(reply) => {
                     let _ = reply.send(Ok(self.sandbox.as_ref().and_then(|sb| sb.proxy_stats())));
                 }
@@ -649,6 +653,7 @@ fn refuse(cmd: Cmd, e: SessionError) {
         Cmd::Call(_, tx) => send(tx, e),
         Cmd::SetEgress(_, tx) => send(tx, e),
         Cmd::SetSecrets(_, tx) => send(tx, e),
+        Cmd::Connector(tx) => send(tx, e),
         Cmd::ProxyStats(tx) => send(tx, e),
         Cmd::Checkpoint(_, tx) => send(tx, e),
         Cmd::Pause(tx) | Cmd::Resume(tx) => send(tx, e),

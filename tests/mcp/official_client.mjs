@@ -52,7 +52,7 @@ async function inSandbox(client, sid, marker, want) {
 
 async function scenario(client) {
   const tools = (await client.listTools()).tools.map((t) => t.name);
-  check(tools[0] === "create_session" && tools[1] === "execute" && tools.length === 23, `tools ${tools}`);
+  check(tools[0] === "create_session" && tools[1] === "execute" && tools.length === 24, `tools ${tools}`);
 
   let r = await client.callTool({ name: "create_session", arguments: {} });
   check(!r.isError, `create_session ${JSON.stringify(r)}`);

@@ -23,7 +23,7 @@ EXPECTED_TOOLS = [
     "list_files", "ping", "reset_session", "list_sessions", "destroy_session",
     "start_process", "read_process", "write_process", "kill_process", "kill_all_processes",
     "get_process", "pause_session", "resume_session", "checkpoint_session", "fork_session",
-    "list_snapshots", "delete_snapshot",
+    "list_snapshots", "delete_snapshot", "expose_port",
 ]
 checks = 0
 

@@ -170,7 +170,7 @@ tool_outputs = {}
 
 def check_tools(version, result):
     names = [t["name"] for t in result["tools"]]
-    check(names[:2] == ["create_session", "execute"] and len(names) == 23, f"tools {names}")
+    check(names[:2] == ["create_session", "execute"] and len(names) == 24, f"tools {names}")
     for t in result["tools"]:
         jsonschema.Draft202012Validator.check_schema(t["inputSchema"])
         jsonschema.Draft202012Validator.check_schema(t["outputSchema"])

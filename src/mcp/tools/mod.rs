@@ -354,6 +354,18 @@ pub static TOOLS: &[Tool] = &[
         destructive: true,
         run: delete_snapshot,
     },
+    Tool {
+        name: "expose_port",
+        title: "Expose a guest port",
+        description: "Open a TCP port of the session's guest (a dev server, a web app) to the \
+            outside and return its preview URL, which works for ttl seconds (default an hour). \
+            Not public (default): the owner's API key is needed too.",
+        input: expose_port_in,
+        output: expose_port_out,
+        read_only: false,
+        destructive: false,
+        run: expose_port,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Tool> {

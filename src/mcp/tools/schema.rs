@@ -142,6 +142,31 @@ pub(super) fn checkpoint_in() -> Value {
     )
 }
 
+pub(super) fn expose_port_in() -> Value {
+    obj(
+        json!({"sessionId": sid(),
+               "port": {"type": "integer", "minimum": 1, "maximum": 65535,
+                        "description": "The guest's TCP port (a server listening on 0.0.0.0 there)"},
+               "ttl": {"type": "number", "exclusiveMinimum": 0,
+                       "maximum": crate::ops::ports::MAX_TTL.as_secs(),
+                       "description": "Seconds the URL works (default 3600)"},
+               "public": {"type": "boolean",
+                          "description": "Whoever has the URL gets in (default false: the owner's API key is needed too)"}}),
+        &["sessionId", "port"],
+    )
+}
+
+pub(super) fn expose_port_out() -> Value {
+    out(
+        json!({"sessionId": {"type": "string"}, "port": {"type": "integer"},
+               "url": {"type": "string", "description": "Path-form preview URL"},
+               "hostUrl": {"type": "string", "description": "Host-form URL (with a preview domain)"},
+               "public": {"type": "boolean"},
+               "createdAt": {"type": "integer"}, "expiresAt": {"type": "integer"}}),
+        &["sessionId", "port", "url", "public", "expiresAt"],
+    )
+}
+
 pub(super) fn fork_in() -> Value {
     obj(
         json!({"sessionId": sid(), "count": count("How many copies to start")}),

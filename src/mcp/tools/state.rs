@@ -34,6 +34,31 @@ pub(super) fn checkpoint_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolR
         .into())
 }
 
+pub(super) fn expose_port(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
+    known_only(a, &expose_port_in())?;
+    let id = session_id(a)?;
+    let port = opt_u64(a, "port")?.ok_or("argument port is required")?;
+    let port = u32::try_from(port).map_err(|_| "argument port: 1 to 65535")?;
+    let ttl = opt_f64(a, "ttl")?
+        .map(|t| {
+            if t.is_finite() && t > 0.0 && t < 1e9 {
+                Ok(Duration::from_secs_f64(t))
+            } else {
+                Err("argument ttl: seconds, positive")
+            }
+        })
+        .transpose()?;
+    let public = opt_bool(a, "public")?.unwrap_or(false);
+    let s = own_session(ctx, &id)?;
+    Ok(ctx
+        .host
+        .ops
+        .expose_port(&s, port, ttl, public)
+        .map_err(op_msg)?
+        .json()
+        .into())
+}
+
 pub(super) fn fork_session(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult {
     known_only(a, &fork_in())?;
     let id = session_id(a)?;

@@ -1,0 +1,346 @@
+//! Guest ports reached from outside (preview URLs, issue #26), through the
+//! real daemon, real guests and the preview listener: a guest web server
+//! by path and by host, a server-sent stream that arrives as it is
+//! written, a WebSocket echo; a wrong, expired, closed or other session's
+//! token gets nothing and reaches no guest; a port that is not public
+//! needs the owner's key, which the guest never sees; a paused session's
+//! ports answer 503 until it resumes.
+//!
+//! Networking is on, in a test uplink namespace (`tests/common/netns.rs`);
+//! the guests' servers are reached only by the daemon.
+
+mod common;
+#[path = "common/netns.rs"]
+mod netns;
+#[path = "common/skip.rs"]
+mod skip;
+
+use common::daemon::{stdout_of, Daemon};
+use netns::{is_root, Topology};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const DOMAIN: &str = "preview.test";
+
+fn daemon(topo: &Topology) -> Daemon {
+    let host = topo.host_path();
+    let prefix = common::daemon::unique_prefix();
+    Daemon::start(&[
+        "--network",
+        "on",
+        "--uplink",
+        "up0",
+        "--net-host-netns",
+        host.to_str().unwrap(),
+        "--net-prefix",
+        &prefix,
+        "--preview-listen",
+        "127.0.0.1:0",
+        "--preview-domain",
+        DOMAIN,
+    ])
+}
+
+fn sh(d: &Daemon, s: &str, cmd: &str) -> String {
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({"command": cmd, "timeout": 60_000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["exitCode"], 0, "{cmd}: {v}");
+    stdout_of(&v)
+}
+
+/// Starts `script` (python3) in the background in session `s` and waits
+/// until it listens on `port` inside the guest.
+fn guest_server(d: &Daemon, s: &str, port: u16, script: &str) {
+    let r = d.http().post(
+        &format!("/v1/sessions/{s}/exec"),
+        &json!({"argv": ["python3", "-c", script], "background": true}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let probe = format!(
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 1)' \
+         2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+    );
+    sh(d, s, &probe);
+}
+
+/// A directory listing server, logging each request path to /tmp/seen.
+const FILES: &str = r#"
+import http.server, os
+os.chdir("/workspace")
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, fmt, *a):
+        open("/tmp/seen", "a").write("%s %s auth=%s\n" % (self.command, self.path, self.headers.get("Authorization")))
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+"#;
+
+/// Five server-sent events, 300 ms apart.
+const SSE: &str = r#"
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(5):
+            self.wfile.write(b"data: %d\n\n" % i)
+            self.wfile.flush()
+            time.sleep(0.3)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), H).serve_forever()
+"#;
+
+/// A WebSocket echo server (RFC 6455 handshake, unfragmented frames).
+const WS: &str = r#"
+import base64, hashlib, socket, struct, threading
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    while True:
+        h = c.recv(2)
+        if len(h) < 2:
+            return
+        n = h[1] & 127
+        if n == 126:
+            n = struct.unpack(">H", c.recv(2))[0]
+        mask = c.recv(4)
+        data = b""
+        while len(data) < n:
+            data += c.recv(n - len(data))
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+        if h[0] & 15 == 8:
+            return
+        c.sendall(bytes([0x81, len(data)]) + data)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8002))
+s.listen(8)
+while True:
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+"#;
+
+/// `host:port` of a preview URL.
+fn addr_of(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// One request to the preview listener: status and body.
+fn raw(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).expect("connect to the preview listener");
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn expose(d: &Daemon, s: &str, body: Value) -> Value {
+    let r = d.http().post(&format!("/v1/sessions/{s}/ports"), &body);
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()
+}
+
+fn path_of(url: &str) -> String {
+    let rest = url.trim_start_matches("http://");
+    rest[rest.find('/').unwrap()..].to_string()
+}
+
+#[test]
+fn guest_ports_through_preview_urls() {
+    if !is_root() || !common::daemon::vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
+    }
+    let topo = Topology::new("prv");
+    let d = daemon(&topo);
+    let h = d.http();
+    for id in ["a", "b"] {
+        let r = h.post("/v1/sessions", &json!({"id": id, "template": "dev"}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        sh(&d, id, &format!("echo from-{id} > /workspace/who.txt"));
+        guest_server(&d, id, 8000, FILES);
+    }
+    let key_header = format!("Authorization: Bearer {}\r\n", d.key);
+
+    // Not public: the URL alone gets 401 and reaches no guest; with the
+    // owner's key the guest answers, and never sees the key.
+    let p = expose(&d, "a", json!({"port": 8000}));
+    assert_eq!(p["public"], false);
+    let url = p["url"].as_str().unwrap().to_string();
+    let addr = addr_of(&url);
+    let path = path_of(&url);
+    assert!(path.starts_with("/ports/") && path.ends_with('/'), "{url}");
+    let (st, _) = raw(&addr, &format!("{path}who.txt"), &addr, "");
+    assert_eq!(st, 401);
+    let (st, body) = raw(&addr, &format!("{path}who.txt"), &addr, &key_header);
+    assert_eq!((st, body.as_str()), (200, "from-a\n"));
+    let seen = sh(&d, "a", "cat /tmp/seen");
+    assert_eq!(seen, "GET /who.txt auth=None\n", "what the guest saw");
+
+    // Public: a new token; the old URL is dead; no key needed, by path
+    // and by host.
+    let p = expose(&d, "a", json!({"port": 8000, "public": true, "ttl": 60}));
+    let (st, _) = raw(&addr, &format!("{path}who.txt"), &addr, &key_header);
+    assert_eq!(st, 404, "the replaced token");
+    let pub_path = path_of(p["url"].as_str().unwrap());
+    let (st, body) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
+    assert_eq!((st, body.as_str()), (200, "from-a\n"));
+    let host_url = p["hostUrl"]
+        .as_str()
+        .expect("hostUrl with a preview domain");
+    let host = addr_of(host_url);
+    assert!(host.ends_with(&format!(".{DOMAIN}:{}", addr.rsplit(':').next().unwrap())));
+    let (st, body) = raw(&addr, "/who.txt", &host, "");
+    assert_eq!((st, body.as_str()), (200, "from-a\n"), "host form");
+
+    // Wrong tokens, by path and host, and another session's: nothing.
+    let bad = "0123456789abcdef0123456789abcdef";
+    for (p, host) in [
+        (format!("/ports/{bad}/who.txt"), addr.clone()),
+        ("/ports/nope/who.txt".to_string(), addr.clone()),
+        ("/who.txt".to_string(), format!("{bad}.{DOMAIN}")),
+        ("/who.txt".to_string(), "elsewhere.test".to_string()),
+    ] {
+        let (st, _) = raw(&addr, &p, &host, &key_header);
+        assert_eq!(st, 404, "{p} {host}");
+    }
+    let pb = expose(&d, "b", json!({"port": 8000, "public": true}));
+    let b_path = path_of(pb["url"].as_str().unwrap());
+    let (_, body) = raw(&addr, &format!("{b_path}who.txt"), &addr, "");
+    assert_eq!(body, "from-b\n", "b's token reaches b");
+    let (_, body) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
+    assert_eq!(body, "from-a\n", "a's token reaches a only");
+    let seen = sh(&d, "a", "cat /tmp/seen");
+    assert_eq!(
+        seen.lines().count(),
+        4,
+        "only the good requests reached a:\n{seen}"
+    );
+
+    // Listed; closed: gone.
+    let list = h.get("/v1/sessions/b/ports").json();
+    assert_eq!(list["ports"][0]["port"], 8000, "{list}");
+    assert_eq!(h.delete("/v1/sessions/b/ports/8000").status, 200);
+    assert_eq!(h.delete("/v1/sessions/b/ports/8000").status, 404);
+    let (st, _) = raw(&addr, &format!("{b_path}who.txt"), &addr, "");
+    assert_eq!(st, 404, "a closed port");
+
+    // A TTL passes.
+    let short = expose(&d, "b", json!({"port": 8000, "public": true, "ttl": 1}));
+    let short_path = path_of(short["url"].as_str().unwrap());
+    std::thread::sleep(Duration::from_millis(1500));
+    let (st, _) = raw(&addr, &format!("{short_path}who.txt"), &addr, "");
+    assert_eq!(st, 404, "an expired token");
+
+    // Server-sent events arrive as the guest writes them.
+    guest_server(&d, "a", 8001, SSE);
+    let sse = expose(&d, "a", json!({"port": 8001, "public": true}));
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        c,
+        "GET {}events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n",
+        path_of(sse["url"].as_str().unwrap())
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let mut got = String::new();
+    let mut when = Vec::new();
+    let mut b = [0u8; 1024];
+    while when.len() < 5 {
+        let n = c.read(&mut b).unwrap();
+        assert!(n > 0, "stream ended early: {got}");
+        got.push_str(&String::from_utf8_lossy(&b[..n]));
+        while when.len() < got.matches("data: ").count() {
+            when.push(t0.elapsed());
+        }
+    }
+    assert!(got.contains("data: 4\n\n"), "{got}");
+    let spread = when[4] - when[0];
+    assert!(
+        spread >= Duration::from_millis(900),
+        "events came together ({when:?}), not as written"
+    );
+
+    // A WebSocket through the preview URL: upgrade, echo, close.
+    guest_server(&d, "a", 8002, WS);
+    let ws = expose(&d, "a", json!({"port": 8002, "public": true}));
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        c,
+        "GET {} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        path_of(ws["url"].as_str().unwrap())
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut b).unwrap();
+        assert!(n > 0);
+        head.extend_from_slice(&b[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+    let msg = b"hello guest";
+    let mask = [1u8, 2, 3, 4];
+    let mut frame = vec![0x81, 0x80 | msg.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(msg.iter().enumerate().map(|(i, x)| x ^ mask[i % 4]));
+    c.write_all(&frame).unwrap();
+    let mut echo = [0u8; 2 + 11];
+    c.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo[2..], msg, "the echo");
+
+    // Paused: 503 and nothing; resumed: the same URL works again.
+    let r = h.post("/v1/sessions/a/pause", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (st, _) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
+    assert_eq!(st, 503, "a paused session's port");
+    let r = h.post("/v1/sessions/a/resume", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (st, body) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
+    assert_eq!((st, body.as_str()), (200, "from-a\n"), "after resume");
+
+    // Bad requests; a session's end closes its ports.
+    for (body, want) in [
+        (json!({"port": 0}), 400),
+        (json!({"port": 70000}), 400),
+        (json!({"port": 80, "ttl": "2d"}), 400),
+        (json!({"port": 80, "extra": 1}), 400),
+    ] {
+        let r = h.post("/v1/sessions/a/ports", &body);
+        assert_eq!(r.status, want, "{body}: {}", r.text());
+    }
+    assert_eq!(h.delete("/v1/sessions/a").status, 200);
+    let (st, _) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
+    assert_eq!(st, 404, "a deleted session's port");
+}
