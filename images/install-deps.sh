@@ -24,6 +24,8 @@ pkgs=(
   # setpriv/dmesg (util-linux), kill (procps), nix + jq + git (.ci/nix-check)
   curl python3 python3-venv nodejs:node npm:npm dnsutils:dig
   util-linux procps nix-bin jq git strace
+  # a real browser for the preview URL test (tests/rest_ports.rs)
+  chromium
 )
 missing=()
 for entry in "${pkgs[@]}"; do

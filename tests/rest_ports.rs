@@ -320,6 +320,11 @@ fn guest_ports_through_preview_urls() {
     c.read_exact(&mut echo).unwrap();
     assert_eq!(&echo[2..], msg, "the echo");
 
+    // A real browser (headless Chromium) renders a page the guest
+    // serves: its script runs and fetches a relative URL through the
+    // preview; a screenshot of it is taken.
+    browser(&d, &pub_path, &addr);
+
     // Paused: 503 and nothing; resumed: the same URL works again.
     let r = h.post("/v1/sessions/a/pause", &json!({}));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -343,4 +348,84 @@ fn guest_ports_through_preview_urls() {
     assert_eq!(h.delete("/v1/sessions/a").status, 200);
     let (st, _) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
     assert_eq!(st, 404, "a deleted session's port");
+}
+
+const PAGE: &str = r#"<!doctype html><html><body><h1 id="out">not run</h1><p id="who">?</p>
+<script>
+document.getElementById("out").textContent = "rendered " + (6 * 7);
+fetch("who.txt").then(r => r.text()).then(t => { document.getElementById("who").textContent = "fetched " + t; });
+</script></body></html>
+"#;
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+fn browser(d: &Daemon, path: &str, addr: &str) {
+    let Some(bin) = chromium() else {
+        skip::not_checked("no chromium on this host (images/install-deps.sh installs it)");
+        return;
+    };
+    let page = PAGE.replace('\'', "'\\''");
+    sh(
+        d,
+        "a",
+        &format!("printf '%s' '{page}' > /workspace/page.html"),
+    );
+    let url = format!("http://{addr}{path}page.html");
+    let dir = tempfile::tempdir().unwrap();
+    let shot = dir.path().join("page.png");
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-proxy-server",
+                "--no-first-run",
+                "--virtual-time-budget=10000",
+                "--window-size=800,600",
+            ])
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.path().join("profile").display()
+            ))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("run chromium");
+        assert!(
+            out.status.success(),
+            "chromium {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let dom = run(&["--dump-dom"]);
+    assert!(
+        dom.contains("rendered 42"),
+        "the page's script did not run: {dom}"
+    );
+    assert!(
+        dom.contains("fetched from-a"),
+        "the relative fetch failed: {dom}"
+    );
+    run(&[&format!("--screenshot={}", shot.display())]);
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 2000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!(
+        "chromium screenshot of the guest's page: {} bytes",
+        png.len()
+    );
 }
