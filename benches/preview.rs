@@ -51,20 +51,9 @@ fn main() {
         .find_map(|a| a.parse().ok())
         .unwrap_or(200);
     let topo = netns::Topology::new("bprv");
-    let host = topo.host_path();
-    let prefix = common::daemon::unique_prefix();
-    let d = Daemon::start(&[
-        "--network",
-        "on",
-        "--uplink",
-        "up0",
-        "--net-host-netns",
-        host.to_str().unwrap(),
-        "--net-prefix",
-        &prefix,
-        "--preview-listen",
-        "127.0.0.1:0",
-    ]);
+    let mut args = common::daemon::net_args(&topo.host_path(), None);
+    args.extend(["--preview-listen", "127.0.0.1:0"].map(String::from));
+    let d = Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let h = d.http();
     let r = h.post("/v1/sessions", &json!({"id": "b", "template": "dev"}));
     assert_eq!(r.status, 201, "{}", r.text());

@@ -309,22 +309,9 @@ fn https_server(topo: &Topology, addr: Ipv4Addr, dir: &Path) -> Child {
 }
 
 fn daemon(topo: &Topology, extra: &[&str]) -> Daemon {
-    let host = topo.host_path();
-    let prefix = common::daemon::unique_prefix();
-    let mut args = vec![
-        "--network",
-        "on",
-        "--uplink",
-        "up0",
-        "--net-host-netns",
-        host.to_str().unwrap(),
-        "--dns-upstream",
-        "198.51.100.53:53",
-        "--net-prefix",
-        &prefix,
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start(&args)
+    let mut args = common::daemon::net_args(&topo.host_path(), Some("198.51.100.53:53"));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn create(d: &Daemon, id: &str) {

@@ -25,22 +25,17 @@ use std::time::{Duration, Instant};
 const DOMAIN: &str = "preview.test";
 
 fn daemon(topo: &Topology) -> Daemon {
-    let host = topo.host_path();
-    let prefix = common::daemon::unique_prefix();
-    Daemon::start(&[
-        "--network",
-        "on",
-        "--uplink",
-        "up0",
-        "--net-host-netns",
-        host.to_str().unwrap(),
-        "--net-prefix",
-        &prefix,
-        "--preview-listen",
-        "127.0.0.1:0",
-        "--preview-domain",
-        DOMAIN,
-    ])
+    let mut args = common::daemon::net_args(&topo.host_path(), None);
+    args.extend(
+        [
+            "--preview-listen",
+            "127.0.0.1:0",
+            "--preview-domain",
+            DOMAIN,
+        ]
+        .map(String::from),
+    );
+    Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn sh(d: &Daemon, s: &str, cmd: &str) -> String {

@@ -37,6 +37,24 @@ pub fn read_banner_from(out: std::process::ChildStdout) -> (String, String) {
     (key, base)
 }
 
+/// `serve` flags for per-session networking through a test topology
+/// (`tests/common/netns.rs`) whose host namespace is at `host`, with a
+/// prefix of its own and, when given, `dns` as the upstream resolver.
+pub fn net_args(host: &std::path::Path, dns: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = ["--network", "on", "--uplink", "up0", "--net-host-netns"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.push(host.display().to_string());
+    v.push("--net-prefix".into());
+    v.push(unique_prefix());
+    if let Some(d) = dns {
+        v.push("--dns-upstream".into());
+        v.push(d.into());
+    }
+    v
+}
+
 /// `t` + 5 hex digits, unique per test process and call.
 pub fn unique_prefix() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
