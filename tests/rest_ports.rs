@@ -70,7 +70,8 @@ import http.server, os
 os.chdir("/workspace")
 class H(http.server.SimpleHTTPRequestHandler):
     def log_message(self, fmt, *a):
-        open("/tmp/seen", "a").write("%s %s auth=%s\n" % (self.command, self.path, self.headers.get("Authorization")))
+        h = self.headers
+        open("/tmp/seen", "a").write("%s %s auth=%s cookie=%s tok=%s\n" % (self.command, self.path, h.get("Authorization"), h.get("Cookie"), h.get("X-Asbx-Token")))
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
 "#;
 
@@ -135,6 +136,16 @@ fn addr_of(url: &str) -> String {
 
 /// One request to the preview listener: status and body.
 fn raw(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
+    let (status, text) = raw_whole(addr, path, host, extra);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// One request to the preview listener: status and the whole answer.
+fn raw_whole(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
     let mut c = TcpStream::connect(addr).expect("connect to the preview listener");
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
@@ -150,11 +161,7 @@ fn raw(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
+    (status, text)
 }
 
 fn expose(d: &Daemon, s: &str, body: Value) -> Value {
@@ -197,7 +204,10 @@ fn guest_ports_through_preview_urls() {
     let (st, body) = raw(&addr, &format!("{path}who.txt"), &addr, &key_header);
     assert_eq!((st, body.as_str()), (200, "from-a\n"));
     let seen = sh(&d, "a", "cat /tmp/seen");
-    assert_eq!(seen, "GET /who.txt auth=None\n", "what the guest saw");
+    assert_eq!(
+        seen, "GET /who.txt auth=None cookie=None tok=None\n",
+        "what the guest saw"
+    );
 
     // Public: a new token; the old URL is dead; no key needed, by path
     // and by host.
@@ -207,23 +217,85 @@ fn guest_ports_through_preview_urls() {
     let pub_path = path_of(p["url"].as_str().unwrap());
     let (st, body) = raw(&addr, &format!("{pub_path}who.txt"), &addr, "");
     assert_eq!((st, body.as_str()), (200, "from-a\n"));
+    // The host form `<port>-<session>.<domain>`: the URL's query token
+    // becomes a host-only cookie (307 back without it); the cookie or an
+    // X-Asbx-Token header opens it; the guest sees neither.
     let host_url = p["hostUrl"]
         .as_str()
         .expect("hostUrl with a preview domain");
+    let lport = addr.rsplit(':').next().unwrap();
     let host = addr_of(host_url);
-    assert!(host.ends_with(&format!(".{DOMAIN}:{}", addr.rsplit(':').next().unwrap())));
-    let (st, body) = raw(&addr, "/who.txt", &host, "");
-    assert_eq!((st, body.as_str()), (200, "from-a\n"), "host form");
+    assert_eq!(host, format!("8000-a.{DOMAIN}:{lport}"), "{host_url}");
+    let token = host_url.split_once("?asbx_token=").expect("token").1;
+    assert_eq!(
+        path_of(p["url"].as_str().unwrap()),
+        format!("/ports/{token}/")
+    );
+    let (st, whole) = raw_whole(&addr, &format!("/who.txt?asbx_token={token}"), &host, "");
+    assert_eq!(st, 307, "{whole}");
+    assert!(whole.contains("\r\nLocation: /who.txt\r\n"), "{whole}");
+    assert!(
+        whole.contains(&format!(
+            "\r\nSet-Cookie: asbx_token={token}; Path=/; HttpOnly; SameSite=Lax\r\n"
+        )),
+        "{whole}"
+    );
+    let cookie = format!("Cookie: app=1; asbx_token={token}\r\n");
+    let (st, body) = raw(&addr, "/who.txt", &host, &cookie);
+    assert_eq!((st, body.as_str()), (200, "from-a\n"), "host form, cookie");
+    let (st, body) = raw(
+        &addr,
+        "/who.txt",
+        &host,
+        &format!("X-Asbx-Token: {token}\r\n"),
+    );
+    assert_eq!((st, body.as_str()), (200, "from-a\n"), "host form, header");
+    let (st, _) = raw(&addr, "/who.txt", &host, "");
+    assert_eq!(st, 401, "host form without a token");
+    for other in [format!("8001-a.{DOMAIN}"), format!("8000-b.{DOMAIN}")] {
+        let (st, _) = raw(&addr, "/who.txt", &other, &cookie);
+        assert_eq!(st, 404, "a's token on {other}");
+        let (st, _) = raw(&addr, &format!("/?asbx_token={token}"), &other, "");
+        assert_eq!(st, 404, "a's token in the query of {other}");
+    }
+    let seen = sh(&d, "a", "tail -n 2 /tmp/seen");
+    assert_eq!(
+        seen,
+        "GET /who.txt auth=None cookie=app=1 tok=None\nGET /who.txt auth=None cookie=None tok=None\n",
+        "the guest sees neither the cookie nor the header"
+    );
 
     // Wrong tokens, by path and host, and another session's: nothing.
     let bad = "0123456789abcdef0123456789abcdef";
-    for (p, host) in [
-        (format!("/ports/{bad}/who.txt"), addr.clone()),
-        ("/ports/nope/who.txt".to_string(), addr.clone()),
-        ("/who.txt".to_string(), format!("{bad}.{DOMAIN}")),
-        ("/who.txt".to_string(), "elsewhere.test".to_string()),
+    let bad_tok = format!("X-Asbx-Token: {bad}\r\n{key_header}");
+    for (p, host, extra) in [
+        (
+            format!("/ports/{bad}/who.txt"),
+            addr.clone(),
+            key_header.clone(),
+        ),
+        (
+            "/ports/nope/who.txt".to_string(),
+            addr.clone(),
+            key_header.clone(),
+        ),
+        (
+            "/who.txt".to_string(),
+            format!("{bad}.{DOMAIN}"),
+            key_header.clone(),
+        ),
+        (
+            "/who.txt".to_string(),
+            format!("8000-a.{DOMAIN}"),
+            bad_tok.clone(),
+        ),
+        (
+            "/who.txt".to_string(),
+            "elsewhere.test".to_string(),
+            key_header.clone(),
+        ),
     ] {
-        let (st, _) = raw(&addr, &p, &host, &key_header);
+        let (st, _) = raw(&addr, &p, &host, &extra);
         assert_eq!(st, 404, "{p} {host}");
     }
     let pb = expose(&d, "b", json!({"port": 8000, "public": true}));
@@ -235,7 +307,7 @@ fn guest_ports_through_preview_urls() {
     let seen = sh(&d, "a", "cat /tmp/seen");
     assert_eq!(
         seen.lines().count(),
-        4,
+        5,
         "only the good requests reached a:\n{seen}"
     );
 

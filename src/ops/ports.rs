@@ -3,7 +3,9 @@
 //! `POST /v1/sessions/:id/ports {port, ttl?, public?}` grants the port a
 //! token (128 random bits), the secret part of its URLs: the path form
 //! `<preview>/ports/<token>/...` needs no DNS; the host form
-//! `<token>.<preview_domain>` serves apps that use absolute paths. A
+//! `<port>-<session>.<preview_domain>` serves apps that use absolute
+//! paths, its token in a host-only cookie (`?asbx_token=` on the URL the
+//! API gives sets it) or an `X-Asbx-Token` header. A
 //! `public` port is reached by whoever has the URL; one that is not also
 //! needs the owner's API key (`Authorization: Bearer`, never passed on to
 //! the guest). Grants end with their TTL, the session, or a DELETE; while
@@ -37,7 +39,8 @@ pub struct PortView {
     pub port: u16,
     /// Path form: works wherever the preview listener is reached.
     pub url: String,
-    /// Host form (`<token>.<preview_domain>`), with a preview domain.
+    /// Host form (`<port>-<session>.<preview_domain>/?asbx_token=<token>`),
+    /// with a preview domain and a session id that is a DNS label.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_url: Option<String>,
     pub public: bool,
@@ -57,6 +60,18 @@ fn new_token() -> OpsResult<String> {
     crate::harden::random::secure_random(&mut b)
         .map_err(|e| OpsError::Internal(format!("making a port token: {e}")))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Whether a (lower-cased) session id can stand in a host-form preview
+/// name: `<port>-<session>` must be one DNS label (letters, digits and
+/// hyphens, at most 63 bytes with the port).
+pub fn host_label_session(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() + 6 <= 63
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// Whether `t` looks like a token (checked before any lookup).
@@ -80,17 +95,27 @@ impl Ops {
 
     fn port_view(&self, s: &Session, g: &PortGrant) -> PortView {
         let base = self.preview_base().unwrap_or_default();
-        let host_url = self.cfg.preview_domain.as_ref().map(|d| {
-            // The base's scheme and port, the token as the host.
-            let (scheme, rest) = base.split_once("://").unwrap_or(("http", &base));
-            let port = rest
-                .split('/')
-                .next()
-                .and_then(|hp| hp.rsplit_once(':'))
-                .map(|(_, p)| format!(":{p}"))
-                .unwrap_or_default();
-            format!("{scheme}://{}.{d}{port}/", g.token)
-        });
+        let host_url = self
+            .cfg
+            .preview_domain
+            .as_ref()
+            .filter(|_| host_label_session(&s.id.to_ascii_lowercase()))
+            .map(|d| {
+                // The base's scheme and port, `<port>-<session>` as the host.
+                let (scheme, rest) = base.split_once("://").unwrap_or(("http", &base));
+                let hp = rest
+                    .split('/')
+                    .next()
+                    .and_then(|hp| hp.rsplit_once(':'))
+                    .map(|(_, p)| format!(":{p}"))
+                    .unwrap_or_default();
+                format!(
+                    "{scheme}://{}-{}.{d}{hp}/?asbx_token={}",
+                    g.port,
+                    s.id.to_ascii_lowercase(),
+                    g.token
+                )
+            });
         PortView {
             session_id: s.id.clone(),
             port: g.port,

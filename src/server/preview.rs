@@ -132,8 +132,27 @@ fn read_head(c: &mut TcpStream) -> io::Result<Option<(Vec<u8>, usize)>> {
     }
 }
 
-/// Which grant a request names: its token and the path the guest gets.
-fn route(path: &str, host: Option<&str>, domain: Option<&str>) -> Option<(String, String)> {
+/// The name of the cookie (and query parameter) that carries a host-form
+/// URL's token, and the header a program may send it in instead. All three
+/// are removed before the request reaches the guest.
+pub const TOKEN_COOKIE: &str = "asbx_token";
+const TOKEN_HEADER: &str = "x-asbx-token";
+
+/// Which grant a request names.
+#[derive(Debug, PartialEq)]
+enum Route {
+    /// `/ports/<token>/rest`: the guest gets `/rest`.
+    Path { token: String, tail: String },
+    /// Host `<port>-<session>.<domain>`: the guest gets the path as it is;
+    /// the token comes in the cookie, the header or the query.
+    Host {
+        port: u16,
+        session: String,
+        tail: String,
+    },
+}
+
+fn route(path: &str, host: Option<&str>, domain: Option<&str>) -> Option<Route> {
     if let Some(rest) = path.strip_prefix("/ports/") {
         let (token, tail) = match rest.find(['/', '?']) {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -146,7 +165,10 @@ fn route(path: &str, host: Option<&str>, domain: Option<&str>) -> Option<(String
         } else {
             tail.to_string()
         };
-        return Some((token.to_string(), tail));
+        return Some(Route::Path {
+            token: token.to_string(),
+            tail,
+        });
     }
     let (host, domain) = (host?, domain?);
     let name = host.rsplit_once(':').map_or(host, |(h, p)| {
@@ -156,11 +178,70 @@ fn route(path: &str, host: Option<&str>, domain: Option<&str>) -> Option<(String
             host
         }
     });
-    let token = name
+    let label = name
         .to_ascii_lowercase()
         .strip_suffix(&format!(".{domain}"))?
         .to_string();
-    Some((token, path.to_string()))
+    let (port, session) = label.split_once('-')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    if !crate::ops::ports::host_label_session(session) {
+        return None;
+    }
+    Some(Route::Host {
+        port,
+        session: session.to_string(),
+        tail: path.to_string(),
+    })
+}
+
+/// The path with the `asbx_token` query parameter taken out, and its value.
+fn take_query_token(path: &str) -> (String, Option<String>) {
+    let Some((p, q)) = path.split_once('?') else {
+        return (path.to_string(), None);
+    };
+    let mut token = None;
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|kv| {
+            match kv
+                .strip_prefix(TOKEN_COOKIE)
+                .and_then(|r| r.strip_prefix('='))
+            {
+                Some(v) => {
+                    token = Some(v.to_string());
+                    false
+                }
+                None => true,
+            }
+        })
+        .collect();
+    if kept.is_empty() {
+        (p.to_string(), token)
+    } else {
+        (format!("{p}?{}", kept.join("&")), token)
+    }
+}
+
+/// A `Cookie` header's value without our cookie, and that cookie's value.
+fn take_cookie_token(cookie: &str) -> (String, Option<String>) {
+    let mut token = None;
+    let kept: Vec<&str> = cookie
+        .split(';')
+        .map(str::trim)
+        .filter(|kv| {
+            match kv
+                .strip_prefix(TOKEN_COOKIE)
+                .and_then(|r| r.strip_prefix('='))
+            {
+                Some(v) => {
+                    token = Some(v.to_string());
+                    false
+                }
+                None => !kv.is_empty(),
+            }
+        })
+        .collect();
+    (kept.join("; "), token)
 }
 
 fn serve(st: &State, mut c: TcpStream) {
@@ -184,11 +265,57 @@ fn serve(st: &State, mut c: TcpStream) {
             .and_then(|h| std::str::from_utf8(h.value).ok())
     };
     let domain = st.ctx.cfg.preview_domain.as_deref();
-    let Some((token, tail)) = route(path, header("host"), domain) else {
-        return answer(c, 404, "not_found", "no preview here: /ports/<token>/...");
+    let Some(r) = route(path, header("host"), domain) else {
+        return answer(
+            c,
+            404,
+            "not_found",
+            "no preview here: /ports/<token>/... or <port>-<session>.<preview domain>",
+        );
     };
     let ops = &st.ctx.ops;
-    let Some((session, grant)) = ops.preview_target(&token) else {
+    let (token, tail, host_form) = match r {
+        Route::Path { token, tail } => (token, tail, None),
+        Route::Host {
+            port,
+            session,
+            tail,
+        } => {
+            let (clean, from_query) = take_query_token(&tail);
+            let token = from_query.clone().or_else(|| {
+                header(TOKEN_HEADER)
+                    .map(str::to_string)
+                    .or_else(|| header("cookie").and_then(|c| take_cookie_token(c).1))
+            });
+            let Some(token) = token else {
+                return answer(
+                    c,
+                    401,
+                    "unauthorized",
+                    "this preview URL needs its token: open the URL the API gave \
+                     (its ?asbx_token= sets a cookie) or send X-Asbx-Token",
+                );
+            };
+            if from_query.is_some() {
+                // A browser opened the URL the API gave: keep the token in a
+                // cookie of this host only and come back without it, so the
+                // app never sees it in its URLs.
+                return match ops.preview_target(&token) {
+                    Some((s, g)) if g.port == port && s.id.eq_ignore_ascii_case(&session) => {
+                        redirect(c, &clean, &token, st)
+                    }
+                    _ => answer(c, 404, "not_found", "no open port has this token"),
+                };
+            }
+            (token, tail, Some((port, session)))
+        }
+    };
+    let target = ops.preview_target(&token).filter(|(s, g)| {
+        host_form
+            .as_ref()
+            .is_none_or(|(port, sid)| g.port == *port && s.id.eq_ignore_ascii_case(sid))
+    });
+    let Some((session, grant)) = target else {
         return answer(
             c,
             404,
@@ -278,8 +405,17 @@ fn serve(st: &State, mut c: TcpStream) {
             && (n.eq_ignore_ascii_case("authorization") || n.eq_ignore_ascii_case("x-api-key")))
             || (!upgrade
                 && (n.eq_ignore_ascii_case("connection") || n.eq_ignore_ascii_case("keep-alive")))
-            || n.to_ascii_lowercase().starts_with("x-forwarded-");
+            || n.to_ascii_lowercase().starts_with("x-forwarded-")
+            || n.eq_ignore_ascii_case(TOKEN_HEADER);
         if drop_it {
+            continue;
+        }
+        if n.eq_ignore_ascii_case("cookie") {
+            // Our cookie is the daemon's, not the app's.
+            let (rest, _) = take_cookie_token(&String::from_utf8_lossy(h.value));
+            if !rest.is_empty() {
+                head.push_str(&format!("Cookie: {rest}\r\n"));
+            }
             continue;
         }
         head.push_str(n);
@@ -312,6 +448,26 @@ fn serve(st: &State, mut c: TcpStream) {
     ports::splice(c, up);
 }
 
+/// Sends a browser that brought the token in the query back to `clean`
+/// with the token in a host-only cookie.
+fn redirect(mut c: TcpStream, clean: &str, token: &str, st: &State) {
+    let secure = st
+        .ctx
+        .cfg
+        .preview_url
+        .as_deref()
+        .is_some_and(|u| u.starts_with("https://"));
+    let _ = c.set_write_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        c,
+        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {clean}\r\n\
+         Set-Cookie: {TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax{}\r\n\
+         Cache-Control: no-store\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        if secure { "; Secure" } else { "" }
+    );
+    let _ = c.shutdown(std::net::Shutdown::Both);
+}
+
 /// Counts a connection's end as use of its session too.
 struct Touch<'a>(&'a crate::ops::Session);
 
@@ -338,32 +494,59 @@ impl Drop for Release<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::route;
+    use super::{route, take_cookie_token, take_query_token, Route};
 
     #[test]
     fn routes_by_path_and_by_host() {
         let t = "0123456789abcdef0123456789abcdef";
         let r = |p: &str, h: Option<&str>| route(p, h, Some("preview.test"));
+        let path = |token: &str, tail: &str| {
+            Some(Route::Path {
+                token: token.into(),
+                tail: tail.into(),
+            })
+        };
+        assert_eq!(r(&format!("/ports/{t}"), None), path(t, "/"));
+        assert_eq!(r(&format!("/ports/{t}/a/b?x=1"), None), path(t, "/a/b?x=1"));
+        assert_eq!(r(&format!("/ports/{t}?x=1"), None), path(t, "/?x=1"));
         assert_eq!(
-            r(&format!("/ports/{t}"), None),
-            Some((t.into(), "/".into()))
-        );
-        assert_eq!(
-            r(&format!("/ports/{t}/a/b?x=1"), None),
-            Some((t.into(), "/a/b?x=1".into()))
-        );
-        assert_eq!(
-            r(&format!("/ports/{t}?x=1"), None),
-            Some((t.into(), "/?x=1".into()))
-        );
-        assert_eq!(
-            r("/app.js", Some(&format!("{t}.preview.test:8080"))),
-            Some((t.into(), "/app.js".into()))
+            r("/app.js", Some("8000-s-0123abcd.Preview.Test:8080")),
+            Some(Route::Host {
+                port: 8000,
+                session: "s-0123abcd".into(),
+                tail: "/app.js".into()
+            })
         );
         assert_eq!(r("/app.js", Some("other.test")), None);
+        assert_eq!(r("/app.js", Some(&format!("{t}.preview.test"))), None);
+        assert_eq!(r("/", Some("0-a.preview.test")), None);
+        assert_eq!(r("/", Some("70000-a.preview.test")), None);
+        assert_eq!(r("/", Some("8000-a_b.preview.test")), None);
+        assert_eq!(r("/", Some("8000-.preview.test")), None);
+        assert_eq!(route("/app.js", Some("8000-a.preview.test"), None), None);
+    }
+
+    #[test]
+    fn the_token_is_taken_out_of_query_and_cookie() {
         assert_eq!(
-            route("/app.js", Some(&format!("{t}.preview.test")), None),
-            None
+            take_query_token("/a?asbx_token=abc"),
+            ("/a".into(), Some("abc".into()))
+        );
+        assert_eq!(
+            take_query_token("/a?x=1&asbx_token=abc&y=2"),
+            ("/a?x=1&y=2".into(), Some("abc".into()))
+        );
+        assert_eq!(
+            take_query_token("/a?asbx_tokenx=1"),
+            ("/a?asbx_tokenx=1".into(), None)
+        );
+        assert_eq!(
+            take_cookie_token("a=1; asbx_token=abc;b=2"),
+            ("a=1; b=2".into(), Some("abc".into()))
+        );
+        assert_eq!(
+            take_cookie_token("asbx_token=abc"),
+            (String::new(), Some("abc".into()))
         );
     }
 }
