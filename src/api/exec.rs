@@ -10,6 +10,7 @@ use crate::ops::exec::{outcome, usage_fields, ExecEvent, Running, Started, Strea
 use crate::ops::now_unix_ms;
 use crate::ops::OpsError;
 use crate::proto::{ExitStatus, Signal};
+use crate::server::http::Shape;
 use base64::Engine;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -212,9 +213,31 @@ pub fn emit(w: &mut StreamWriter, fmt: StreamFormat, v: &Value) -> bool {
 /// foreground command).
 pub fn relay(
     ctx: &Ctx,
-    mut running: Running,
+    running: Running,
     w: &mut StreamWriter,
     fmt: StreamFormat,
+    enc_kind: Encoding,
+    timeout: Option<Duration>,
+) {
+    let shape = w.shape;
+    relay_to(
+        ctx,
+        running,
+        &mut |v| emit(w, fmt, v),
+        shape,
+        enc_kind,
+        timeout,
+    )
+}
+
+/// [`relay`] to any sink of events (`emit` returns false once its client
+/// is gone): the NDJSON/SSE stream, a WebSocket. One set of event objects
+/// for every transport.
+pub fn relay_to(
+    ctx: &Ctx,
+    mut running: Running,
+    emit: &mut dyn FnMut(&Value) -> bool,
+    shape: Shape,
     enc_kind: Encoding,
     timeout: Option<Duration>,
 ) {
@@ -226,35 +249,27 @@ pub fn relay(
             Ok(ExecEvent::Output { stream, bytes }) => match enc.chunk(stream, &bytes) {
                 Some(mut v) => {
                     v["type"] = json!("stream");
-                    emit(w, fmt, &v)
+                    emit(&v)
                 }
                 None => true,
             },
-            Ok(ExecEvent::Started { proc, pid }) => emit(
-                w,
-                fmt,
-                &json!({"type": "started", "procId": proc, "pid": pid}),
-            ),
-            Ok(ExecEvent::Dropped { bytes }) => {
-                emit(w, fmt, &json!({"type": "dropped", "bytes": bytes}))
+            Ok(ExecEvent::Started { proc, pid }) => {
+                emit(&json!({"type": "started", "procId": proc, "pid": pid}))
             }
+            Ok(ExecEvent::Dropped { bytes }) => emit(&json!({"type": "dropped", "bytes": bytes})),
             Ok(ExecEvent::Exited(st)) => {
                 for mut v in enc.flush() {
                     v["type"] = json!("stream");
-                    emit(w, fmt, &v);
+                    emit(&v);
                 }
                 ctx.metrics.exec_done(outcome(&st), t0.elapsed());
                 let mut v = result_fields(&st, t0.elapsed());
                 v["type"] = json!("result");
-                emit(w, fmt, &v);
+                emit(&v);
                 return;
             }
             Ok(ExecEvent::Background { proc, pid }) => {
-                emit(
-                    w,
-                    fmt,
-                    &json!({"type": "started", "procId": proc, "pid": pid}),
-                );
+                emit(&json!({"type": "started", "procId": proc, "pid": pid}));
                 return;
             }
             // An answer that fits no command ends the stream quietly.
@@ -262,9 +277,9 @@ pub fn relay(
             Err(e) => {
                 let e = ApiError::from(e);
                 ctx.metrics.exec_done("error", t0.elapsed());
-                let mut v = e.body_as(w.shape);
+                let mut v = e.body_as(shape);
                 v["type"] = json!("error");
-                emit(w, fmt, &v);
+                emit(&v);
                 return;
             }
         };

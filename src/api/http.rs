@@ -53,6 +53,12 @@ pub enum Reply {
         content_type: &'static str,
         job: Box<dyn FnOnce(&mut StreamWriter) + Send>,
     },
+    /// A WebSocket: the 101 (with `accept`, the handshake's key) is
+    /// written, then the job speaks the protocol on its own thread.
+    Upgrade {
+        accept: String,
+        job: Box<dyn FnOnce(crate::server::ws::Reader, crate::server::ws::Writer) + Send>,
+    },
 }
 
 impl From<ApiError> for Reply {
@@ -68,6 +74,7 @@ impl Reply {
             Reply::Json(s, _) | Reply::Bytes(s, _, _) | Reply::Empty(s) => *s,
             Reply::Error(e) => e.status,
             Reply::Later(_) | Reply::Stream { .. } => 500,
+            Reply::Upgrade { .. } => 101,
         }
     }
 }
@@ -211,7 +218,7 @@ pub fn respond(req: Request, reply: Reply, retry_after: Option<u64>, allow: Opti
         Reply::Bytes(s, ct, b) => (s, ct, b),
         Reply::Empty(s) => (s, String::new(), Vec::new()),
         // Callers resolve these before calling `respond`.
-        Reply::Later(_) | Reply::Stream { .. } => {
+        Reply::Later(_) | Reply::Stream { .. } | Reply::Upgrade { .. } => {
             let e = ApiError::internal("unresolved deferred reply");
             (
                 e.status,

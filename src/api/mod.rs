@@ -14,6 +14,7 @@ pub mod rest;
 pub mod routes;
 pub mod v1;
 pub mod validate;
+pub mod ws;
 
 /// The HTTP server is the `server` module's; these paths stay for the
 /// handlers that name them.
@@ -209,7 +210,7 @@ fn finish(
     allow: Option<&str>,
 ) {
     match reply {
-        r @ (Reply::Later(_) | Reply::Stream { .. }) => {
+        r @ (Reply::Later(_) | Reply::Stream { .. } | Reply::Upgrade { .. }) => {
             // Counted until the thread's work ends.
             let (guard, n) = LongGuard::start(ctx);
             if n >= ctx.cfg.max_streams {
@@ -246,6 +247,16 @@ fn finish(
                             job(&mut w);
                             w.finish();
                         }
+                        Reply::Upgrade { accept, job } => {
+                            count(&ctx2, 101);
+                            let Some((stream, left)) = req.into_upgraded() else {
+                                return;
+                            };
+                            match crate::server::ws::accept(stream, left, &accept) {
+                                Ok((r, w)) => job(r, w),
+                                Err(e) => log::debug!("websocket handshake: {e}"),
+                            }
+                        }
                         _ => {}
                     }
                 });
@@ -272,7 +283,10 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
     let principal = match route.scope {
         None => Principal::anonymous(),
         Some(scope) => {
-            let p = authenticate(ctx, req)?;
+            let p = match ws_ticket(ctx, req, &target, &params) {
+                Some(p) => p,
+                None => authenticate(ctx, req)?,
+            };
             if !p.may(scope) {
                 return Err(ApiError::new(
                     403,
@@ -284,6 +298,24 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
         }
     };
     (route.handler)(ctx, req, &principal, &params)
+}
+
+/// A browser's WebSocket brings a ticket (`?token=`, `ops::tickets`)
+/// instead of a key; only WebSocket routes take one, only without a key.
+fn ws_ticket(
+    ctx: &Ctx,
+    req: &httpd::Request,
+    target: &http::Target,
+    params: &http::Params,
+) -> Option<Principal> {
+    let token = params.query("token")?;
+    if !target.path.ends_with("/ws")
+        || req.header("authorization").is_some()
+        || req.header("x-api-key").is_some()
+    {
+        return None;
+    }
+    ctx.ops.redeem_ws_ticket(params.get("session"), token)
 }
 
 fn authenticate(ctx: &Ctx, req: &httpd::Request) -> Result<Principal, ApiError> {

@@ -4,7 +4,7 @@
 use super::auth::{Principal, Scope};
 use super::errors::{ApiError, ApiResult};
 use super::http::{Params, Reply, Target};
-use super::{rest, v1, Ctx};
+use super::{rest, v1, ws, Ctx};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -120,6 +120,14 @@ pub static ROUTES: &[Route] = &[
         EXEC,
         v1::get_proc
     ),
+    r!(
+        "GET",
+        "/v1/sessions/{session}/processes/{proc}/ws",
+        EXEC,
+        ws::attach
+    ),
+    r!("GET", "/v1/sessions/{session}/pty/ws", EXEC, ws::pty),
+    r!("POST", "/v1/sessions/{session}/ws-token", EXEC, ws::token),
     r!(
         "GET",
         "/v1/sessions/{session}/processes/{proc}/output",

@@ -7,7 +7,7 @@
 use super::mask::Masker;
 use super::secrets::{SecretFiles, Secrets};
 use super::{validate, Ops, OpsError, OpsResult, Principal};
-use crate::agent::{Call, ClientError, Inbound};
+use crate::agent::{Call, CallSender, ClientError, Inbound};
 use crate::config::Config;
 use crate::proto::{channel, Event, ExecRequest, ExitStatus, PtySize, Request, Response};
 use crate::session::{Activity, Session};
@@ -476,6 +476,46 @@ impl Running {
     /// to its end still arrive.
     pub fn cancel(&self) {
         let _ = self.call.cancel();
+    }
+}
+
+/// The input side of a call, for a thread other than the one reading its
+/// events (a WebSocket's reader): stdin, EOF, cancel.
+pub struct Input {
+    tx: CallSender,
+    what: String,
+}
+
+impl Input {
+    fn err(&self, source: ClientError) -> OpsError {
+        OpsError::Agent {
+            what: self.what.clone(),
+            source,
+        }
+    }
+
+    pub fn send(&self, data: &[u8]) -> OpsResult<()> {
+        self.tx.send_all(data).map_err(|e| self.err(e))
+    }
+
+    pub fn eof(&self) -> OpsResult<()> {
+        self.tx.send_eof().map_err(|e| self.err(e))
+    }
+
+    /// As [`Running::cancel`]: a foreground command is killed, an attach
+    /// detaches; the reading side then sees the end.
+    pub fn cancel(&self) {
+        let _ = self.tx.cancel();
+    }
+}
+
+impl Running {
+    /// The call's input side ([`Input`]).
+    pub fn input(&self) -> Input {
+        Input {
+            tx: self.call.sender(),
+            what: self.what.clone(),
+        }
     }
 }
 

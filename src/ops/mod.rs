@@ -17,6 +17,7 @@ pub mod run;
 pub mod secrets;
 pub mod sessions;
 pub mod state;
+pub mod tickets;
 pub mod validate;
 
 /// The one egress policy type, for the front ends (which do not import
@@ -80,6 +81,8 @@ pub struct Ops {
     reaper: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
     /// Where the preview listener is reached, once it runs (`ports`).
     preview: Mutex<Option<String>>,
+    /// Short-lived WebSocket tickets for browsers (`tickets`).
+    tickets: tickets::Tickets,
 }
 
 impl Ops {
@@ -90,6 +93,7 @@ impl Ops {
             cfg,
             reaper: Mutex::new(None),
             preview: Mutex::new(None),
+            tickets: tickets::Tickets::default(),
         })
     }
 
@@ -116,6 +120,7 @@ impl Ops {
             cfg,
             reaper: Mutex::new(Some((stop_tx, reaper))),
             preview: Mutex::new(None),
+            tickets: tickets::Tickets::default(),
         }))
     }
 

@@ -283,6 +283,16 @@ impl Request {
         linger_close(conn, rest);
     }
 
+    /// The raw socket and the bytes the client sent after the head, for a
+    /// connection that changes protocol (a WebSocket); no timeouts left.
+    pub fn into_upgraded(mut self) -> Option<(TcpStream, Vec<u8>)> {
+        let c = self.conn.take()?;
+        let _ = c.stream.set_read_timeout(None);
+        let _ = c.stream.set_write_timeout(None);
+        let left = c.buf.get(c.pos..).map(<[u8]>::to_vec).unwrap_or_default();
+        Some((c.stream, left))
+    }
+
     /// The raw socket, for a reply the caller writes itself (a stream).
     /// The connection closes when the writer is dropped.
     pub fn into_writer(mut self) -> Box<dyn Write + Send> {

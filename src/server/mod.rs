@@ -9,6 +9,7 @@ pub mod http;
 pub mod httpd;
 pub mod preview;
 pub mod shape;
+pub mod ws;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
