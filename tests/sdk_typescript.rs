@@ -82,7 +82,9 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     .expect("copy quickstart");
 
     // Sessions with networking, through a test uplink namespace (no packet
-    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK).
+    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK),
+    // and a preview listener on loopback serves guest ports to the suite
+    // (AGENT_SANDBOX_TEST_PREVIEW).
     let topo = netns::Topology::new("sdkts");
     let host = topo.host_path().display().to_string();
     let d = Daemon::start(&[
@@ -94,10 +96,13 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         &host,
         "--dns-upstream",
         "198.51.100.53:53",
+        "--preview-listen",
+        "127.0.0.1:0",
     ]);
     let env = |c: &mut Command| {
         c.env("AGENT_SANDBOX_URL", &d.base)
             .env("AGENT_SANDBOX_TEST_NETWORK", "on")
+            .env("AGENT_SANDBOX_TEST_PREVIEW", "on")
             .env("AGENT_SANDBOX_API_KEY", &d.key);
     };
     let mut qs = Command::new("node");
@@ -142,6 +147,7 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         .and_then(|n| n.trim().parse::<u32>().ok())
         .unwrap_or(0);
     assert!(passed >= 30, "only {passed} tests passed:\n{tap}");
+    eprintln!("node --test: {passed} passed");
     drop(limited);
 
     // The examples, in their modes that work without a network.
