@@ -2,7 +2,9 @@
 //! VMs: the wheel built (`pip wheel --no-deps`), installed with pytest and
 //! pdoc into a fresh venv, the quick start run from it, the SDK's pytest
 //! suite (examples included; a second, rate-limited daemon with one
-//! session slot for the 429/503 tests), the overhead bench, the pdoc API
+//! session slot for the 429/503 tests; a third without networking or a
+//! preview listener for the refusals of secrets and ports), the overhead
+//! bench, the pdoc API
 //! reference. Skipped (a failure under CI) without python3, venv and pip,
 //! or without a VM backend.
 
@@ -127,6 +129,9 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
         "--preview-listen",
         "127.0.0.1:0",
     ]);
+    // VMs without networking or a preview listener: the refusals of secrets
+    // and ports (checked before any VM starts, but for one session).
+    let offnet = Daemon::start(&[]);
     // The 429 and at-capacity tests: a daemon of their own (local sandboxes).
     let limited = Daemon::start_local(&[
         "--rate-limit",
@@ -143,6 +148,8 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
             .env("AGENT_SANDBOX_API_KEY", &d.key)
             .env("AGENT_SANDBOX_LIMITED_URL", &limited.base)
             .env("AGENT_SANDBOX_LIMITED_KEY", &limited.key)
+            .env("AGENT_SANDBOX_OFFNET_URL", &offnet.base)
+            .env("AGENT_SANDBOX_OFFNET_KEY", &offnet.key)
             .env("AGENT_SANDBOX_SDK_STRICT", "1");
     };
 

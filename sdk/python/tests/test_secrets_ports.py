@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 import secrets as rand
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import httpx
 import pytest
@@ -159,6 +159,27 @@ def test_a_guest_server_through_its_preview_url(client: Client, net: Sandbox, we
         server.kill()
     log = server.wait().stderr
     assert log.count('"GET ') == len(oks) == log.count('"GET /index.html HTTP/1.1" 200'), log
+
+
+def test_refusals_without_networking_or_a_preview_listener(offnet: Tuple[str, str]) -> None:
+    """A daemon with `--network off` and no `--preview-listen`: typed errors."""
+    url, key = offnet
+    with Client(url, key) as c:
+        with pytest.raises(errors.EgressNotApplied) as e:
+            Sandbox.create("base", client=c, secrets=[Secret(NAME, VALUE, ["api.test"])])
+        assert (e.value.status, e.value.code) == (409, "egress_not_applied")
+        assert VALUE not in str(e.value)
+        assert c.list() == []  # refused before any session was made
+        with Sandbox.create("base", client=c) as sbx:
+            assert sbx.secrets.list() == [] and sbx.info_at_start.secrets == []
+            with pytest.raises(errors.EgressNotApplied):
+                sbx.secrets.set([{"name": NAME, "value": VALUE, "hosts": ["api.test"]}])
+            assert sbx.secrets.set([]) == []  # none needs nothing
+            with pytest.raises(errors.NotSupported) as n:
+                sbx.ports.expose(8000)
+            assert (n.value.status, n.value.code) == (501, "not_supported")
+            assert sbx.ports.list() == []
+            assert sbx.ports.close(8000) is False
 
 
 def test_async_secrets_and_ports(net: Sandbox, web: httpx.Client) -> None:

@@ -167,3 +167,24 @@ test("a guest web server through its preview URL: the key unless public, nothing
   assert.equal(log.split('"GET ').length - 1, oks, log);
   assert.equal(log.split('"GET /index.html HTTP/1.1" 200').length - 1, oks, log);
 });
+
+const offnet = process.env.AGENT_SANDBOX_OFFNET_URL;
+test("a daemon without networking or a preview listener: EgressNotApplied, NotSupported", { skip: !offnet && "AGENT_SANDBOX_OFFNET_URL (a VM daemon with --network off) not set" }, async () => {
+  const c = new Client({ url: offnet, apiKey: process.env.AGENT_SANDBOX_OFFNET_KEY });
+  await assert.rejects(Sandbox.create({ client: c, template: "base", secrets: [{ name: NAME, value: VALUE, hosts: ["api.test"] }] }), (e) => {
+    return e instanceof EgressNotApplied && e.status === 409 && !e.message.includes(VALUE);
+  });
+  assert.deepEqual(await Sandbox.list(c), []); // refused before any session was made
+  const sb = await Sandbox.create({ client: c, template: "base" });
+  try {
+    assert.equal(sb.info.secrets, undefined);
+    assert.deepEqual(await sb.secrets.list(), []);
+    await assert.rejects(sb.secrets.set([{ name: NAME, value: VALUE, hosts: ["api.test"] }]), EgressNotApplied);
+    assert.deepEqual(await sb.secrets.set([]), []); // none needs nothing
+    await assert.rejects(sb.ports.expose(8000), (e) => e instanceof NotSupported && e.status === 501);
+    assert.deepEqual(await sb.ports.list(), []);
+    assert.equal(await sb.ports.close(8000), false);
+  } finally {
+    await sb.kill();
+  }
+});
