@@ -2,7 +2,9 @@
 //! VMs: the wheel built (`pip wheel --no-deps`), installed with pytest and
 //! pdoc into a fresh venv, the quick start run from it, the SDK's pytest
 //! suite (examples included; a second, rate-limited daemon with one
-//! session slot for the 429/503 tests), the overhead bench, the pdoc API
+//! session slot for the 429/503 tests; a third without networking or a
+//! preview listener for the refusals of secrets and ports), the overhead
+//! bench, the pdoc API
 //! reference. Skipped (a failure under CI) without python3, venv and pip,
 //! or without a VM backend.
 
@@ -110,7 +112,9 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
     );
 
     // Sessions with networking, through a test uplink namespace (no packet
-    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK).
+    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK),
+    // and a preview listener on loopback serves guest ports to the suite
+    // (AGENT_SANDBOX_TEST_PREVIEW).
     let topo = netns::Topology::new("sdkpy");
     let host = topo.host_path().display().to_string();
     let d = Daemon::start(&[
@@ -122,7 +126,12 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
         &host,
         "--dns-upstream",
         "198.51.100.53:53",
+        "--preview-listen",
+        "127.0.0.1:0",
     ]);
+    // VMs without networking or a preview listener: the refusals of secrets
+    // and ports (checked before any VM starts, but for one session).
+    let offnet = Daemon::start(&[]);
     // The 429 and at-capacity tests: a daemon of their own (local sandboxes).
     let limited = Daemon::start_local(&[
         "--rate-limit",
@@ -135,9 +144,12 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
     let env = |c: &mut Command| {
         c.env("AGENT_SANDBOX_URL", &d.base)
             .env("AGENT_SANDBOX_TEST_NETWORK", "on")
+            .env("AGENT_SANDBOX_TEST_PREVIEW", "on")
             .env("AGENT_SANDBOX_API_KEY", &d.key)
             .env("AGENT_SANDBOX_LIMITED_URL", &limited.base)
             .env("AGENT_SANDBOX_LIMITED_KEY", &limited.key)
+            .env("AGENT_SANDBOX_OFFNET_URL", &offnet.base)
+            .env("AGENT_SANDBOX_OFFNET_KEY", &offnet.key)
             .env("AGENT_SANDBOX_SDK_STRICT", "1");
     };
 
@@ -179,7 +191,8 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
         .zip(last.split_whitespace().skip(1))
         .find_map(|(n, w)| w.starts_with("passed").then(|| n.parse().ok())?)
         .unwrap_or(0);
-    assert!(passed >= 45, "only {passed} tests passed:\n{report}");
+    assert!(passed >= 50, "only {passed} tests passed:\n{report}");
+    eprintln!("pytest: {last}");
 
     // The overhead bench still runs (few runs here: CI's numbers are noise).
     let mut bench = Command::new(&py);
@@ -204,6 +217,8 @@ fn python_sdk_wheel_installs_in_a_fresh_venv_and_passes_its_suite_against_a_daem
         "AsyncSandbox",
         "CommandResult",
         "SessionNotFound",
+        "Secret",
+        "PortInfo",
     ] {
         assert!(index.contains(want), "pdoc's page lacks {want:?}");
     }

@@ -2,7 +2,9 @@
 //! and real VMs: `npm ci`, `npm run build`, `npm pack`; the tarball
 //! installed into an empty project whose quick start
 //! (`examples/quickstart.mjs`) runs; the SDK's own `node --test` suite
-//! (with a second, rate-limited daemon for the 429 test); the offline
+//! (with a second, rate-limited daemon for the 429 test and a third
+//! without networking or a preview listener for the refusals of secrets
+//! and ports); the offline
 //! examples; `npm run docs` (typedoc). Skipped (a failure under CI) without
 //! node/npm or a VM backend.
 
@@ -82,7 +84,9 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
     .expect("copy quickstart");
 
     // Sessions with networking, through a test uplink namespace (no packet
-    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK).
+    // leaves the machine): policy changes apply (AGENT_SANDBOX_TEST_NETWORK),
+    // and a preview listener on loopback serves guest ports to the suite
+    // (AGENT_SANDBOX_TEST_PREVIEW).
     let topo = netns::Topology::new("sdkts");
     let host = topo.host_path().display().to_string();
     let d = Daemon::start(&[
@@ -94,10 +98,13 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         &host,
         "--dns-upstream",
         "198.51.100.53:53",
+        "--preview-listen",
+        "127.0.0.1:0",
     ]);
     let env = |c: &mut Command| {
         c.env("AGENT_SANDBOX_URL", &d.base)
             .env("AGENT_SANDBOX_TEST_NETWORK", "on")
+            .env("AGENT_SANDBOX_TEST_PREVIEW", "on")
             .env("AGENT_SANDBOX_API_KEY", &d.key);
     };
     let mut qs = Command::new("node");
@@ -112,6 +119,8 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
 
     // The suite; the rate-limit test talks to a daemon of its own.
     let limited = Daemon::start_local(&["--rate-limit", "1", "--rate-burst", "2"]);
+    // VMs without networking or a preview listener: the refusals of secrets and ports.
+    let offnet = Daemon::start(&[]);
     let mut files: Vec<String> = std::fs::read_dir(sdk.join("test"))
         .expect("sdk/typescript/test")
         .flatten()
@@ -127,7 +136,9 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         .args(["--test", "--test-reporter=tap", "--test-concurrency=1"])
         .args(&files)
         .env("AGENT_SANDBOX_RATE_URL", &limited.base)
-        .env("AGENT_SANDBOX_RATE_KEY", &limited.key);
+        .env("AGENT_SANDBOX_RATE_KEY", &limited.key)
+        .env("AGENT_SANDBOX_OFFNET_URL", &offnet.base)
+        .env("AGENT_SANDBOX_OFFNET_KEY", &offnet.key);
     env(&mut suite);
     let tap = run(suite, "node --test (sdk/typescript/test)", 20 * MIN);
     for want in ["# fail 0", "# skipped 0", "# cancelled 0"] {
@@ -142,7 +153,9 @@ fn typescript_sdk_builds_packs_installs_and_passes_its_suite_against_a_daemon() 
         .and_then(|n| n.trim().parse::<u32>().ok())
         .unwrap_or(0);
     assert!(passed >= 30, "only {passed} tests passed:\n{tap}");
+    eprintln!("node --test: {passed} passed");
     drop(limited);
+    drop(offnet);
 
     // The examples, in their modes that work without a network.
     for ex in [

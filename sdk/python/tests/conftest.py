@@ -3,6 +3,9 @@
 - `AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`: the daemon (an admin key).
 - `AGENT_SANDBOX_LIMITED_URL`, `AGENT_SANDBOX_LIMITED_KEY`: a second daemon
   with a low `--rate-limit` and `--max-sessions 1` (the 429/503 tests).
+- `AGENT_SANDBOX_OFFNET_URL`, `AGENT_SANDBOX_OFFNET_KEY`: a third daemon (VMs)
+  with `--network off` and no preview listener (the refusals of secrets and
+  ports).
 - `AGENT_SANDBOX_SDK_STRICT=1` (the Rust wrapper sets it): a missing daemon
   is a failure, not a skip.
 
@@ -50,6 +53,12 @@ def sbx(client: Client) -> Iterator[Sandbox]:
 def limited() -> Tuple[str, str]:
     _need("AGENT_SANDBOX_LIMITED_URL", "AGENT_SANDBOX_LIMITED_KEY")
     return os.environ["AGENT_SANDBOX_LIMITED_URL"], os.environ["AGENT_SANDBOX_LIMITED_KEY"]
+
+
+@pytest.fixture(scope="session")
+def offnet() -> Tuple[str, str]:
+    _need("AGENT_SANDBOX_OFFNET_URL", "AGENT_SANDBOX_OFFNET_KEY")
+    return os.environ["AGENT_SANDBOX_OFFNET_URL"], os.environ["AGENT_SANDBOX_OFFNET_KEY"]
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

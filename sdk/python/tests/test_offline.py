@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 import httpx
 import pytest
 
-from agent_sandbox import Client, CommandResult, Egress, Retry, Sandbox, SessionInfo, errors
+from agent_sandbox import Client, CommandResult, Egress, Retry, Sandbox, Secret, SecretInfo, SessionInfo, errors
 from agent_sandbox import _ops as ops
 from agent_sandbox._core import Config, event_of
 
@@ -284,3 +284,64 @@ def test_uploads_retried_only_when_the_bytes_can_be_sent_again() -> None:
         with pytest.raises(errors.ReplyMemoryExhausted):
             sbx.files.upload("/f", Pipe())  # read once: not retried
         assert bodies == [b"once"]
+
+
+def test_secrets_and_ports_wire() -> None:
+    """The create body's `secrets`, the secrets and ports routes and their
+    answers, and `close` of a port that is not open, offline."""
+    seen: List[httpx.Request] = []
+    info = {
+        "name": "TOKEN",
+        "hosts": ["api.test"],
+        "header": "Authorization",
+        "format": None,
+        "placeholder": "asbx-secret-" + "0" * 32,
+    }
+    port = {
+        "sessionId": "s1",
+        "port": 8000,
+        "public": False,
+        "url": "http://p.test:9/ports/ab/",
+        "createdAt": 1,
+        "expiresAt": 2,
+    }
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        seen.append(r)
+        key = (r.method, r.url.path)
+        if key == ("POST", "/v1/sessions"):
+            return httpx.Response(201, json={"id": "s1", "state": "ready", "secrets": [info]})
+        if key in (("GET", "/v1/sessions/s1/secrets"), ("PUT", "/v1/sessions/s1/secrets")):
+            return httpx.Response(200, json={"sessionId": "s1", "secrets": [info]})
+        if key == ("POST", "/v1/sessions/s1/ports"):
+            return httpx.Response(201, json=port)
+        if key == ("GET", "/v1/sessions/s1/ports"):
+            return httpx.Response(200, json={"sessionId": "s1", "ports": [port]})
+        if key == ("DELETE", "/v1/sessions/s1/ports/8000"):
+            return httpx.Response(200, json={"sessionId": "s1", "port": 8000, "closed": True})
+        return err(404, "not_found")
+
+    secret = Secret("TOKEN", "sk-offline-value", ["api.test"], format="Bearer {value}")
+    assert "sk-offline-value" not in repr(secret)
+    with mock_client(handler) as c:
+        sbx = c.create(secrets=[secret, {"name": "B", "value": "bbbb", "hosts": ["b.test"], "header": "X-Key"}])
+        assert json.loads(seen[-1].content)["secrets"] == [
+            {"name": "TOKEN", "value": "sk-offline-value", "hosts": ["api.test"], "format": "Bearer {value}"},
+            {"name": "B", "value": "bbbb", "hosts": ["b.test"], "header": "X-Key"},
+        ]
+        assert sbx.info_at_start.secrets == [
+            SecretInfo("TOKEN", ["api.test"], "Authorization", info["placeholder"], raw=info)
+        ]
+        assert [s.name for s in sbx.secrets.list()] == ["TOKEN"]
+        sbx.secrets.set([])
+        assert json.loads(seen[-1].content) == {"secrets": []}
+        with pytest.raises(TypeError):
+            sbx.secrets.set(secret)  # type: ignore[arg-type]
+        p = sbx.ports.expose(8000, ttl="2h")
+        assert json.loads(seen[-1].content) == {"port": 8000, "ttl": "2h", "public": False}
+        assert (p.port, p.url, p.public, p.expires_at, p.host_url) == (8000, port["url"], False, 2, None)
+        assert sbx.ports.list() == [p]
+        assert sbx.get_url(8000) == port["url"]  # open and not public: reused, nothing opened
+        assert seen[-1].method == "GET"
+        assert sbx.ports.close(8000) is True
+        assert sbx.ports.close(9000) is False  # not open: 404 not_found, answered False

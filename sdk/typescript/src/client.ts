@@ -81,6 +81,15 @@ export class Client {
     this.#headers = options.headers ?? {};
   }
 
+  /**
+   * The header that authenticates a request as this client's key
+   * (`{ authorization: "Bearer ..." }`; empty without a key): what a request
+   * to a preview URL of a port that is not public needs.
+   */
+  authHeaders(): Record<string, string> {
+    return this.#apiKey ? { authorization: `Bearer ${this.#apiKey}` } : {};
+  }
+
   /** `client` itself when it is one, else a new client from the options. */
   static of(client: ClientLike): Client {
     return client instanceof Client ? client : new Client(client);

@@ -17,7 +17,7 @@ export { Client, errorOf, ndjson } from "./client.js";
 export type { ClientLike, ClientOptions, Query, RequestOptions, RetryOptions } from "./client.js";
 export * from "./errors.js";
 export * from "./types.js";
-export { Commands, Files, Network, Process, Pty, Sandbox, fromBase64, toBase64, withSandbox } from "./sandbox.js";
+export { Commands, Files, Network, Ports, Process, Pty, Sandbox, Secrets, fromBase64, toBase64, withSandbox } from "./sandbox.js";
 export type { CommandOptions, ConnectOptions, CreateOptions, FileData, ForkResult, RunOptions, Signal, StartOptions, StartedSandboxes } from "./sandbox.js";
 export { Keys, Snapshots, health, metrics, ready, run, templates } from "./api.js";
 export type { KeyCreateOptions, Language } from "./api.js";

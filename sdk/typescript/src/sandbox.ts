@@ -4,18 +4,22 @@
  * @module
  */
 import { Client, type ClientLike, type ClientOptions, type RequestOptions, ndjson } from "./client.js";
-import { SandboxError, SessionNotFound, errorFromBody } from "./errors.js";
+import { NotFound, SandboxError, SessionNotFound, errorFromBody } from "./errors.js";
 import type {
   CommandEvent,
   CommandExit,
   CommandResult,
   Egress,
+  ExposeOptions,
   FailedCopy,
   FileEntry,
   FileStat,
   NetworkState,
+  PortInfo,
   ProcessInfo,
   SandboxCreateOptions,
+  SecretInfo,
+  SecretSpec,
   SessionInfo,
   Snapshot,
 } from "./types.js";
@@ -468,6 +472,88 @@ export class Network {
   }
 }
 
+/**
+ * A sandbox's injected secrets: credentials the guest never holds. Each command
+ * sees `NAME=asbx-secret-<32 hex>`, a placeholder; the egress proxy replaces it
+ * with the value in the named header of HTTPS requests to the secret's hosts
+ * and refuses it (403) anywhere else. Values are never shown back.
+ *
+ * ```ts
+ * const sb = await Sandbox.create({
+ *   secrets: [{ name: "OPENAI_API_KEY", value: key, hosts: ["api.openai.com"], format: "Bearer {value}" }],
+ * });
+ * ```
+ */
+export class Secrets {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+  /** Names, hosts, headers and placeholders (never a value). */
+  async list(): Promise<SecretInfo[]> {
+    return (await this.#sb.json<{ secrets: SecretInfo[] }>("GET", "/secrets")).secrets;
+  }
+  /**
+   * Replaces the whole set, live (`[]`: none; a name kept keeps its placeholder);
+   * the next command sees the new variables. `EgressNotApplied` without
+   * per-session networking; `BadRequest` names a bad secret, never its value.
+   */
+  async set(secrets: SecretSpec[]): Promise<SecretInfo[]> {
+    return (await this.#sb.json<{ secrets: SecretInfo[] }>("PUT", "/secrets", { json: { secrets } })).secrets;
+  }
+}
+
+/**
+ * Guest ports reached from outside through the daemon's preview listener
+ * (`serve --preview-listen ADDR`; else `NotSupported`).
+ *
+ * ```ts
+ * await sb.commands.start("python3 -m http.server 8000");
+ * const { url } = await sb.ports.expose(8000);
+ * await fetch(url, { headers: sb.client.authHeaders() }); // not public: the key too
+ * ```
+ */
+export class Ports {
+  readonly #sb: Sandbox;
+  /** @internal */
+  constructor(sandbox: Sandbox) {
+    this.#sb = sandbox;
+  }
+  /**
+   * Opens guest `port` (1-65535). Not `public` (the default): requests also need
+   * the owner's API key, which the guest never sees. An open port gets a new URL
+   * (the old one stops working).
+   */
+  expose(port: number, opts: ExposeOptions = {}): Promise<PortInfo> {
+    return this.#sb.json<PortInfo>("POST", "/ports", { json: { port, ttl: opts.ttl, public: opts.public ?? false } });
+  }
+  /** The open ports (expired ones are gone). */
+  async list(): Promise<PortInfo[]> {
+    return (await this.#sb.json<{ ports: PortInfo[] }>("GET", "/ports")).ports;
+  }
+  /** Closes `port` (its URLs answer 404): true, or false when it was not open. */
+  async close(port: number): Promise<boolean> {
+    try {
+      await this.#sb.request("DELETE", `/ports/${encodeURIComponent(String(port))}`);
+      return true;
+    } catch (e) {
+      if (e instanceof NotFound) return false;
+      throw e;
+    }
+  }
+  /**
+   * The URL of guest `port`: that of its open grant when it has one with the
+   * same `public`, else a new grant's ({@link Ports.expose}, which replaces a
+   * grant with the other `public`).
+   */
+  async getUrl(port: number, opts: ExposeOptions = {}): Promise<string> {
+    const pub = opts.public ?? false;
+    const open = (await this.list()).find((p) => p.port === port && p.public === pub);
+    return open ? open.url : (await this.expose(port, opts)).url;
+  }
+}
+
 /** Sessions started together (a fork, or several from one snapshot). */
 export interface StartedSandboxes {
   /** The copies that started. */
@@ -494,7 +580,7 @@ function started(client: Client, sessions: (SessionInfo | FailedCopy)[], owner?:
 const asyncDispose: typeof Symbol.asyncDispose =
   (Symbol as { asyncDispose?: typeof Symbol.asyncDispose }).asyncDispose ?? (Symbol.for("Symbol.asyncDispose") as typeof Symbol.asyncDispose);
 
-const CREATE_FIELDS = ["id", "template", "vcpus", "memoryMib", "diskMib", "ttl", "idleTimeout", "env", "egress", "onIdle", "pausedTtl", "fromSnapshot"] as const;
+const CREATE_FIELDS = ["id", "template", "vcpus", "memoryMib", "diskMib", "ttl", "idleTimeout", "env", "egress", "onIdle", "pausedTtl", "fromSnapshot", "secrets"] as const;
 
 /**
  * One session: a microVM of its own, destroyed by {@link Sandbox.kill} (or
@@ -515,6 +601,10 @@ export class Sandbox {
   readonly files: Files;
   readonly pty: Pty;
   readonly network: Network;
+  /** Injected secrets (credential placeholders). */
+  readonly secrets: Secrets;
+  /** Preview URLs of guest ports. */
+  readonly ports: Ports;
   readonly #owner: string | undefined;
 
   /** @internal Use {@link Sandbox.create} or {@link Sandbox.connect}. */
@@ -527,6 +617,8 @@ export class Sandbox {
     this.files = new Files(this);
     this.pty = new Pty(this);
     this.network = new Network(this);
+    this.secrets = new Secrets(this);
+    this.ports = new Ports(this);
   }
 
   /** Creates a session and answers once its sandbox is ready. */
@@ -589,6 +681,11 @@ export class Sandbox {
   /** Counts as activity: resets the idle timer. */
   keepalive(): Promise<SessionInfo> {
     return this.#update("POST", "/keepalive", true);
+  }
+
+  /** A URL that reaches guest `port` from outside: {@link Ports.getUrl}. */
+  getUrl(port: number, opts: ExposeOptions = {}): Promise<string> {
+    return this.ports.getUrl(port, opts);
   }
 
   /** Destroys the session and its sandbox: true, or false when it was already gone. */

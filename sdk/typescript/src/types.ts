@@ -24,6 +24,68 @@ export interface NetworkState {
   egress: Egress;
 }
 
+/**
+ * A credential the egress proxy injects (`secrets` of {@link SandboxCreateOptions},
+ * `sandbox.secrets.set`): the guest's commands get `name` set to a placeholder
+ * (`asbx-secret-<32 hex>`), never `value`; the proxy puts the value in place of
+ * the placeholder in the `header` of HTTPS requests to `hosts` (docs/api.md,
+ * "Injected secrets"). Needs per-session networking.
+ */
+export interface SecretSpec {
+  /** The environment variable holding the placeholder (`[A-Za-z_][A-Za-z0-9_]{0,63}`). */
+  name: string;
+  /** The credential (4 characters to 8192 bytes); never shown back. */
+  value: string;
+  /** Where the value may go: names (`api.example.com`) or `*.suffix` wildcards (1-16). */
+  hosts: string[];
+  /** The request header it goes into (default `Authorization`). */
+  header?: string;
+  /**
+   * The header's whole value, `{value}` standing for the secret (`"Bearer {value}"`);
+   * absent: the placeholder inside the header is replaced and the rest kept.
+   */
+  format?: string;
+}
+
+/** What the daemon shows of an injected secret: never its value. */
+export interface SecretInfo {
+  name: string;
+  hosts: string[];
+  /** The header it goes into (`Authorization` unless the secret named one). */
+  header: string;
+  format: string | null;
+  /** What the guest's `$NAME` holds: `asbx-secret-` and 32 hex digits. */
+  placeholder: string;
+}
+
+/** A guest port open to the outside through the daemon's preview listener. */
+export interface PortInfo {
+  sessionId: string;
+  port: number;
+  /** The path form, `<preview>/ports/<token>/` (the guest sees `/` and below). */
+  url: string;
+  /** `<token>.<preview domain>`, when the daemon has a `--preview-domain`. */
+  hostUrl?: string;
+  /**
+   * `true`: the URL alone reaches it. `false`: a request also needs the owner's
+   * API key (`Authorization: Bearer ...`, see `Client.authHeaders`), which the
+   * guest never sees.
+   */
+  public: boolean;
+  /** Ms since the epoch. */
+  createdAt: number;
+  /** Ms since the epoch; the URL answers 404 after it. */
+  expiresAt: number;
+}
+
+/** Options of `sandbox.ports.expose`. */
+export interface ExposeOptions {
+  /** How long the URL works (default 1 h, at most 24 h and the session's life). */
+  ttl?: Duration;
+  /** Reachable with the URL alone, without the API key (default false). */
+  public?: boolean;
+}
+
 /** What `POST /v1/sessions` takes (all optional). */
 export interface SandboxCreateOptions {
   /** Session id (`[A-Za-z0-9_-]{1,64}`); default: the daemon picks one. */
@@ -43,6 +105,8 @@ export interface SandboxCreateOptions {
   pausedTtl?: Duration;
   /** Start from this snapshot instead of a template. */
   fromSnapshot?: string;
+  /** Credentials the egress proxy injects; each command sees only placeholders (needs networking). */
+  secrets?: SecretSpec[];
 }
 
 /** A session as the daemon shows it. */
@@ -67,6 +131,8 @@ export interface SessionInfo {
   pausedAt?: number;
   pausedExpiresAt?: number;
   busy: boolean;
+  /** Its injected secrets (absent when it has none); never a value. */
+  secrets?: SecretInfo[];
 }
 
 /** What the command used, measured in the sandbox for it alone. */

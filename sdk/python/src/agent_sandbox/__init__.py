@@ -21,9 +21,11 @@ from .aio import (
     AsyncFiles,
     AsyncKeys,
     AsyncNetwork,
+    AsyncPorts,
     AsyncProcess,
     AsyncPty,
     AsyncSandbox,
+    AsyncSecrets,
     AsyncSnapshots,
     Opening,
 )
@@ -40,16 +42,19 @@ from .models import (
     FileStat,
     KeyRecord,
     Output,
+    PortInfo,
     ProcessInfo,
     ResourceUsage,
     RunLimits,
     RunResult,
+    Secret,
+    SecretInfo,
     SessionInfo,
     Snapshot,
     Started,
     Template,
 )
-from .sandbox import Client, Commands, Files, Keys, Network, Process, Pty, Sandbox, Snapshots, run
+from .sandbox import Client, Commands, Files, Keys, Network, Ports, Process, Pty, Sandbox, Secrets, Snapshots, run
 
 __version__ = "0.1.0"
 
@@ -62,6 +67,8 @@ __all__ = [
     "Pty",
     "Files",
     "Network",
+    "Secrets",
+    "Ports",
     "Keys",
     "Snapshots",
     "AsyncSandbox",
@@ -71,6 +78,8 @@ __all__ = [
     "AsyncPty",
     "AsyncFiles",
     "AsyncNetwork",
+    "AsyncSecrets",
+    "AsyncPorts",
     "AsyncKeys",
     "AsyncSnapshots",
     "Opening",
@@ -89,6 +98,9 @@ __all__ = [
     "EntryInfo",
     "FileStat",
     "Egress",
+    "Secret",
+    "SecretInfo",
+    "PortInfo",
     "SessionInfo",
     "FailedCopy",
     "Snapshot",

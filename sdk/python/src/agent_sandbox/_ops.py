@@ -19,9 +19,12 @@ from .models import (
     FailedCopy,
     FileStat,
     KeyRecord,
+    PortInfo,
     ProcessInfo,
     RunLimits,
     RunResult,
+    Secret,
+    SecretInfo,
     SessionInfo,
     Snapshot,
     Started,
@@ -34,6 +37,9 @@ Command = Union[str, Sequence[str]]
 Signal = Union[str, int]
 Duration = Union[int, float, str]
 """Seconds, or text like `30m`, `2h`, `250ms`."""
+SecretLike = Union[Secret, Mapping[str, Any]]
+"""A `Secret`, or a plain dict of its wire fields (`name`, `value`, `hosts`,
+`header`, `format`)."""
 
 # Margin over a command's own timeout for the HTTP read of its answer.
 _EXEC_MARGIN_S = 30.0
@@ -74,6 +80,7 @@ def create_body(
     paused_ttl: Optional[Duration] = None,
     from_snapshot: Optional[str] = None,
     count: Optional[int] = None,
+    secrets: Optional[Sequence[SecretLike]] = None,
 ) -> Json:
     return _drop_none(
         {
@@ -90,8 +97,16 @@ def create_body(
             "pausedTtl": paused_ttl,
             "fromSnapshot": from_snapshot,
             "count": count,
+            "secrets": secrets_wire(secrets) if secrets is not None else None,
         }
     )
+
+
+def secrets_wire(secrets: Sequence[SecretLike]) -> List[Json]:
+    """The wire list of `secrets` (a dict is sent as it is, a copy)."""
+    if isinstance(secrets, (str, bytes, Mapping, Secret)):
+        raise TypeError("secrets must be a list of Secret (or dicts), not a single one")
+    return [s.to_wire() if isinstance(s, Secret) else dict(s) for s in secrets]
 
 
 def create_session(body: Json) -> Call[SessionInfo]:
@@ -364,6 +379,44 @@ def set_network(session: str, egress: Egress) -> Call[Egress]:
         json=egress.to_wire(),
         idempotent=True,
     )
+
+
+# --- injected secrets ------------------------------------------------------------
+
+
+def _secret_list(r: httpx.Response) -> List[SecretInfo]:
+    return [SecretInfo.from_wire(d) for d in r.json()["secrets"]]
+
+
+def get_secrets(session: str) -> Call[List[SecretInfo]]:
+    return Call("GET", _s(session) + "/secrets", _secret_list, idempotent=True)
+
+
+def set_secrets(session: str, secrets: Sequence[SecretLike]) -> Call[List[SecretInfo]]:
+    # The whole set replaced: sending it again is the same set (same placeholders).
+    return Call("PUT", _s(session) + "/secrets", _secret_list, json={"secrets": secrets_wire(secrets)}, idempotent=True)
+
+
+# --- preview ports ------------------------------------------------------------------
+
+
+def expose_port(session: str, port: int, ttl: Optional[Duration], public: bool) -> Call[PortInfo]:
+    # Not retried: opening an open port again gives it a new token.
+    body: Json = _drop_none({"port": port, "ttl": ttl, "public": public})
+    return Call("POST", _s(session) + "/ports", lambda r: PortInfo.from_wire(r.json()), json=body)
+
+
+def list_ports(session: str) -> Call[List[PortInfo]]:
+    return Call(
+        "GET",
+        _s(session) + "/ports",
+        lambda r: [PortInfo.from_wire(d) for d in r.json()["ports"]],
+        idempotent=True,
+    )
+
+
+def close_port(session: str, port: int) -> Call[None]:
+    return Call("DELETE", f"{_s(session)}/ports/{int(port)}", _ok, idempotent=True)
 
 
 # --- one-shot runs --------------------------------------------------------------

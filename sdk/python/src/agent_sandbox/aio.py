@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import inspect
 from types import TracebackType
-from typing import Any, AsyncIterator, Callable, Coroutine, Dict, Generator, List, Mapping, Optional, Tuple, Type, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Dict,
+    Generator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import httpx
 
 from . import _ops as ops
 from ._core import AsyncTransport, Config, Retry
 from ._files import CHUNK, Sink, Source, async_chunks_of, async_write_sink, replayable, size_of
-from ._ops import Command, Duration, Signal
+from ._ops import Command, Duration, SecretLike, Signal
 from .models import (
     CommandResult,
     CreatedKey,
@@ -24,9 +38,11 @@ from .models import (
     FileStat,
     KeyRecord,
     Output,
+    PortInfo,
     ProcessInfo,
     RunLimits,
     RunResult,
+    SecretInfo,
     SessionInfo,
     Snapshot,
     Started,
@@ -42,6 +58,8 @@ __all__ = [
     "AsyncPty",
     "AsyncFiles",
     "AsyncNetwork",
+    "AsyncSecrets",
+    "AsyncPorts",
     "AsyncKeys",
     "AsyncSnapshots",
 ]
@@ -181,6 +199,8 @@ class AsyncSandbox:
         self.pty = AsyncPty(t, self.id)
         self.files = AsyncFiles(t, self.id)
         self.network = AsyncNetwork(t, self.id)
+        self.secrets = AsyncSecrets(t, self.id)
+        self.ports = AsyncPorts(t, self.id)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id!r})"
@@ -202,6 +222,7 @@ class AsyncSandbox:
         on_idle: Optional[str] = None,
         paused_ttl: Optional[Duration] = None,
         from_snapshot: Optional[str] = None,
+        secrets: Optional[Sequence[SecretLike]] = None,
         id: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
@@ -211,8 +232,11 @@ class AsyncSandbox:
 
         `ttl`, `idle_timeout`, `paused_ttl`: seconds or text (`"30m"`);
         `on_idle`: `"destroy"` (default) or `"pause"`; `from_snapshot`: a
-        snapshot id to start from instead of a template. Without `client`
-        the sandbox makes (and closes) its own from `url`/`api_key`.
+        snapshot id to start from instead of a template; `secrets`: a list
+        of `Secret` (or dicts) the egress proxy injects, each command seeing
+        only a placeholder (see `AsyncSecrets`; needs networking: else
+        `EgressNotApplied`). Without `client` the sandbox makes (and closes)
+        its own from `url`/`api_key`.
 
         Await it (`sbx = await AsyncSandbox.create()`) or enter it
         (`async with AsyncSandbox.create() as sbx:`).
@@ -234,6 +258,7 @@ class AsyncSandbox:
                 on_idle=on_idle,
                 paused_ttl=paused_ttl,
                 from_snapshot=from_snapshot,
+                secrets=secrets,
             )
             try:
                 info = await c._t.call(ops.create_session(body))
@@ -290,6 +315,10 @@ class AsyncSandbox:
         """Destroy the session and its sandbox: True if this call did, False
         if it was already gone (not an error)."""
         return await self._t.call(ops.delete_session(self.id))
+
+    async def get_url(self, port: int, *, public: bool = False, ttl: Optional[Duration] = None) -> str:
+        """A URL that reaches guest `port` from outside: `ports.get_url`."""
+        return await self.ports.get_url(port, public=public, ttl=ttl)
 
     async def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""
@@ -579,6 +608,53 @@ class AsyncNetwork:
         """Replace the policy (`EgressNotApplied` if it could not be; the old
         one stays)."""
         return await self._t.call(ops.set_network(self._s, egress))
+
+
+class AsyncSecrets:
+    """The session's injected secrets, as `Secrets` (awaited)."""
+
+    def __init__(self, t: AsyncTransport, session: str) -> None:
+        self._t, self._s = t, session
+
+    async def list(self) -> List[SecretInfo]:
+        """Names, hosts, headers and placeholders (never a value)."""
+        return await self._t.call(ops.get_secrets(self._s))
+
+    async def set(self, secrets: Sequence[SecretLike]) -> List[SecretInfo]:
+        """Replace the whole set, live (`[]`: none); see `Secrets.set`."""
+        return await self._t.call(ops.set_secrets(self._s, secrets))
+
+
+class AsyncPorts:
+    """Guest ports reached from outside (preview URLs), as `Ports` (awaited)."""
+
+    def __init__(self, t: AsyncTransport, session: str) -> None:
+        self._t, self._s = t, session
+
+    async def expose(self, port: int, ttl: Optional[Duration] = None, public: bool = False) -> PortInfo:
+        """Open guest `port`; see `Ports.expose`."""
+        return await self._t.call(ops.expose_port(self._s, port, ttl, public))
+
+    async def list(self) -> List[PortInfo]:
+        """The open ports (expired ones are gone)."""
+        return await self._t.call(ops.list_ports(self._s))
+
+    async def close(self, port: int) -> bool:
+        """Close `port`: True if this call closed it, False if it was not open."""
+        from .errors import NotFound
+
+        try:
+            await self._t.call(ops.close_port(self._s, port))
+            return True
+        except NotFound:
+            return False
+
+    async def get_url(self, port: int, *, public: bool = False, ttl: Optional[Duration] = None) -> str:
+        """The URL of guest `port`; see `Ports.get_url`."""
+        for p in await self.list():
+            if p.port == port and p.public == public:
+                return p.url
+        return (await self.expose(port, ttl, public)).url
 
 
 class AsyncKeys:

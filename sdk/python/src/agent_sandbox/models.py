@@ -23,6 +23,9 @@ __all__ = [
     "EntryInfo",
     "FileStat",
     "Egress",
+    "Secret",
+    "SecretInfo",
+    "PortInfo",
     "SessionInfo",
     "FailedCopy",
     "Snapshot",
@@ -293,6 +296,98 @@ class Egress:
 
 
 @dataclass
+class Secret:
+    """A credential the egress proxy injects (`Sandbox.create(secrets=)`,
+    `sbx.secrets.set`): the guest's commands get `name` set to a
+    placeholder (`asbx-secret-<32 hex>`), never `value`; the proxy puts the
+    value in place of the placeholder in the `header` of HTTPS requests to
+    `hosts` (docs/api.md, "Injected secrets"). Needs per-session networking.
+
+    Its `repr` leaves the value out.
+    """
+
+    name: str
+    """The environment variable holding the placeholder (`[A-Za-z_][A-Za-z0-9_]{0,63}`)."""
+    value: str = field(repr=False)
+    """The credential (4 characters to 8192 bytes); sent at create or set, never shown back."""
+    hosts: List[str]
+    """Where the value may go: names (`api.example.com`) or `*.suffix` wildcards (1-16)."""
+    header: Optional[str] = None
+    """The request header it goes into (None: `Authorization`)."""
+    format: Optional[str] = None
+    """The header's whole value, `{value}` standing for the secret (`"Bearer {value}"`);
+    None: the placeholder inside the header is replaced and the rest kept."""
+
+    def to_wire(self) -> Json:
+        d: Json = {"name": self.name, "value": self.value, "hosts": list(self.hosts)}
+        if self.header is not None:
+            d["header"] = self.header
+        if self.format is not None:
+            d["format"] = self.format
+        return d
+
+
+@dataclass
+class SecretInfo:
+    """What the daemon shows of an injected secret: never its value."""
+
+    name: str
+    hosts: List[str]
+    header: str
+    """The header it goes into (`Authorization` unless the secret named one)."""
+    placeholder: str
+    """What the guest's `$NAME` holds: `asbx-secret-` and 32 hex digits."""
+    format: Optional[str] = None
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "SecretInfo":
+        return cls(
+            name=d["name"],
+            hosts=list(d.get("hosts") or []),
+            header=d.get("header") or "Authorization",
+            placeholder=d.get("placeholder", ""),
+            format=d.get("format"),
+            raw=d,
+        )
+
+
+@dataclass
+class PortInfo:
+    """A guest port open to the outside through the daemon's preview
+    listener (`sbx.ports.expose`)."""
+
+    port: int
+    url: str
+    """The path form, `<preview>/ports/<token>/` (the guest sees `/` and below)."""
+    public: bool
+    """True: the URL alone reaches it. False: a request also needs the owner's
+    API key (`Authorization: Bearer ...`, `Client.config.headers()`), which the
+    guest never sees."""
+    expires_at: int
+    """Unix ms; the URL answers 404 after it."""
+    created_at: int = 0
+    """Unix ms."""
+    host_url: Optional[str] = None
+    """`<token>.<preview domain>`, when the daemon has a `--preview-domain`."""
+    session_id: str = ""
+    raw: Json = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, d: Json) -> "PortInfo":
+        return cls(
+            port=int(d["port"]),
+            url=d["url"],
+            public=bool(d.get("public", False)),
+            expires_at=int(d.get("expiresAt", 0)),
+            created_at=int(d.get("createdAt", 0)),
+            host_url=d.get("hostUrl"),
+            session_id=d.get("sessionId", ""),
+            raw=d,
+        )
+
+
+@dataclass
 class SessionInfo:
     """A session as the daemon shows it."""
 
@@ -316,6 +411,8 @@ class SessionInfo:
     paused_at: Optional[int] = None
     paused_expires_at: Optional[int] = None
     busy: bool = False
+    secrets: List[SecretInfo] = field(default_factory=list)
+    """Its injected secrets (names, hosts, placeholders; never a value)."""
     raw: Json = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -340,6 +437,7 @@ class SessionInfo:
             paused_at=d.get("pausedAt"),
             paused_expires_at=d.get("pausedExpiresAt"),
             busy=bool(d.get("busy", False)),
+            secrets=[SecretInfo.from_wire(x) for x in d.get("secrets") or []],
             raw=d,
         )
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import httpx
 
 from . import _ops as ops
 from ._core import Config, Retry, Transport
 from ._files import CHUNK, Sink, Source, chunks_of, replayable, size_of, write_sink
-from ._ops import Command, Duration, Signal
+from ._ops import Command, Duration, SecretLike, Signal
 from .models import (
     CommandResult,
     CreatedKey,
@@ -22,16 +22,31 @@ from .models import (
     FileStat,
     KeyRecord,
     Output,
+    PortInfo,
     ProcessInfo,
     RunLimits,
     RunResult,
+    SecretInfo,
     SessionInfo,
     Snapshot,
     Started,
     Template,
 )
 
-__all__ = ["run", "Client", "Sandbox", "Commands", "Process", "Pty", "Files", "Network", "Keys", "Snapshots"]
+__all__ = [
+    "run",
+    "Client",
+    "Sandbox",
+    "Commands",
+    "Process",
+    "Pty",
+    "Files",
+    "Network",
+    "Secrets",
+    "Ports",
+    "Keys",
+    "Snapshots",
+]
 
 OnOutput = Callable[[str], object]
 
@@ -162,6 +177,8 @@ class Sandbox:
         self.pty = Pty(t, self.id)
         self.files = Files(t, self.id)
         self.network = Network(t, self.id)
+        self.secrets = Secrets(t, self.id)
+        self.ports = Ports(t, self.id)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r})"
@@ -183,6 +200,7 @@ class Sandbox:
         on_idle: Optional[str] = None,
         paused_ttl: Optional[Duration] = None,
         from_snapshot: Optional[str] = None,
+        secrets: Optional[Sequence[SecretLike]] = None,
         id: Optional[str] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
@@ -192,8 +210,11 @@ class Sandbox:
 
         `ttl`, `idle_timeout`, `paused_ttl`: seconds or text (`"30m"`);
         `on_idle`: `"destroy"` (default) or `"pause"`; `from_snapshot`: a
-        snapshot id to start from instead of a template. Without `client`
-        the sandbox makes (and closes) its own from `url`/`api_key`.
+        snapshot id to start from instead of a template; `secrets`: a list
+        of `Secret` (or dicts) the egress proxy injects, each command seeing
+        only a placeholder (see `Secrets`; needs networking: else
+        `EgressNotApplied`). Without `client` the sandbox makes (and closes)
+        its own from `url`/`api_key`.
         """
         owns = client is None
         c = client or Client(url, api_key)
@@ -210,6 +231,7 @@ class Sandbox:
             on_idle=on_idle,
             paused_ttl=paused_ttl,
             from_snapshot=from_snapshot,
+            secrets=secrets,
         )
         try:
             info = c._t.call(ops.create_session(body))
@@ -264,6 +286,10 @@ class Sandbox:
         """Destroy the session and its sandbox: True if this call did, False
         if it was already gone (not an error)."""
         return self._t.call(ops.delete_session(self.id))
+
+    def get_url(self, port: int, *, public: bool = False, ttl: Optional[Duration] = None) -> str:
+        """A URL that reaches guest `port` from outside: `ports.get_url`."""
+        return self.ports.get_url(port, public=public, ttl=ttl)
 
     def close(self) -> None:
         """Close the connection this sandbox made (the session stays)."""
@@ -548,6 +574,82 @@ class Network:
         """Replace the policy (`EgressNotApplied` if it could not be; the old
         one stays)."""
         return self._t.call(ops.set_network(self._s, egress))
+
+
+class Secrets:
+    """The session's injected secrets (credentials the guest never holds).
+
+    Each command sees `NAME=asbx-secret-<32 hex>`, a placeholder; the egress
+    proxy replaces it with the value in the named header of HTTPS requests
+    to the secret's hosts, and refuses it (403) anywhere else. Values are
+    never shown back: `list` answers `SecretInfo`s.
+
+    ```python
+    sbx = Sandbox.create(secrets=[Secret("OPENAI_API_KEY", key, ["api.openai.com"], format="Bearer {value}")])
+    ```
+    """
+
+    def __init__(self, t: Transport, session: str) -> None:
+        self._t, self._s = t, session
+
+    def list(self) -> List[SecretInfo]:
+        """Names, hosts, headers and placeholders (never a value)."""
+        return self._t.call(ops.get_secrets(self._s))
+
+    def set(self, secrets: Sequence[SecretLike]) -> List[SecretInfo]:
+        """Replace the whole set, live (`[]`: none; a name kept keeps its
+        placeholder); the next command sees the new variables. A paused
+        session gets them when it resumes. `EgressNotApplied` without
+        per-session networking; `BadRequest` names a bad secret, never its
+        value."""
+        return self._t.call(ops.set_secrets(self._s, secrets))
+
+
+class Ports:
+    """Guest ports reached from outside through the daemon's preview
+    listener (`serve --preview-listen ADDR`; else `NotSupported`).
+
+    ```python
+    sbx.commands.start("python3 -m http.server 8000")
+    p = sbx.ports.expose(8000)
+    httpx.get(p.url, headers=sbx.client.config.headers())  # not public: the key too
+    ```
+    """
+
+    def __init__(self, t: Transport, session: str) -> None:
+        self._t, self._s = t, session
+
+    def expose(self, port: int, ttl: Optional[Duration] = None, public: bool = False) -> PortInfo:
+        """Open guest `port` (1-65535) for `ttl` (seconds or `"2h"`; default
+        1 h, at most 24 h and the session's life). `public=False`: requests
+        also need the owner's API key (`Authorization: Bearer`), which the
+        guest never sees; `public=True`: the URL alone. An open port gets a
+        new URL (the old one stops working)."""
+        return self._t.call(ops.expose_port(self._s, port, ttl, public))
+
+    def list(self) -> List[PortInfo]:
+        """The open ports (expired ones are gone)."""
+        return self._t.call(ops.list_ports(self._s))
+
+    def close(self, port: int) -> bool:
+        """Close `port`: its URLs answer 404 from now on. True if this call
+        closed it, False if it was not open (not an error)."""
+        from .errors import NotFound
+
+        try:
+            self._t.call(ops.close_port(self._s, port))
+            return True
+        except NotFound:
+            return False
+
+    def get_url(self, port: int, *, public: bool = False, ttl: Optional[Duration] = None) -> str:
+        """The URL of guest `port`: that of its open grant when it has one
+        with the same `public`, else a new grant's (`expose(port, ttl,
+        public)`, which replaces a grant with the other `public`)."""
+        for p in self.list():
+            if p.port == port and p.public == public:
+                return p.url
+        return self.expose(port, ttl, public).url
 
 
 class Keys:
