@@ -540,6 +540,22 @@ impl Watch {
         // Whatever the kernel queued up to now (the root's exit among it).
         let mut buf = vec![0u8; 64 * 1024];
         self.drain(&mut st, &mut buf);
+        // The kernel reports an exit after waking the parent: the root's
+        // exit event may trail its reaping by a moment.
+        let root = st.recs.get(&id).and_then(|r| r.root);
+        for _ in 0..50 {
+            let pending = root.is_some_and(|p| st.tracked.get(&p).is_some_and(|t| t.forked));
+            if !pending {
+                break;
+            }
+            let mut p = [libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let _ = super::super::sys::poll(&mut p, Some(Duration::from_millis(4)));
+            self.drain(&mut st, &mut buf);
+        }
         let mut notes = Vec::new();
         let Some(rec) = st.recs.remove(&id) else {
             return (Vec::new(), 0, notes);
