@@ -1372,3 +1372,92 @@ fn exec_limits_are_never_dropped_silently() {
     assert_eq!(u.source, proto::UsageSource::Rusage);
     assert!(u.memory_peak_bytes > 0, "{u:?}");
 }
+
+/// Audited execs with the agent as a plain process: the workspace is the
+/// scanned root, and the process tree comes from the host kernel's
+/// connector (the VM tests in `tests/vm_audit.rs` cover the guest's).
+#[test]
+fn audited_exec_reports_workspace_changes_and_its_processes() {
+    use proto::{FileChangeKind, ProcEventKind};
+    let a = TestAgent::start();
+    let c = a.client();
+    assert!(c.hello.capabilities.iter().any(|s| s == "exec.audit"));
+    let plain = c.exec(sh("echo x > plain.txt"), MAX).unwrap();
+    assert_eq!(plain.status.audit, None, "no flag, no record");
+    std::fs::write(a.workspace.join("old.txt"), "one\ntwo\n").unwrap();
+    let mut req = sh("echo hi > new.txt; echo three >> old.txt; rm plain.txt; ls / > /dev/null");
+    req.audit = true;
+    let out = c.exec(req, MAX).unwrap();
+    assert_eq!(out.status.code, Some(0));
+    let au = out.status.audit.expect("audit record");
+    assert!(au.files_tracked);
+    let ws = a
+        .workspace
+        .to_string_lossy()
+        .trim_end_matches('/')
+        .to_string();
+    let f = |name: &str| {
+        au.files
+            .iter()
+            .find(|f| f.path == format!("{ws}/{name}"))
+            .unwrap_or_else(|| panic!("no {name} in {:#?}", au.files))
+    };
+    let n = f("new.txt");
+    assert_eq!((n.change, n.size), (FileChangeKind::Created, Some(3)));
+    use sha2::Digest;
+    let want: String = sha2::Sha256::digest(b"hi\n")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(n.sha256.as_deref(), Some(want.as_str()));
+    assert!(n.diff.as_deref().unwrap().contains("+hi"));
+    let o = f("old.txt");
+    assert_eq!(o.change, FileChangeKind::Modified);
+    assert!(o.diff_unavailable, "written outside any audited exec");
+    assert_eq!(f("plain.txt").change, FileChangeKind::Deleted);
+    // Its next change has a diff: the agent kept the text.
+    let mut req = sh("echo four >> old.txt");
+    req.audit = true;
+    let au2 = c.exec(req, MAX).unwrap().status.audit.unwrap();
+    let d = au2.files[0].diff.as_deref().expect("diff from the cache");
+    assert!(d.contains(" three") && d.contains("+four"), "{d}");
+
+    let mut bg = sh("true");
+    bg.audit = true;
+    bg.background = true;
+    assert!(
+        c.exec(bg, MAX).is_err(),
+        "audit of a background exec is refused"
+    );
+
+    if !au.procs_tracked {
+        skip::not_checked(&format!("process events: {:?}", au.notes));
+        return;
+    }
+    let root = au
+        .procs
+        .iter()
+        .find(|e| e.kind == ProcEventKind::Fork && e.ppid == a.pid())
+        .unwrap_or_else(|| panic!("no fork by the agent in {:#?}", au.procs));
+    assert!(au.procs.iter().any(|e| e.kind == ProcEventKind::Exec
+        && e.pid == root.pid
+        && e.argv
+            .as_deref()
+            .unwrap_or_default()
+            .first()
+            .map(String::as_str)
+            == Some("/bin/sh")));
+    let ls = au
+        .procs
+        .iter()
+        .find(|e| {
+            e.kind == ProcEventKind::Exec
+                && e.argv.as_deref().unwrap_or_default() == ["ls".to_string(), "/".to_string()]
+        })
+        .unwrap_or_else(|| panic!("no exec of ls in {:#?}", au.procs));
+    assert_eq!(ls.ppid, root.pid);
+    assert!(au
+        .procs
+        .iter()
+        .any(|e| e.kind == ProcEventKind::Exit && e.pid == root.pid && e.exit_code == Some(0)));
+}
