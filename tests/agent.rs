@@ -1372,3 +1372,187 @@ fn exec_limits_are_never_dropped_silently() {
     assert_eq!(u.source, proto::UsageSource::Rusage);
     assert!(u.memory_peak_bytes > 0, "{u:?}");
 }
+
+/// Audited execs with the agent as a plain process: the workspace is the
+/// scanned root, and the process tree comes from the host kernel's
+/// connector (the VM tests in `tests/vm_audit.rs` cover the guest's).
+#[test]
+fn audited_exec_reports_workspace_changes_and_its_processes() {
+    use proto::{FileChangeKind, ProcEventKind};
+    let a = TestAgent::start();
+    let c = a.client();
+    assert!(c.hello.capabilities.iter().any(|s| s == "exec.audit"));
+    let plain = c.exec(sh("echo x > plain.txt"), MAX).unwrap();
+    assert_eq!(plain.status.audit, None, "no flag, no record");
+    std::fs::write(a.workspace.join("old.txt"), "one\ntwo\n").unwrap();
+    let mut req = sh("echo hi > new.txt; echo three >> old.txt; rm plain.txt; ls / > /dev/null");
+    req.audit = true;
+    let out = c.exec(req, MAX).unwrap();
+    assert_eq!(out.status.code, Some(0));
+    let au = out.status.audit.expect("audit record");
+    assert!(au.files_tracked);
+    let ws = a
+        .workspace
+        .to_string_lossy()
+        .trim_end_matches('/')
+        .to_string();
+    let f = |name: &str| {
+        au.files
+            .iter()
+            .find(|f| f.path == format!("{ws}/{name}"))
+            .unwrap_or_else(|| panic!("no {name} in {:#?}", au.files))
+    };
+    let n = f("new.txt");
+    assert_eq!((n.change, n.size), (FileChangeKind::Created, Some(3)));
+    use sha2::Digest;
+    let want: String = sha2::Sha256::digest(b"hi\n")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(n.sha256.as_deref(), Some(want.as_str()));
+    assert!(n.diff.as_deref().unwrap().contains("+hi"));
+    let o = f("old.txt");
+    assert_eq!(o.change, FileChangeKind::Modified);
+    assert!(o.diff_unavailable, "written outside any audited exec");
+    assert_eq!(f("plain.txt").change, FileChangeKind::Deleted);
+    // Its next change has a diff: the agent kept the text.
+    let mut req = sh("echo four >> old.txt");
+    req.audit = true;
+    let au2 = c.exec(req, MAX).unwrap().status.audit.unwrap();
+    let d = au2.files[0].diff.as_deref().expect("diff from the cache");
+    assert!(d.contains(" three") && d.contains("+four"), "{d}");
+
+    let mut bg = sh("true");
+    bg.audit = true;
+    bg.background = true;
+    assert!(
+        c.exec(bg, MAX).is_err(),
+        "audit of a background exec is refused"
+    );
+
+    if !au.procs_tracked {
+        skip::not_checked(&format!("process events: {:?}", au.notes));
+        return;
+    }
+    let root = au
+        .procs
+        .iter()
+        .find(|e| e.kind == ProcEventKind::Fork && e.ppid == a.pid())
+        .unwrap_or_else(|| panic!("no fork by the agent in {:#?}", au.procs));
+    assert!(au.procs.iter().any(|e| e.kind == ProcEventKind::Exec
+        && e.pid == root.pid
+        && e.argv
+            .as_deref()
+            .unwrap_or_default()
+            .first()
+            .map(String::as_str)
+            == Some("/bin/sh")));
+    let ls = au
+        .procs
+        .iter()
+        .find(|e| {
+            e.kind == ProcEventKind::Exec
+                && e.argv.as_deref().unwrap_or_default() == ["ls".to_string(), "/".to_string()]
+        })
+        .unwrap_or_else(|| panic!("no exec of ls in {:#?}", au.procs));
+    assert_eq!(ls.ppid, root.pid);
+    assert!(au
+        .procs
+        .iter()
+        .any(|e| e.kind == ProcEventKind::Exit && e.pid == root.pid && e.exit_code == Some(0)));
+}
+
+/// The host holds a guest's audit record to the documented limits, whatever
+/// the agent sent (a hostile agent ignoring them within one frame).
+#[test]
+fn the_host_bounds_an_audit_record_from_the_guest() {
+    use agent_sandbox::agent::AgentClient;
+    use proto::audit::limits;
+    use proto::{ExecAudit, ExitStatus, FileChange, FileChangeKind, ProcEvent, ProcEventKind};
+    let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
+    let hostile = std::thread::spawn(move || {
+        let mut r = FrameReader::new(guest.try_clone().unwrap());
+        let f = r.read_frame().unwrap().expect("the host's hello");
+        let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+        let reply = Hello {
+            version: h.version,
+            min_version: 1,
+            nonce: h.nonce,
+            software: "hostile/0".into(),
+            capabilities: vec!["exec".into(), "exec.audit".into()],
+            max_payload: 1 << 20,
+            restored: None,
+        };
+        (&guest)
+            .write_all(&encode_json(Kind::Hello, 0, &reply))
+            .unwrap();
+        let req = r.read_frame().unwrap().expect("the exec");
+        let ev = ProcEvent {
+            kind: ProcEventKind::Exec,
+            pid: 2,
+            ppid: 1,
+            t_ms: 0,
+            argv: Some(vec!["a".repeat(300); 20]),
+            argv_truncated: false,
+            uid: Some(0),
+            euid: None,
+            exit_code: None,
+            signal: None,
+        };
+        let file = FileChange {
+            path: "/p".repeat(600),
+            path_truncated: false,
+            change: FileChangeKind::Modified,
+            file_type: FileType::File,
+            size: Some(1),
+            sha256: Some("zz".into()),
+            diff: Some("+line\n".repeat(3000)),
+            diff_truncated: false,
+            diff_unavailable: false,
+        };
+        // Big strings in the first of each only: all of it in one frame.
+        let mut small_ev = ev.clone();
+        small_ev.argv = Some(vec!["x".into()]);
+        let mut procs = vec![small_ev; limits::MAX_PROC_EVENTS + 50];
+        procs[0] = ev;
+        let mut small_file = file.clone();
+        (small_file.path, small_file.diff) = ("/q".into(), None);
+        let mut files = vec![small_file; limits::MAX_FILES + 10];
+        files[0] = file;
+        let audit = ExecAudit {
+            procs,
+            procs_tracked: true,
+            files,
+            files_tracked: true,
+            notes: vec!["n".repeat(1000); 30],
+            ..ExecAudit::default()
+        };
+        let st = ExitStatus {
+            code: Some(0),
+            audit: Some(audit),
+            ..Default::default()
+        };
+        let frame = encode_json(Kind::Response, req.header.id, &Response::Exited(st));
+        assert!(frame.len() <= proto::MAX_PAYLOAD, "{} bytes", frame.len());
+        (&guest).write_all(&frame).unwrap();
+    });
+    let c = AgentClient::connect(host, Duration::from_secs(10)).expect("hello");
+    let mut req = argv(&["true"]);
+    req.audit = true;
+    let out = c.exec(req, MAX).expect("exec");
+    hostile.join().unwrap();
+    let a = out.status.audit.expect("audit");
+    assert_eq!(a.procs.len(), limits::MAX_PROC_EVENTS);
+    assert_eq!(a.procs_dropped, 50);
+    let argv = a.procs[0].argv.as_ref().unwrap();
+    assert_eq!(argv.len(), limits::MAX_ARGV);
+    assert!(argv.iter().all(|s| s.len() <= limits::MAX_ARG_BYTES));
+    assert!(a.procs[0].argv_truncated);
+    assert_eq!((a.files.len(), a.files_dropped), (limits::MAX_FILES, 10));
+    let f = &a.files[0];
+    assert!(f.path.len() <= limits::MAX_PATH_BYTES && f.path_truncated);
+    assert!(f.diff.as_ref().unwrap().len() <= limits::MAX_DIFF_BYTES && f.diff_truncated);
+    assert_eq!(f.sha256, None, "not a sha256");
+    assert_eq!(a.notes.len(), limits::MAX_NOTES);
+    assert!(a.notes.iter().all(|n| n.len() <= limits::MAX_NOTE_BYTES));
+}

@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read};
 
+pub mod audit;
 pub mod signal;
+pub use audit::{ExecAudit, FileChange, FileChangeKind, ProcEvent, ProcEventKind};
 pub use signal::Signal;
 
 /// Protocol version spoken by this build. The hello exchange picks the
@@ -350,6 +352,12 @@ pub struct RestoreFixup {
 /// ignore them and run the command unlimited).
 pub const CAP_EXEC_LIMITS: &str = "exec.limits";
 
+/// The agent honours [`ExecRequest::audit`]: the exec's process tree and
+/// file changes come back in [`ExitStatus::audit`]. An older agent ignores
+/// the flag (and sends no audit), so a host that needs the record checks
+/// for this first.
+pub const CAP_EXEC_AUDIT: &str = "exec.audit";
+
 /// Capabilities the agent announces in its hello.
 pub const CAPABILITIES: &[&str] = &[
     "exec",
@@ -359,6 +367,7 @@ pub const CAPABILITIES: &[&str] = &[
     CAP_EXEC_LIMITS,
     // ExitStatus::usage / oom_killed.
     "exec.usage",
+    CAP_EXEC_AUDIT,
     "files",
     "restore",
     "shutdown",
@@ -525,6 +534,11 @@ pub struct ExecRequest {
     /// requirement as `memory_max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_max_us: Option<u64>,
+    /// Record what the exec did in the guest (process tree, file changes)
+    /// and return it in [`ExitStatus::audit`]. Foreground execs only. Off:
+    /// nothing is tracked and nothing costs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -600,6 +614,11 @@ pub struct ExitStatus {
     /// (`memory.events`). Only known with per-exec cgroups.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub oom_killed: bool,
+    /// What the exec did, for an exec run with [`ExecRequest::audit`].
+    /// Reported by the agent inside the guest: see `docs/security.md` for
+    /// what it can be trusted for. Bounded ([`audit`] limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<ExecAudit>,
 }
 
 /// Resources one exec used, from its own cgroup when it has one.

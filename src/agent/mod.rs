@@ -1125,7 +1125,14 @@ fn route(shared: &Shared, f: Frame) -> std::result::Result<(), String> {
             Inbound::Event(ev)
         }
         Kind::Response => {
-            let r = serde_json::from_slice(&f.payload).map_err(|e| format!("bad response: {e}"))?;
+            let mut r: Response =
+                serde_json::from_slice(&f.payload).map_err(|e| format!("bad response: {e}"))?;
+            // An audit record comes from the guest: held to the documented
+            // limits whatever the agent did (the frame limit already caps
+            // its size in memory).
+            if let Response::Exited(ExitStatus { audit: Some(a), .. }) = &mut r {
+                a.bound();
+            }
             let rt = routes.remove(&id);
             if let Some(rt) = rt {
                 let _ = rt.tx.send(Inbound::Response(r));

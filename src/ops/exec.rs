@@ -178,6 +178,9 @@ impl ExecSpec {
             notify_start: true,
             memory_max: None,
             cpu_max_us: None,
+            // Set by the caller on `Prepared::req` for an audited exec
+            // (the record comes back in the exit status's `audit`).
+            audit: false,
         };
         Ok(Prepared {
             req,

@@ -378,6 +378,15 @@ pub fn start(
             return None;
         }
     };
+    if e.audit && e.background {
+        req.fail(invalid(
+            "audit is for foreground execs: the record comes with the exec's answer",
+        ));
+        return None;
+    }
+    // Before the spawn: the "before" scan, and subscribed to process
+    // events before the process exists.
+    let audit = e.audit.then(|| super::audit::begin(&agent.workspace));
     let spec = spawn_spec(&prep, &io, &e);
     let started = Instant::now();
     let super::spawn::Spawned { pid, cgroup, pidfd } = match spawn(&spec) {
@@ -391,6 +400,9 @@ pub fn start(
         }
     };
     io.child.clear();
+    if let Some(a) = &audit {
+        a.spawned(pid);
+    }
     let proc = Arc::new(Proc {
         id: agent.procs.next_id(),
         pid,
@@ -416,6 +428,7 @@ pub fn start(
     let mut pump = Pump {
         pidfd: pidfd.or_else(|| sys::pidfd_open(pid)),
         cgroup,
+        audit,
         agent: agent.clone(),
         proc: proc.clone(),
         outs: io.outs,
@@ -463,6 +476,8 @@ struct Pump {
     /// The exec's own cgroup (PID 1 with user limits): removed with the
     /// pump, killed with the group.
     cgroup: Option<super::spawn::ExecCgroup>,
+    /// Set for an audited exec: its record goes into the exit status.
+    audit: Option<super::audit::Session>,
     agent: Arc<Agent>,
     proc: Arc<Proc>,
     outs: [Option<OwnedFd>; 2],
@@ -540,6 +555,9 @@ impl Pump {
                 }
             }
             None => status.usage = self.rusage,
+        }
+        if let Some(a) = self.audit.take() {
+            status.audit = Some(a.finish());
         }
         let mut st = lock(&self.proc.state);
         st.exit = Some(status);

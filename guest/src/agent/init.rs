@@ -352,6 +352,15 @@ fn overlay_root(size: &str) -> io::Result<()> {
     // SAFETY: valid path.
     cvt(unsafe { libc::chroot(root.as_ptr()) }).map_err(|e| ctx(e, "chroot"))?;
     std::env::set_current_dir("/").map_err(|e| ctx(e, "chdir /"))?;
+    // Audited execs compare scans of the upper dir and read the image's
+    // files: neither is reachable by path once the old root's entry goes.
+    match (
+        std::fs::File::open("/mnt/run/ov/upper"),
+        std::fs::File::open("/mnt"),
+    ) {
+        (Ok(upper), Ok(lower)) => super::audit::set_overlay(upper.into(), lower.into()),
+        (Err(e), _) | (_, Err(e)) => log::warn!("overlay layers for audits: {e}"),
+    }
     // The old root stays alive as the overlay's lower layer; only its
     // mount-tree entry goes.
     let mnt = cstring("/mnt", "")?;

@@ -1,6 +1,7 @@
 //! The guest agent: PID 1 of every sandbox VM (or an ordinary process in
 //! tests). Accepts host connections and serves protocol requests.
 
+pub mod audit;
 pub mod conn;
 mod exec;
 mod files;

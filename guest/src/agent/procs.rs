@@ -118,7 +118,12 @@ impl Proc {
             background: self.background,
             pty: self.pty,
             started_unix_ms: self.started_unix_ms,
-            exit: lock(&self.state).exit.clone(),
+            // Without the audit record: a listing of many processes would
+            // not fit one frame with theirs (the exec's answer carries it).
+            exit: lock(&self.state).exit.clone().map(|mut e| {
+                e.audit = None;
+                e
+            }),
         }
     }
 }
@@ -267,6 +272,7 @@ pub fn exit_status(raw: i32, started: Instant, timed_out: bool) -> ExitStatus {
         duration_us: started.elapsed().as_micros() as u64,
         usage: None,
         oom_killed: false,
+        audit: None,
     }
 }
 
