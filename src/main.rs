@@ -71,6 +71,26 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// Sessions' audit logs.
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Check the hash chain of FILE... (one session's files in chain
+    /// order: rotated `<session>.<n>.jsonl` by n, then `<session>.jsonl`).
+    /// Exit 0 with a summary line, 1 naming the first broken record.
+    Verify {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// `SEQ HASH` or `HASH` (the `Audit-Head` the daemon answered
+        /// with): the chain must contain it, which shows a cut-off tail.
+        #[arg(long)]
+        head: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -606,11 +626,31 @@ fn main() -> ExitCode {
         } => admin_config(config.as_deref(), state_dir, backend)
             .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
         Cmd::Mcp(a) => mcp(a),
+        Cmd::Audit {
+            cmd: AuditCmd::Verify { files, head },
+        } => return audit_verify(&files, head.as_deref()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agent-sandbox: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn audit_verify(files: &[PathBuf], head: Option<&str>) -> ExitCode {
+    let head = head.map(|h| h.split_whitespace().last().unwrap_or(h));
+    match agent_sandbox::audit::verify::verify(files, head) {
+        Ok(s) => {
+            println!(
+                "ok: {} records, seq {}..{}, head {}",
+                s.records, s.first_seq, s.last_seq, s.head
+            );
+            ExitCode::SUCCESS
+        }
+        Err(b) => {
+            eprintln!("agent-sandbox audit verify: {b}");
             ExitCode::FAILURE
         }
     }

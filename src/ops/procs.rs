@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Keystrokes kept per `pty_input` audit record.
+pub const AUDIT_PTY_BYTES: usize = 4096;
+
 /// What `KillAll` found.
 #[derive(Debug, Clone, Copy)]
 pub struct Killed {
@@ -154,14 +157,46 @@ impl Ops {
         Ok(r)
     }
 
+    /// A PTY's keystrokes (masked like output, at most
+    /// [`AUDIT_PTY_BYTES`] per record) or a plain process's input size.
+    fn audit_stdin(&self, s: &Session, info: &ProcInfo, data: &[u8], eof: bool) {
+        let log = self.audit();
+        if !log.is_enabled() {
+            return;
+        }
+        if info.pty {
+            let injected = s.secret_values();
+            let mut m = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
+            let masked = m.mask_all(data);
+            let kept = &masked[..masked.len().min(AUDIT_PTY_BYTES)];
+            log.record(
+                &s.owner,
+                &s.id,
+                "pty_input",
+                json!({
+                    "proc": info.proc, "data": String::from_utf8_lossy(kept),
+                    "bytes": data.len(), "truncated": kept.len() < masked.len(), "eof": eof,
+                }),
+            );
+        } else {
+            log.record(
+                &s.owner,
+                &s.id,
+                "stdin",
+                json!({"proc": info.proc, "bytes": data.len(), "eof": eof}),
+            );
+        }
+    }
+
     /// Writes `data` (then EOF if `eof`) to process `proc`'s stdin; an
     /// unknown process is refused first.
     pub fn stdin(&self, s: &Arc<Session>, proc: u64, data: &[u8], eof: bool) -> OpsResult<()> {
         let _a = s.activity();
-        self.proc_info(s, proc)?;
+        let info = self.proc_info(s, proc)?;
         let mut r = self.attach(s, proc, true, false)?;
         r.set_what("stdin");
         r.send_input(data, eof)?;
+        self.audit_stdin(s, &info, data, eof);
         // A quick look for an immediate failure (unknown process).
         match r.poll(Duration::from_millis(20)) {
             Err(e @ OpsError::Agent { .. }) => Err(e),
