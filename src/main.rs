@@ -334,6 +334,36 @@ struct ServeArgs {
     /// `https://preview.example.com` [http://<preview-listen>].
     #[arg(long, value_name = "URL")]
     preview_url: Option<String>,
+    /// The audit log (docs/security.md, "Audit log") [on].
+    #[arg(long, value_parser = ["on", "off"])]
+    audit: Option<String>,
+    /// Where the audit files go [<state dir>/audit].
+    #[arg(long, value_name = "PATH")]
+    audit_dir: Option<PathBuf>,
+    /// A session's current audit file is rotated past this size [16777216].
+    #[arg(long, value_name = "BYTES")]
+    audit_rotate_bytes: Option<u64>,
+    /// Audit files older than this are removed: `30d`, `12h` [30d].
+    #[arg(long, value_parser = dur)]
+    audit_retention: Option<Duration>,
+    /// All audit files together are kept under this [4294967296].
+    #[arg(long, value_name = "BYTES")]
+    audit_retention_bytes: Option<u64>,
+    /// One session's audit files end (a `truncated` record) at [268435456].
+    #[arg(long, value_name = "BYTES")]
+    audit_max_session_bytes: Option<u64>,
+    /// Process, file, stdin, PTY and egress records per second and session [200].
+    #[arg(long)]
+    audit_rate: Option<f64>,
+    /// ... and their burst [2000].
+    #[arg(long)]
+    audit_burst: Option<f64>,
+    /// Also every record as an RFC 5424 datagram to /dev/log [off].
+    #[arg(long)]
+    audit_syslog: bool,
+    /// Also every record POSTed as NDJSON to this URL [none].
+    #[arg(long, value_name = "URL")]
+    audit_http_url: Option<String>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -531,6 +561,28 @@ fn serve_config_with(
     if a.preview_url.is_some() {
         c.preview_url = a.preview_url.clone();
     }
+    if let Some(v) = &a.audit {
+        c.audit.enabled = v == "on";
+    }
+    if a.audit_dir.is_some() {
+        c.audit.dir = a.audit_dir.clone();
+    }
+    if let Some(d) = a.audit_retention {
+        c.audit.retention_secs = d.as_secs();
+    }
+    if a.audit_syslog {
+        c.audit.syslog = true;
+    }
+    if a.audit_http_url.is_some() {
+        c.audit.http_url = a.audit_http_url.clone();
+    }
+    flag!(
+        audit_rotate_bytes => c.audit.rotate_bytes,
+        audit_retention_bytes => c.audit.retention_bytes,
+        audit_max_session_bytes => c.audit.max_session_bytes,
+        audit_rate => c.audit.rate_per_sec,
+        audit_burst => c.audit.rate_burst,
+    );
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {
         None

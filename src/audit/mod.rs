@@ -33,6 +33,16 @@ use std::time::Duration;
 
 pub use chain::GENESIS;
 
+/// (owner, session): one file set.
+pub(crate) type Key = (String, String);
+/// The last record per file set: (seq, hash).
+pub(crate) type Heads = Arc<Mutex<HashMap<Key, (u64, String)>>>;
+/// The metric family drops are counted in (`metrics.audit_dropped`).
+pub type DropMetric = prometheus_client::metrics::family::Family<
+    Vec<(&'static str, String)>,
+    prometheus_client::metrics::counter::Counter,
+>;
+
 /// Audit settings: the `audit` section of the config file (every key
 /// optional) and the `--audit*` flags of `serve`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -157,17 +167,12 @@ struct Inner {
     tx: Sender<Msg>,
     dir: PathBuf,
     /// Drops per (owner, session) since the writer last looked.
-    drops: Mutex<HashMap<(String, String), u64>>,
+    drops: Mutex<HashMap<Key, u64>>,
     counters: Arc<Counters>,
     /// The last written record per session file set: (seq, hash).
-    heads: Arc<Mutex<HashMap<(String, String), (u64, String)>>>,
+    heads: Heads,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    metric: Option<
-        prometheus_client::metrics::family::Family<
-            Vec<(&'static str, String)>,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    >,
+    metric: Option<DropMetric>,
 }
 
 /// The handle every layer records through. `Log::disabled()` (also the
@@ -223,16 +228,7 @@ impl Log {
 
     /// Starts the writer (and the sinks) for `s`, files under `dir`;
     /// `metrics`: the family drops are counted in (label `where`).
-    pub fn start(
-        s: &Settings,
-        dir: PathBuf,
-        metric: Option<
-            prometheus_client::metrics::family::Family<
-                Vec<(&'static str, String)>,
-                prometheus_client::metrics::counter::Counter,
-            >,
-        >,
-    ) -> Result<Log, String> {
+    pub fn start(s: &Settings, dir: PathBuf, metric: Option<DropMetric>) -> Result<Log, String> {
         if !s.enabled {
             return Ok(Log::disabled());
         }
@@ -359,7 +355,7 @@ impl Log {
     }
 
     /// Takes the per-session drop counts (the writer's side).
-    fn take_drops(inner: &Inner) -> HashMap<(String, String), u64> {
+    fn take_drops(inner: &Inner) -> HashMap<Key, u64> {
         std::mem::take(&mut *crate::sync::lock(&inner.drops))
     }
 }

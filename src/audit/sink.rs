@@ -21,11 +21,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-type Key = (String, String);
-type Metric = prometheus_client::metrics::family::Family<
-    Vec<(&'static str, String)>,
-    prometheus_client::metrics::counter::Counter,
->;
+use super::Key;
+type Metric = super::DropMetric;
 
 pub const BATCH: usize = 256;
 pub const LINGER: Duration = Duration::from_millis(200);

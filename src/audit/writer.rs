@@ -11,14 +11,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-type Key = (String, String);
-type Metric = prometheus_client::metrics::family::Family<
-    Vec<(&'static str, String)>,
-    prometheus_client::metrics::counter::Counter,
->;
+use super::Key;
+type Metric = super::DropMetric;
 
 /// fsync at least this often while records come in ...
 const SYNC_EVERY: Duration = Duration::from_millis(100);
@@ -118,7 +115,7 @@ pub(super) struct Writer {
     s: Settings,
     dir: PathBuf,
     counters: Arc<Counters>,
-    heads: Arc<Mutex<HashMap<Key, (u64, String)>>>,
+    heads: super::Heads,
     sinks: Sinks,
     metric: Option<Metric>,
     open: HashMap<Key, State>,
@@ -135,7 +132,7 @@ impl Writer {
         s: Settings,
         dir: PathBuf,
         counters: Arc<Counters>,
-        heads: Arc<Mutex<HashMap<Key, (u64, String)>>>,
+        heads: super::Heads,
         sinks: Sinks,
         metric: Option<Metric>,
     ) -> Writer {
