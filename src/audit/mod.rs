@@ -191,6 +191,25 @@ impl std::fmt::Debug for Log {
     }
 }
 
+/// A [`Log`] bound to one session: what a layer that knows only its
+/// sandbox (the egress proxy) records through.
+#[derive(Clone, Debug)]
+pub struct Tag {
+    pub log: Log,
+    pub owner: String,
+    pub session: String,
+}
+
+impl Tag {
+    pub fn record(&self, kind: &'static str, fields: Value) {
+        self.log.record(&self.owner, &self.session, kind, fields)
+    }
+}
+
+/// Where a sandbox's layers find the session they record for (set when a
+/// session takes the sandbox; empty while it waits in a pool).
+pub type Slot = Arc<Mutex<Option<Tag>>>;
+
 /// Unix time in ms.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -415,6 +415,7 @@ impl Net {
             peer_addr,
             slot,
             ctl: Mutex::new(None),
+            audit: Default::default(),
             done: false,
         };
         match self.setup(&mut s, policy, fault, owner) {
@@ -554,7 +555,7 @@ impl Net {
             ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
         }
         if firewall::proxied(policy) {
-            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None)?);
+            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None, &s.audit)?);
         }
         drop(g);
         drop(ns);
@@ -636,6 +637,8 @@ pub struct SessionNet {
     slot: usize,
     /// What live policy changes work with; `None` once torn down.
     ctl: Mutex<Option<Ctl>>,
+    /// The session its proxies record egress decisions for.
+    audit: crate::audit::Slot,
     done: bool,
 }
 
@@ -752,6 +755,7 @@ impl Inner {
         ns: &File,
         p: &NetPolicy,
         inject: Option<Arc<inject::Injection>>,
+        audit: &crate::audit::Slot,
     ) -> Result<Proxy> {
         let cfg = &self.cfg;
         let pc = ProxyConfig {
@@ -766,7 +770,7 @@ impl Inner {
             exceptions: cfg.allow_exceptions.clone(),
             upstream_tls: self.upstream_tls.clone(),
         };
-        Proxy::start(id, ns, pc, gate(p), inject)
+        Proxy::start(id, ns, pc, gate(p), inject, audit.clone())
     }
 }
 
@@ -914,7 +918,13 @@ impl SessionNet {
         match (&ctl.proxy, want) {
             (None, true) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.proxy = Some(self.net.start_proxy(&self.id, &ns, p, ctl.inject.clone())?);
+                ctl.proxy = Some(self.net.start_proxy(
+                    &self.id,
+                    &ns,
+                    p,
+                    ctl.inject.clone(),
+                    &self.audit,
+                )?);
             }
             (Some(_), false) => ctl.proxy = None,
             (Some(px), true) => {
@@ -979,6 +989,12 @@ impl SessionNet {
         let c = GuestConnector::start(&self.id, &ns, self.net.cfg.guest_addr())?;
         ctl.connector = Some(c.clone());
         Ok(c)
+    }
+
+    /// The session whose audit log the proxy's egress decisions go to
+    /// (`None`: none, while the network waits in a pool).
+    pub fn set_audit(&self, tag: Option<crate::audit::Tag>) {
+        *lock(&self.audit) = tag;
     }
 
     /// What the inspection proxy did, while it runs.

@@ -580,6 +580,7 @@ impl Manager {
             store: self.checkpoints.clone(),
             guest_cas: self.guest_cas.clone(),
             admit: Box::new(move |s| me2.admit_resume(s)),
+            audit: self.audit().clone(),
         }
     }
 
