@@ -410,6 +410,16 @@ impl ExecAudit {
         self.log.record(&self.owner, &self.session, "exit", r);
     }
 
+    /// One record of what the guest says the command did (`proc`, `file`):
+    /// the exec's process id added; the kind's rate limit applies.
+    fn guest(&self, kind: &'static str, mut fields: Value) {
+        if let Some(m) = fields.as_object_mut() {
+            m.insert("exec".into(), json!(self.proc));
+            m.insert("reportedBy".into(), json!("guest"));
+        }
+        self.log.record(&self.owner, &self.session, kind, fields);
+    }
+
     /// The call ended without an exit seen: an error, a background start,
     /// or its client went away (a foreground command is killed then).
     fn ended(&mut self, outcome: &str, error: Option<String>) {
@@ -483,6 +493,18 @@ impl Running {
             t0: Instant::now(),
             done: false,
         });
+    }
+
+    /// Records one guest-reported event of this command in the session's
+    /// audit log: `kind` `"proc"` (a process of the tree it grew) or
+    /// `"file"` (a file it changed), `fields` the event's JSON object. The
+    /// record gets `exec` (this command's process id) and `reportedBy:
+    /// "guest"`; both kinds are rate-limited per session (summarised when
+    /// over). Does nothing for a call that is not an audited command.
+    pub fn audit_guest(&self, kind: &'static str, fields: Value) {
+        if let Some(a) = &self.audit {
+            a.guest(kind, fields);
+        }
     }
 
     /// Renames the call for the errors that follow.
