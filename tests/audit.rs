@@ -320,6 +320,14 @@ fn a_local_session_is_audited_and_read_back() {
         .all(|r| r["key"] == owner && r["status"].is_u64()));
     let create = api.iter().find(|r| r["route"] == "/v1/sessions").unwrap();
     assert_eq!(create["status"], 201);
+    assert_eq!(create["params"]["body"]["id"], "au", "{create}");
+    // The body's parameters, env values reduced to their names.
+    let e = api
+        .iter()
+        .find(|r| r["params"]["body"]["argv"][0] == "sh")
+        .expect("the exec's api record");
+    assert_eq!(e["params"]["body"]["env"], json!(["AUDIT_ENV"]));
+    assert_eq!(e["params"]["body"]["stdin"]["leftOut"], true);
 
     let execs = of(&recs, "exec");
     let first = execs

@@ -239,6 +239,38 @@ impl ApiAudit {
     }
 }
 
+/// A JSON body's parameters for the record (`ops::audit::audited`: no
+/// secret values, env values or file contents), read ahead and handed to
+/// the handler again. Bodies that are file contents or stdin (uploads,
+/// the seed write, stdin) are not read here: their size is the header's.
+fn audited_body(
+    ctx: &Ctx,
+    req: &mut httpd::Request,
+    pattern: &str,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    let raw = pattern.ends_with("/files/content")
+        || pattern.ends_with("/stdin")
+        || pattern == "/exec/{session}/write";
+    let json =
+        http::header(req, "content-type").is_none_or(|c| c.to_ascii_lowercase().contains("json"));
+    let m = req.method().to_ascii_uppercase();
+    if raw || !json || !(m == "POST" || m == "PUT" || m == "PATCH") {
+        return Ok(req
+            .body_length()
+            .filter(|n| *n > 0)
+            .map(|n| serde_json::json!({"leftOut": true, "bytes": n})));
+    }
+    let body = http::read_body(req, ctx.cfg.max_body)?;
+    let shown = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(o)) => Some(crate::ops::audit::audited(&o).into()),
+        Ok(_) | Err(_) if body.iter().all(u8::is_ascii_whitespace) => None,
+        // The handler answers a bad body; the record says only its size.
+        _ => Some(serde_json::json!({"unparsed": true, "bytes": body.len()})),
+    };
+    req.replay_body(body);
+    Ok(shown)
+}
+
 /// Query parameters that may carry a secret are left out of the record.
 fn audited_params(params: &http::Params) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();
@@ -376,13 +408,17 @@ fn route(
             Some(o) if principal.is_admin() => o.to_string(),
             _ => principal.id.clone(),
         };
+        let mut shown = audited_params(&params);
+        if let Some(body) = audited_body(ctx, req, route.pattern)? {
+            shown.insert("body".into(), body);
+        }
         *audit = Some(ApiAudit {
             owner,
             key: principal.id.clone(),
             session,
             method: method.clone(),
             route: route.pattern,
-            params: audited_params(&params),
+            params: shown,
         });
     }
     (route.handler)(ctx, req, &principal, &params)

@@ -348,20 +348,7 @@ impl Engine {
             Some(o) if caller.is_admin() => o.to_string(),
             _ => caller.id.clone(),
         };
-        let mut shown = Map::new();
-        for (k, v) in args {
-            let v = match k.as_str() {
-                "secrets" | "env" => match v {
-                    Value::Object(m) => json!(m.keys().collect::<Vec<_>>()),
-                    _ => json!("****"),
-                },
-                "content" | "contentBase64" | "data" | "stdin" | "stdinBase64" | "code" => {
-                    json!({"leftOut": true, "bytes": v.as_str().map_or(0, str::len)})
-                }
-                _ => v.clone(),
-            };
-            shown.insert(k.clone(), v);
-        }
+        let shown = crate::ops::audit::audited(args);
         log.record(
             &owner,
             &session,

@@ -3,6 +3,7 @@
 //! until retention removes them).
 
 use super::{validate, Ops, OpsError, OpsResult, Principal};
+use serde_json::{json, Map, Value};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -17,6 +18,43 @@ pub struct AuditFiles {
     /// The last record written when they were looked up: (seq, hash). A
     /// copy that ends before it was cut short.
     pub head: Option<(u64, String)>,
+}
+
+/// A request's parameters as the audit log keeps them (REST bodies and
+/// MCP arguments alike): `secrets` and `env` reduced to their names, file
+/// contents, stdin and code to their size, anything named like a
+/// credential (`value`, `token`, `password`, `apiKey`) masked; nested
+/// objects the same way.
+pub fn audited(params: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (k, v) in params {
+        let lk = k.to_ascii_lowercase();
+        let v = match (lk.as_str(), v) {
+            ("secrets" | "env", Value::Object(m)) => json!(m.keys().collect::<Vec<_>>()),
+            ("secrets", Value::Array(a)) => json!(a
+                .iter()
+                .map(|s| match s {
+                    Value::Object(m) => Value::Object(audited(m)),
+                    _ => json!("****"),
+                })
+                .collect::<Vec<_>>()),
+            ("secrets" | "env", _) => json!("****"),
+            ("content" | "contentbase64" | "data" | "stdin" | "stdinbase64" | "code", v) => {
+                json!({"leftOut": true, "bytes": v.as_str().map_or(0, str::len)})
+            }
+            (k, _)
+                if ["value", "token", "password", "apikey", "secret"]
+                    .iter()
+                    .any(|w| k.contains(w)) =>
+            {
+                json!("****")
+            }
+            (_, Value::Object(m)) => Value::Object(audited(m)),
+            (_, v) => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    out
 }
 
 /// A follow ends after this long at most.
