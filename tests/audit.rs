@@ -19,9 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn verify(files: &[PathBuf]) -> (bool, String, String) {
+    verify_with(files, &[])
+}
+
+fn verify_with(files: &[PathBuf], extra: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
         .arg("audit")
         .arg("verify")
+        .args(extra)
         .args(files)
         .output()
         .expect("run audit verify");
@@ -384,10 +389,28 @@ fn a_local_session_is_audited_and_read_back() {
         "Audit-Head {head} names a record of the stream"
     );
     assert!(out.contains("ok: "), "{out}");
+    // The head catches a copy cut after a whole line; without it that
+    // copy verifies.
+    let (ok, _, err) = verify_with(&files, &["--head", &head]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(files.last().unwrap()).unwrap();
+    let upto: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.contains(&format!("\"seq\":{seq},")))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cut = files[..files.len() - 1].to_vec();
+    cut.push(copy_to(
+        dir.path(),
+        "cut.jsonl",
+        (upto.join("\n") + "\n").as_bytes(),
+    ));
+    assert!(verify(&cut).0, "a cut copy alone verifies");
+    let (ok, _, err) = verify_with(&cut, &["--head", &head]);
+    assert!(!ok && err.contains("head"), "{err}");
     let mut bytes = std::fs::read(files.last().unwrap()).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 0x20;
-    let dir = tempfile::tempdir().unwrap();
     assert!(!verify(&[copy_to(dir.path(), "x.jsonl", &bytes)]).0);
 
     // Another key sees nothing of it; after the delete the owner still does.
@@ -396,7 +419,39 @@ fn a_local_session_is_audited_and_read_back() {
     let token = other.json()["key"].as_str().unwrap().to_string();
     let r = h.with_key(&token).get("/v1/sessions/au/audit");
     assert_eq!(r.status, 404, "{}", r.text());
+    // A follower sees records as they are written, and its stream ends
+    // a few seconds after the session is gone.
+    let (status, body) = h.get_stream("/v1/sessions/au/audit?follow=true");
+    assert_eq!(status, 200);
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let reader = std::thread::spawn(move || {
+        for line in body.lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let r = h.post(
+        "/v1/sessions/au/exec",
+        &json!({"argv": ["echo", "followed"]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut seen = false;
+    while Instant::now() < end && !seen {
+        if let Ok(v) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen = v["kind"] == "exec" && v["argv"][1] == "followed";
+        }
+    }
+    assert!(seen, "the follower got the new exec record");
     assert!(h.delete("/v1/sessions/au").status < 300);
+    let t0 = Instant::now();
+    reader.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(15), "the follow ended");
     let (recs, _) = audit_of(&h, "au");
     assert!(
         of(&recs, "session")
