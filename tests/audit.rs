@@ -305,9 +305,33 @@ fn a_local_session_is_audited_and_read_back() {
     );
     assert!(r.status < 300, "{}", r.text());
 
+    // MCP too: the tool and its arguments, the file's content left out.
+    let (status, _, v) = common::daemon::mcp_call(
+        &d,
+        &d.key,
+        "write_file",
+        json!({"sessionId": "au", "path": "/tmp/au.txt", "content": "file-content-zzz"}),
+    );
+    assert_eq!(status, 200, "{v}");
+
     let (recs, head) = audit_of(&h, "au");
     let text = recs.iter().map(Value::to_string).collect::<String>();
     assert!(!text.contains("env-value-xyzzy"), "an env value in the log");
+    assert!(
+        !text.contains("file-content-zzz"),
+        "a file's content in the log"
+    );
+    let m = of(&recs, "api")
+        .into_iter()
+        .find(|r| r["via"] == "mcp")
+        .expect("the MCP call's record");
+    assert_eq!(
+        (&m["tool"], &m["ok"]),
+        (&json!("write_file"), &json!(true)),
+        "{m}"
+    );
+    assert_eq!(m["params"]["content"]["bytes"], 16, "{m}");
+    assert_eq!(m["params"]["path"], "/tmp/au.txt");
     let created = of(&recs, "session");
     assert_eq!(created[0]["event"], "created", "{created:?}");
     let owner = created[0]["owner"].as_str().unwrap().to_string();
@@ -320,9 +344,11 @@ fn a_local_session_is_audited_and_read_back() {
         "{routes:?}"
     );
     assert!(routes.contains(&"/v1/sessions/{session}/processes/{proc}/stdin"));
+    assert!(api.iter().all(|r| r["key"] == owner));
     assert!(api
         .iter()
-        .all(|r| r["key"] == owner && r["status"].is_u64()));
+        .filter(|r| r["via"] == "rest")
+        .all(|r| r["status"].is_u64()));
     let create = api.iter().find(|r| r["route"] == "/v1/sessions").unwrap();
     assert_eq!(create["status"], 201);
     assert_eq!(create["params"]["body"]["id"], "au", "{create}");
