@@ -67,8 +67,10 @@ pub struct Settings {
     pub rate_burst: f64,
     /// Records waiting for the writer; over it they are dropped (counted).
     pub queue: usize,
-    /// Every record also as an RFC 5424 datagram to /dev/log.
+    /// Every record also as an RFC 5424 datagram to `syslog_socket`.
     pub syslog: bool,
+    /// The syslog socket (journald's and syslog daemons' `/dev/log`).
+    pub syslog_socket: PathBuf,
     /// Every record also POSTed as NDJSON to this URL (batched, retried).
     pub http_url: Option<String>,
     /// Records waiting for the HTTP sink; over it they are dropped.
@@ -88,6 +90,7 @@ impl Default for Settings {
             rate_burst: 2000.0,
             queue: 16384,
             syslog: false,
+            syslog_socket: PathBuf::from("/dev/log"),
             http_url: None,
             http_queue: 16384,
         }

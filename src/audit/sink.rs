@@ -1,7 +1,8 @@
 //! Forwarding every record elsewhere, so a host compromised later cannot
 //! rewrite what already left it.
 //!
-//! - syslog: one RFC 5424 datagram per record to `/dev/log` (facility
+//! - syslog: one RFC 5424 datagram per record to `/dev/log` (config
+//!   `audit.syslog_socket`; facility
 //!   `log audit` (13), severity info: `<110>1 - - agent-sandbox - audit -
 //!   <record>`; journald's /dev/log takes it too). Sent non-blocking from
 //!   the writer: a full socket buffer or no syslog drops the datagram
@@ -30,10 +31,9 @@ pub const RETRIES: u32 = 4;
 /// One POST may take this long (a hanging sink costs the sink thread this
 /// per attempt, never the writer).
 pub const POST_TIMEOUT: Duration = Duration::from_secs(5);
-const SYSLOG: &str = "/dev/log";
 
 pub struct Sinks {
-    syslog: Option<UnixDatagram>,
+    syslog: Option<(UnixDatagram, std::path::PathBuf)>,
     http: Option<Sender<(Key, String)>>,
     /// Records the HTTP sink gave up on, per session.
     failed: Arc<Mutex<HashMap<Key, u64>>>,
@@ -61,7 +61,7 @@ impl Sinks {
             let sock = UnixDatagram::unbound().map_err(|e| format!("audit syslog socket: {e}"))?;
             sock.set_nonblocking(true)
                 .map_err(|e| format!("audit syslog socket: {e}"))?;
-            Some(sock)
+            Some((sock, s.syslog_socket.clone()))
         } else {
             None
         };
@@ -104,9 +104,9 @@ impl Sinks {
     /// Hands `line` to every sink without waiting; false when the HTTP
     /// sink's queue was full (the caller records that in the session).
     pub(super) fn send(&self, k: &Key, line: &str) -> bool {
-        if let Some(s) = &self.syslog {
+        if let Some((s, path)) = &self.syslog {
             let msg = format!("<110>1 - - agent-sandbox - audit - {line}");
-            if s.send_to(msg.as_bytes(), SYSLOG).is_err() {
+            if s.send_to(msg.as_bytes(), path).is_err() {
                 self.dropped("syslog");
             }
         }

@@ -1,5 +1,6 @@
 use super::*;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 
 fn settings() -> Settings {
     Settings {
@@ -174,4 +175,93 @@ fn owners_never_share_or_escape_a_directory() {
     let log = Log::disabled();
     log.record("k", "s", "api", json!({}));
     assert!(!log.flush(Duration::from_millis(1)));
+}
+
+#[test]
+fn a_full_queue_drops_counts_and_says_so_in_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Settings {
+        queue: 1,
+        ..Settings::default()
+    };
+    let log = Log::start(&s, d.path().to_path_buf(), None).unwrap();
+    for i in 0..5000 {
+        log.record("k", "s", "api", json!({"i": i}));
+    }
+    assert!(log.flush(Duration::from_secs(10)));
+    let files = log.files("k", "s");
+    let recs: Vec<Value> = files.iter().flat_map(|f| lines(f)).collect();
+    let written = recs.iter().filter(|r| r["kind"] == "api").count() as u64;
+    let dropped: u64 = recs
+        .iter()
+        .filter(|r| r["kind"] == "dropped" && r["reason"] == "queue_full")
+        .map(|r| r["dropped"].as_u64().unwrap())
+        .sum();
+    let counted = log
+        .counters()
+        .unwrap()
+        .queue_dropped
+        .load(Ordering::Relaxed);
+    assert_eq!(written + dropped, 5000, "every record written or counted");
+    assert_eq!(dropped, counted);
+    assert!(verify::verify(&files, None).is_ok());
+}
+
+#[test]
+fn syslog_gets_each_record_as_an_rfc5424_datagram() {
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("log.sock");
+    let rx = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let s = Settings {
+        syslog: true,
+        syslog_socket: sock,
+        ..Settings::default()
+    };
+    let log = Log::start(&s, d.path().join("a"), None).unwrap();
+    log.record("k", "s", "exec", json!({"argv": ["true"]}));
+    assert!(log.flush(Duration::from_secs(5)));
+    let mut buf = vec![0u8; 65536];
+    let n = rx.recv(&mut buf).unwrap();
+    let msg = std::str::from_utf8(&buf[..n]).unwrap();
+    let line = msg
+        .strip_prefix("<110>1 - - agent-sandbox - audit - ")
+        .expect(msg);
+    let file = std::fs::read_to_string(log.files("k", "s").pop().unwrap()).unwrap();
+    assert_eq!(format!("{line}\n"), file, "the very line, hash and all");
+}
+
+#[test]
+fn retention_removes_old_files_then_the_oldest_over_the_size() {
+    let d = tempfile::tempdir().unwrap();
+    let own = d.path().join("k");
+    std::fs::create_dir_all(&own).unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+    let mk = |name: &str, age: Duration, size: usize| {
+        let p = own.join(name);
+        std::fs::write(&p, vec![b'x'; size]).unwrap();
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - age).unwrap();
+        p
+    };
+    let ancient = own.join("a.jsonl");
+    std::fs::write(&ancient, b"x").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&ancient)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let older = mk("b.1.jsonl", Duration::from_secs(3600), 6000);
+    let newer = mk("b.jsonl", Duration::from_secs(60), 6000);
+    let s = Settings {
+        retention_secs: 24 * 3600,
+        retention_bytes: 10_000,
+        ..Settings::default()
+    };
+    let log = Log::start(&s, d.path().to_path_buf(), None).unwrap();
+    assert!(log.flush(Duration::from_secs(5)));
+    assert!(!ancient.exists(), "past the age");
+    assert!(!older.exists(), "the oldest, over the size");
+    assert!(newer.exists());
 }
