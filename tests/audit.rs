@@ -557,3 +557,34 @@ fn a_vm_session_with_secrets_forks_edits_and_types_into_a_pty() {
     let dir = tempfile::tempdir().unwrap();
     assert!(!verify(&[copy_to(dir.path(), "x.jsonl", &bytes)]).0);
 }
+
+/// The daemon's HTTP sink, under its seccomp filter, through a name it
+/// resolves (`localhost`): what the session does arrives there.
+#[test]
+fn the_daemon_forwards_records_to_its_http_sink() {
+    let (url, got) = sink_server(false);
+    let url = url.replace("127.0.0.1", "localhost");
+    let d = Daemon::start_local(&["--audit-http-url", &url]);
+    let h = d.http();
+    let r = h.post("/v1/sessions", &json!({"id": "fw"}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = h.post("/v1/sessions/fw/exec", &json!({"argv": ["true"]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let end = Instant::now() + Duration::from_secs(20);
+    let has_exit = || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("\"kind\":\"exit\"") && l.contains("\"session\":\"fw\""))
+    };
+    while !has_exit() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        has_exit(),
+        "records forwarded: {:?}; log: {}",
+        got.lock().unwrap(),
+        d.log()
+    );
+    assert!(!d.log().contains("forbidden syscall"), "{}", d.log());
+}

@@ -236,6 +236,11 @@ impl ThreadKind {
                         libc::AF_NETLINK,
                     ],
                 )?;
+                r.allow(
+                    "glibc's resolver sends its A and AAAA queries together",
+                    &[libc::SYS_sendmmsg, libc::SYS_recvmmsg],
+                );
+                r.allow("glibc's resolver names the host", &[libc::SYS_uname]);
             }
             ThreadKind::Dns => {
                 fs_read(&mut r)?;
