@@ -588,3 +588,29 @@ fn the_daemon_forwards_records_to_its_http_sink() {
     );
     assert!(!d.log().contains("forbidden syscall"), "{}", d.log());
 }
+
+/// The syslog sink from a daemon (config file `audit.syslog`), under the
+/// writer's seccomp filter: each record as an RFC 5424 datagram.
+#[test]
+fn the_daemon_sends_records_to_syslog() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("log.sock");
+    let rx = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let cfg = dir.path().join("config.json");
+    let c = json!({"audit": {"syslog": true, "syslog_socket": sock}});
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    let d = Daemon::start_local(&["--config", cfg.to_str().unwrap()]);
+    let h = d.http();
+    let r = h.post("/v1/sessions", &json!({"id": "sl"}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut buf = vec![0u8; 65536];
+    let n = rx.recv(&mut buf).expect("a datagram");
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let rec = msg
+        .strip_prefix("<110>1 - - agent-sandbox - audit - ")
+        .unwrap_or_else(|| panic!("RFC 5424 head: {msg}"));
+    let v: Value = serde_json::from_str(rec).expect("the record");
+    assert_eq!((&v["session"], &v["seq"]), (&json!("sl"), &json!(1)), "{v}");
+    assert!(!d.log().contains("forbidden syscall"), "{}", d.log());
+}
