@@ -611,6 +611,9 @@ fn the_proxy_lets_through_only_the_listed_names() {
     assert_eq!(st.refused_not_listed, 1, "{st:?}");
     assert_eq!(st.refused_ip_literal, 1, "{st:?}");
     assert!(st.refused_no_name >= 3, "{st:?}");
+    // A name the policy does not list, asked of the session's resolver.
+    let r = dns_ask(&g.ns, gw(), "evil.test", A, false).expect("answer");
+    assert_ne!(r.rcode, 0, "{r:?}");
     // Each decision is an `egress` record: allowed with the address
     // dialled and the bytes both ways at close, refused with the reason.
     assert!(log.flush(Duration::from_secs(5)));
@@ -639,6 +642,12 @@ fn the_proxy_lets_through_only_the_listed_names() {
         .iter()
         .any(|r| r["name"] == "evil.test" && r["reason"] == "NotListed"));
     assert!(refused.iter().any(|r| r["reason"] == "IpLiteral"));
+    assert!(
+        refused
+            .iter()
+            .any(|r| r["via"] == "dns" && r["name"] == "evil.test"),
+        "{refused:?}"
+    );
     assert!(recs.iter().all(|r| r["kind"] == "egress"));
 
     // Other ports: the DNS set, as before: what pypi.test resolved to (by

@@ -552,7 +552,7 @@ impl Net {
         rtnl.set_up(lo, "lo")?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
         if let Some(names) = self.inner.dns_names(policy) {
-            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
+            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names, &s.audit)?);
         }
         if firewall::proxied(policy) {
             ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None, &s.audit)?);
@@ -727,7 +727,13 @@ impl Inner {
             .filter(|n| !(*n == DnsNames::Any && self.cfg.dns_upstreams.is_empty()))
     }
 
-    fn start_dns(&self, id: &str, ns: &File, names: DnsNames) -> Result<Forwarder> {
+    fn start_dns(
+        &self,
+        id: &str,
+        ns: &File,
+        names: DnsNames,
+        audit: &crate::audit::Slot,
+    ) -> Result<Forwarder> {
         let cfg = &self.cfg;
         let host_ns = match &self.host_ns {
             Some(f) => Some(
@@ -746,7 +752,7 @@ impl Inner {
             blocked: firewall::blocked_set(cfg),
             exceptions: cfg.allow_exceptions.clone(),
         };
-        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names)
+        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names, audit.clone())
     }
 
     fn start_proxy(
@@ -902,7 +908,7 @@ impl SessionNet {
         match (ctl.dns.is_some(), names) {
             (false, Some(n)) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.dns = Some(self.net.start_dns(&self.id, &ns, n)?);
+                ctl.dns = Some(self.net.start_dns(&self.id, &ns, n, &self.audit)?);
             }
             (true, None) => ctl.dns = None,
             _ => {}
