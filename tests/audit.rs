@@ -313,6 +313,19 @@ fn a_local_session_is_audited_and_read_back() {
         json!({"sessionId": "au", "path": "/tmp/au.txt", "content": "file-content-zzz"}),
     );
     assert_eq!(status, 200, "{v}");
+    let r = h.post(
+        "/v1/sessions/au/exec",
+        &json!({"command": "read x; read y", "background": true,
+                "pty": {"rows": 24, "cols": 80}}),
+    );
+    let pty2 = r.json()["procId"].as_u64().unwrap();
+    let (status, _, v) = common::daemon::mcp_call(
+        &d,
+        &d.key,
+        "write_process",
+        json!({"sessionId": "au", "procId": pty2, "input": "typed-by-mcp\n"}),
+    );
+    assert_eq!(status, 200, "{v}");
 
     let (recs, head) = audit_of(&h, "au");
     let text = recs.iter().map(Value::to_string).collect::<String>();
@@ -393,7 +406,13 @@ fn a_local_session_is_audited_and_read_back() {
     );
 
     let typed = of(&recs, "pty_input");
-    assert_eq!(typed.len(), 1, "{typed:?}");
+    assert_eq!(typed.len(), 2, "{typed:?}");
+    assert_eq!(typed[1]["data"], "typed-by-mcp\n");
+    let w = of(&recs, "api")
+        .into_iter()
+        .find(|r| r["tool"] == "write_process")
+        .expect("write_process's record");
+    assert_eq!(w["params"]["input"]["leftOut"], true, "{w}");
     assert_eq!(
         (&typed[0]["data"], &typed[0]["proc"]),
         (&json!("ls -la\n"), &json!(pty))

@@ -22,7 +22,8 @@ pub struct AuditFiles {
 
 /// A request's parameters as the audit log keeps them (REST bodies and
 /// MCP arguments alike): `secrets` and `env` reduced to their names, file
-/// contents, stdin and code to their size, anything named like a
+/// contents, stdin, process input (its own `pty_input`/`stdin` record has
+/// it) and code to their size, anything named like a
 /// credential (`value`, `token`, `password`, `apiKey`) masked; nested
 /// objects the same way.
 pub fn audited(params: &Map<String, Value>) -> Map<String, Value> {
@@ -39,7 +40,10 @@ pub fn audited(params: &Map<String, Value>) -> Map<String, Value> {
                 })
                 .collect::<Vec<_>>()),
             ("secrets" | "env", _) => json!("****"),
-            ("content" | "contentbase64" | "data" | "stdin" | "stdinbase64" | "code", v) => {
+            (
+                "content" | "contentbase64" | "data" | "stdin" | "stdinbase64" | "code" | "input",
+                v,
+            ) => {
                 json!({"leftOut": true, "bytes": v.as_str().map_or(0, str::len)})
             }
             (k, _)

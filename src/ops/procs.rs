@@ -157,6 +157,18 @@ impl Ops {
         Ok(r)
     }
 
+    /// [`Ops::stdin`]'s audit record for input a front end wrote through
+    /// an attach of its own (MCP `write_process`): looks the process up
+    /// (PTY or not) only when the log is on.
+    pub fn audit_input(&self, s: &Arc<Session>, proc: u64, data: &[u8], eof: bool) {
+        if !self.audit().is_enabled() {
+            return;
+        }
+        if let Ok(info) = self.proc_info(s, proc) {
+            self.audit_stdin(s, &info, data, eof);
+        }
+    }
+
     /// A PTY's keystrokes (masked like output, at most
     /// [`AUDIT_PTY_BYTES`] per record) or a plain process's input size.
     fn audit_stdin(&self, s: &Session, info: &ProcInfo, data: &[u8], eof: bool) {
