@@ -305,6 +305,15 @@ fn a_local_session_is_audited_and_read_back() {
     );
     assert!(r.status < 300, "{}", r.text());
 
+    // The PTY process ends after its line; a look at it records its end.
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = h.get(&format!("/v1/sessions/au/processes/{pty}"));
+        if r.json()["running"] == false || Instant::now() > end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // MCP too: the tool and its arguments, the file's content left out.
     let (status, _, v) = common::daemon::mcp_call(
         &d,
@@ -400,6 +409,15 @@ fn a_local_session_is_audited_and_read_back() {
     );
     assert!(exit["durationMs"].is_u64() && exit.get("resourceUsage").is_some());
     let bg = execs.iter().find(|e| e["proc"] == pty).unwrap();
+    let ends: Vec<_> = of(&recs, "exit")
+        .into_iter()
+        .filter(|x| x["proc"] == pty)
+        .collect();
+    assert_eq!(ends.len(), 1, "a background end, once: {ends:?}");
+    assert_eq!(
+        (&ends[0]["exitCode"], &ends[0]["seenBy"]),
+        (&json!(0), &json!("list"))
+    );
     assert_eq!(
         (&bg["pty"], &bg["background"]),
         (&json!(true), &json!(true))

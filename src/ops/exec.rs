@@ -261,6 +261,9 @@ impl Ops {
                 "stdinBytes": p.stdin.as_ref().map(Vec::len),
             }),
         );
+        if let Some(a) = &mut running.audit {
+            a.seen = Some(session.clone());
+        }
         running.masker = masker;
         running.secrets = files;
         Ok(Started {
@@ -368,6 +371,10 @@ struct ExecAudit {
     log: crate::audit::Log,
     owner: String,
     session: String,
+    /// Where ends already recorded are noted (each process's once).
+    seen: Option<Arc<Session>>,
+    /// An attach: it records the end it sees, never a start or a cancel.
+    attach: bool,
     /// The `exec` record, until it is written (at the start event).
     start: Option<Value>,
     proc: Option<u64>,
@@ -390,22 +397,14 @@ impl ExecAudit {
     fn exited(&mut self, st: &ExitStatus) {
         self.started(None, None);
         self.done = true;
-        let outcome = if st.timed_out {
-            "timeout"
-        } else if st.signal.is_some() {
-            "killed"
-        } else {
-            "exited"
-        };
-        let mut r = json!({
-            "proc": self.proc, "exitCode": st.code,
-            "signal": st.signal.map(crate::proto::Signal::name_of),
-            "outcome": outcome,
-        });
-        if let Some(m) = r.as_object_mut() {
-            for (k, v) in usage_fields(st) {
-                m.insert(k.into(), v);
+        if let (Some(s), Some(p)) = (&self.seen, self.proc) {
+            if !first_end(s, p) {
+                return;
             }
+        }
+        let mut r = exit_fields(self.proc, st);
+        if let (true, Some(m)) = (self.attach, r.as_object_mut()) {
+            m.insert("seenBy".into(), json!("attach"));
         }
         self.log.record(&self.owner, &self.session, "exit", r);
     }
@@ -423,6 +422,10 @@ impl ExecAudit {
     /// The call ended without an exit seen: an error, a background start,
     /// or its client went away (a foreground command is killed then).
     fn ended(&mut self, outcome: &str, error: Option<String>) {
+        if self.attach {
+            self.done = true;
+            return;
+        }
         self.started(None, None);
         if !std::mem::replace(&mut self.done, true) {
             let r = json!({
@@ -462,6 +465,30 @@ impl Running {
         }
     }
 
+    /// Audits this attach to process `proc`: the end it sees is recorded
+    /// (once per process, whoever sees it first).
+    pub(super) fn audit_attach(
+        &mut self,
+        session: &Arc<Session>,
+        log: &crate::audit::Log,
+        proc: u64,
+    ) {
+        if !log.is_enabled() {
+            return;
+        }
+        self.audit = Some(ExecAudit {
+            log: log.clone(),
+            owner: session.owner.clone(),
+            session: session.id.clone(),
+            seen: Some(session.clone()),
+            attach: true,
+            start: None,
+            proc: Some(proc),
+            t0: Instant::now(),
+            done: false,
+        });
+    }
+
     /// Audits this call as the command `req` of `session`: an `exec`
     /// record once it runs (with its process id), an `exit` one at its end.
     pub(super) fn audit_as(
@@ -488,6 +515,8 @@ impl Running {
             log: log.clone(),
             owner: session.owner.clone(),
             session: session.id.clone(),
+            seen: None,
+            attach: false,
             start: Some(start),
             proc: None,
             t0: Instant::now(),
@@ -688,6 +717,41 @@ pub fn outcome(st: &ExitStatus) -> &'static str {
 /// The exit code a shell would show: 128 + the signal for a killed command.
 pub fn exit_code(st: &ExitStatus) -> i32 {
     st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1)
+}
+
+/// Ends seen per session: the oldest are forgotten past this.
+const MAX_AUDITED_EXITS: usize = 4096;
+
+/// Notes that `proc`'s end is recorded now; false if it was already.
+pub(super) fn first_end(s: &Session, proc: u64) -> bool {
+    let mut seen = crate::sync::lock(&s.audited_exits);
+    let new = seen.insert(proc);
+    while seen.len() > MAX_AUDITED_EXITS {
+        seen.pop_first();
+    }
+    new
+}
+
+/// An `exit` audit record's fields: code, signal, how it ended, usage.
+pub(super) fn exit_fields(proc: Option<u64>, st: &ExitStatus) -> Value {
+    let outcome = if st.timed_out {
+        "timeout"
+    } else if st.signal.is_some() {
+        "killed"
+    } else {
+        "exited"
+    };
+    let mut r = json!({
+        "proc": proc, "exitCode": st.code,
+        "signal": st.signal.map(crate::proto::Signal::name_of),
+        "outcome": outcome,
+    });
+    if let Some(m) = r.as_object_mut() {
+        for (k, v) in usage_fields(st) {
+            m.insert(k.into(), v);
+        }
+    }
+    r
 }
 
 /// `durationMs` (the command's run time in the guest, spawn to exit),

@@ -69,7 +69,10 @@ impl Ops {
     /// The processes the session's agent knows (running and exited).
     pub fn procs(&self, s: &Arc<Session>) -> OpsResult<Vec<ProcInfo>> {
         match self.simple(s, Request::ListProcs, "list processes")? {
-            Response::Procs { procs } => Ok(procs),
+            Response::Procs { procs } => {
+                self.audit_ends(s, &procs);
+                Ok(procs)
+            }
             other => Err(OpsError::UnexpectedAnswer(format!("{other:?}"))),
         }
     }
@@ -86,10 +89,13 @@ impl Ops {
             session: s.id.clone(),
         };
         match known {
-            Response::Procs { procs } => procs
-                .into_iter()
-                .find(|p| p.proc == proc)
-                .ok_or_else(not_found),
+            Response::Procs { procs } => {
+                self.audit_ends(s, &procs);
+                procs
+                    .into_iter()
+                    .find(|p| p.proc == proc)
+                    .ok_or_else(not_found)
+            }
             _ => Err(not_found()),
         }
     }
@@ -152,9 +158,30 @@ impl Ops {
             self.wait(),
         )?;
         let mut r = Running::new(call, "exec", Some(activity));
+        r.audit_attach(s, self.audit(), proc);
         let injected = s.secret_values();
         r.masker = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
         Ok(r)
+    }
+
+    /// Background processes a listing shows ended: their `exit` records
+    /// (each once; their own exec call ended at their start).
+    fn audit_ends(&self, s: &Session, procs: &[ProcInfo]) {
+        let log = self.audit();
+        if !log.is_enabled() {
+            return;
+        }
+        for p in procs {
+            if let Some(st) = p.exit.as_ref().filter(|_| p.background) {
+                if super::exec::first_end(s, p.proc) {
+                    let mut r = super::exec::exit_fields(Some(p.proc), st);
+                    if let Some(m) = r.as_object_mut() {
+                        m.insert("seenBy".into(), json!("list"));
+                    }
+                    log.record(&s.owner, &s.id, "exit", r);
+                }
+            }
+        }
     }
 
     /// [`Ops::stdin`]'s audit record for input a front end wrote through

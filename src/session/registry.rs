@@ -260,6 +260,7 @@ impl Manager {
             active: AtomicUsize::new(0),
             secret_files: Default::default(),
             secret_procs: Default::default(),
+            audited_exits: Default::default(),
             state: Mutex::new(state),
             tx,
             thread: Mutex::new(None),
