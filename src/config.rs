@@ -168,6 +168,9 @@ pub struct Config {
     /// How clients reach the preview listener (`https://preview.example`
     /// behind a TLS proxy); `None`: `http://<preview_listen>`.
     pub preview_url: Option<String>,
+    /// The audit log (`audit::Settings`; on by default, files under
+    /// `<state dir>/audit`).
+    pub audit: crate::audit::Settings,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -279,6 +282,7 @@ impl Default for Config {
             preview_listen: None,
             preview_domain: None,
             preview_url: None,
+            audit: crate::audit::Settings::default(),
         }
     }
 }
@@ -318,6 +322,7 @@ impl Config {
     /// section. Messages name the config key.
     pub fn validate(&self) -> Result<(), String> {
         self.backend_kind()?;
+        self.audit.validate()?;
         if !self.auth && !self.listen.ip().is_loopback() {
             return Err(format!(
                 "auth: false (--no-auth) is only allowed on a loopback address, not {}",
@@ -596,6 +601,7 @@ pub struct FileConfig {
     pub preview_listen: Option<SocketAddr>,
     pub preview_domain: Option<String>,
     pub preview_url: Option<String>,
+    pub audit: Option<crate::audit::Settings>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -728,6 +734,7 @@ impl FileConfig {
             allow_unlimited_vmms => c.allow_unlimited_vmms,
             cgroup_placement => c.cgroup_placement,
             key_prefix => c.key_prefix,
+            audit => c.audit,
         );
         set_secs!(
             idle_timeout_secs => c.idle_timeout,
@@ -841,6 +848,7 @@ impl FileConfig {
             preview_listen: c.preview_listen,
             preview_domain: c.preview_domain.clone(),
             preview_url: c.preview_url.clone(),
+            audit: Some(c.audit.clone()),
         }
     }
 }

@@ -8,6 +8,7 @@ pub use sandbox_agent::sync;
 pub mod admin;
 pub mod agent;
 pub mod api;
+pub mod audit;
 pub mod budget;
 pub mod config;
 pub mod harden;

@@ -71,6 +71,26 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// Sessions' audit logs.
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Check the hash chain of FILE... (one session's files in chain
+    /// order: rotated `<session>.<n>.jsonl` by n, then `<session>.jsonl`).
+    /// Exit 0 with a summary line, 1 naming the first broken record.
+    Verify {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// `SEQ HASH` or `HASH` (the `Audit-Head` the daemon answered
+        /// with): the chain must contain it, which shows a cut-off tail.
+        #[arg(long)]
+        head: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -314,6 +334,36 @@ struct ServeArgs {
     /// `https://preview.example.com` [http://<preview-listen>].
     #[arg(long, value_name = "URL")]
     preview_url: Option<String>,
+    /// The audit log (docs/security.md, "Audit log") [on].
+    #[arg(long, value_parser = ["on", "off"])]
+    audit: Option<String>,
+    /// Where the audit files go [<state dir>/audit].
+    #[arg(long, value_name = "PATH")]
+    audit_dir: Option<PathBuf>,
+    /// A session's current audit file is rotated past this size [16777216].
+    #[arg(long, value_name = "BYTES")]
+    audit_rotate_bytes: Option<u64>,
+    /// Audit files older than this are removed: `30d`, `12h` [30d].
+    #[arg(long, value_parser = dur)]
+    audit_retention: Option<Duration>,
+    /// All audit files together are kept under this [4294967296].
+    #[arg(long, value_name = "BYTES")]
+    audit_retention_bytes: Option<u64>,
+    /// One session's audit files end (a `truncated` record) at [268435456].
+    #[arg(long, value_name = "BYTES")]
+    audit_max_session_bytes: Option<u64>,
+    /// Process, file, stdin, PTY and egress records per second and session [200].
+    #[arg(long)]
+    audit_rate: Option<f64>,
+    /// ... and their burst [2000].
+    #[arg(long)]
+    audit_burst: Option<f64>,
+    /// Also every record as an RFC 5424 datagram to /dev/log [off].
+    #[arg(long)]
+    audit_syslog: bool,
+    /// Also every record POSTed as NDJSON to this URL [none].
+    #[arg(long, value_name = "URL")]
+    audit_http_url: Option<String>,
     /// Network namespace (path) that plays the host: tests use one whose
     /// only uplink leads to a test network.
     #[arg(long, hide = true)]
@@ -511,6 +561,28 @@ fn serve_config_with(
     if a.preview_url.is_some() {
         c.preview_url = a.preview_url.clone();
     }
+    if let Some(v) = &a.audit {
+        c.audit.enabled = v == "on";
+    }
+    if a.audit_dir.is_some() {
+        c.audit.dir = a.audit_dir.clone();
+    }
+    if let Some(d) = a.audit_retention {
+        c.audit.retention_secs = d.as_secs();
+    }
+    if a.audit_syslog {
+        c.audit.syslog = true;
+    }
+    if a.audit_http_url.is_some() {
+        c.audit.http_url = a.audit_http_url.clone();
+    }
+    flag!(
+        audit_rotate_bytes => c.audit.rotate_bytes,
+        audit_retention_bytes => c.audit.retention_bytes,
+        audit_max_session_bytes => c.audit.max_session_bytes,
+        audit_rate => c.audit.rate_per_sec,
+        audit_burst => c.audit.rate_burst,
+    );
     c.net_prefix = a.net_prefix.clone();
     c.network = if c.backend_kind() == Ok(BackendKind::LocalProcess) {
         None
@@ -606,11 +678,31 @@ fn main() -> ExitCode {
         } => admin_config(config.as_deref(), state_dir, backend)
             .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
         Cmd::Mcp(a) => mcp(a),
+        Cmd::Audit {
+            cmd: AuditCmd::Verify { files, head },
+        } => return audit_verify(&files, head.as_deref()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agent-sandbox: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn audit_verify(files: &[PathBuf], head: Option<&str>) -> ExitCode {
+    let head = head.map(|h| h.split_whitespace().last().unwrap_or(h));
+    match agent_sandbox::audit::verify::verify(files, head) {
+        Ok(s) => {
+            println!(
+                "ok: {} records, seq {}..{}, head {}",
+                s.records, s.first_seq, s.last_seq, s.head
+            );
+            ExitCode::SUCCESS
+        }
+        Err(b) => {
+            eprintln!("agent-sandbox audit verify: {b}");
             ExitCode::FAILURE
         }
     }

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub net_setup: Family<Labels, Histogram>,
     pub standby_used: Family<Labels, Counter>,
     pub http_requests: Family<Labels, Counter>,
+    /// Audit records not written or not forwarded, by `where`: `queue`
+    /// (writer queue full), `rate` (rate limit; summarised), `cap`
+    /// (session cap), `io`, `http_queue`, `http` (sink gave up), `syslog`.
+    pub audit_dropped: Family<Labels, Counter>,
     /// The HTTP server's connection counters.
     pub http_conn: HttpConnStats,
 }
@@ -60,6 +64,12 @@ impl Metrics {
         );
         let standby_used = Family::<Labels, Counter>::default();
         let http_requests = Family::<Labels, Counter>::default();
+        let audit_dropped = Family::<Labels, Counter>::default();
+        registry.register(
+            "audit_dropped",
+            "Audit records dropped or not forwarded, by where",
+            audit_dropped.clone(),
+        );
         let http_conn = HttpConnStats::default();
         registry.register(
             "http_connections_refused",
@@ -151,6 +161,7 @@ impl Metrics {
             net_setup,
             standby_used,
             http_requests,
+            audit_dropped,
             http_conn,
         }
     }

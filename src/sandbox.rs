@@ -169,6 +169,11 @@ pub trait Sandbox: Send {
             self.id()
         )))
     }
+    /// The session whose audit log the sandbox's own layers (its egress
+    /// proxy) record to; `None`: none. Backends without them ignore it.
+    fn set_audit(&mut self, tag: Option<crate::audit::Tag>) {
+        let _ = tag;
+    }
     /// How long the phases of creation took, e.g. `(Phase::Network, 3 ms)`;
     /// exported as metrics by the session layer.
     fn timings(&self) -> Vec<(Phase, std::time::Duration)> {

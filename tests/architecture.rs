@@ -43,12 +43,15 @@ const OWN_NODES: &[&str] = &["harden::spawner"];
 /// place in docs/architecture.md, on purpose.
 const RULES: &[(&str, &[&str])] = &[
     // HTTP server (socket, httpd), the shared Ctx, route/`/mcp` dispatch.
-    ("server", &["ops", "config", "budget", "metrics", "harden"]),
+    (
+        "server",
+        &["ops", "config", "budget", "metrics", "harden", "audit"],
+    ),
     // Front ends: parse, call one operation, map answer and error at the edge.
     (
         "api",
         &[
-            "server", "ops", "config", "budget", "metrics", "harden", PROTO,
+            "server", "ops", "config", "budget", "metrics", "harden", "audit", PROTO,
         ],
     ),
     (
@@ -61,7 +64,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "ops",
         &[
-            "session", "sandbox", "net", "config", "budget", "metrics", "agent", "harden", PROTO,
+            "session", "sandbox", "net", "config", "budget", "metrics", "agent", "harden", "audit",
+            PROTO,
         ],
     ),
     // Registry, worker threads, pool, reaper: no HTTP statuses, no JSON shapes.
@@ -76,6 +80,7 @@ const RULES: &[(&str, &[&str])] = &[
             "metrics",
             "agent",
             "harden",
+            "audit",
             "vm::shape",
             PROTO,
         ],
@@ -91,6 +96,7 @@ const RULES: &[(&str, &[&str])] = &[
             "harden::spawner",
             "config",
             "metrics",
+            "audit",
             PROTO,
         ],
     ),
@@ -99,13 +105,15 @@ const RULES: &[(&str, &[&str])] = &[
     // The privileged spawner: implements vm::launch, nothing else of vm.
     ("harden::spawner", &["harden", "vm::launch"]),
     // Host networking: netns, TAP, nftables, DNS forwarder, egress policy.
-    ("net", &["harden", "metrics"]),
+    ("net", &["harden", "metrics", "audit"]),
+    // The audit log: records of every layer, one writer thread, sinks.
+    ("audit", &["harden", "metrics"]),
     // Host side of the wire protocol.
     ("agent", &["harden", PROTO]),
     // Thread broker, seccomp, capabilities: below everything.
     ("harden", &[]),
     // Parsed config: plain data of the layers it configures, no runtime.
-    ("config", &["net", "vm"]),
+    ("config", &["net", "vm", "audit"]),
     // Reply-size budget.
     ("budget", &[]),
     // Counters and histograms every layer may use.

@@ -8,6 +8,7 @@ mod netns;
 #[path = "common/skip.rs"]
 mod skip;
 
+use serde_json::json;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -525,6 +526,19 @@ fn the_proxy_lets_through_only_the_listed_names() {
         .create_session(policy(r#"{"mode":"allowlist","domains":["pypi.test"]}"#))
         .expect("session");
     let g = Guest::attach(&mut topo, s.netns(), "tap0", 1);
+    // Its decisions go to an audit log (issue #26).
+    let audit_dir = tempfile::tempdir().unwrap();
+    let log = agent_sandbox::audit::Log::start(
+        &agent_sandbox::audit::Settings::default(),
+        audit_dir.path().to_path_buf(),
+        None,
+    )
+    .unwrap();
+    s.set_audit(Some(agent_sandbox::audit::Tag {
+        log: log.clone(),
+        owner: "k".into(),
+        session: "p1".into(),
+    }));
     let get = |dst: Ipv4Addr, host: &str| {
         let req = format!("GET /bytes/5 HTTP/1.1\r\nHost: {host}\r\n\r\n");
         let out = http_raw(&g.ns, dst, 80, req.as_bytes()).unwrap_or_default();
@@ -597,6 +611,44 @@ fn the_proxy_lets_through_only_the_listed_names() {
     assert_eq!(st.refused_not_listed, 1, "{st:?}");
     assert_eq!(st.refused_ip_literal, 1, "{st:?}");
     assert!(st.refused_no_name >= 3, "{st:?}");
+    // A name the policy does not list, asked of the session's resolver.
+    let r = dns_ask(&g.ns, gw(), "evil.test", A, false).expect("answer");
+    assert_ne!(r.rcode, 0, "{r:?}");
+    // Each decision is an `egress` record: allowed with the address
+    // dialled and the bytes both ways at close, refused with the reason.
+    assert!(log.flush(Duration::from_secs(5)));
+    let recs: Vec<serde_json::Value> = log
+        .files("k", "p1")
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let allowed: Vec<_> = recs.iter().filter(|r| r["decision"] == "allowed").collect();
+    assert_eq!(allowed.len() as u64, st.allowed, "{recs:?}");
+    let a = allowed[0];
+    assert_eq!((&a["name"], &a["port"]), (&json!("pypi.test"), &json!(80)));
+    assert_eq!(a["address"], json!(INTERNET.to_string()));
+    assert!(
+        a["bytesUp"].as_u64().unwrap() > 20 && a["bytesDown"].as_u64().unwrap() > 5,
+        "{a}"
+    );
+    let refused: Vec<_> = recs.iter().filter(|r| r["decision"] == "refused").collect();
+    assert!(refused
+        .iter()
+        .any(|r| r["name"] == "evil.test" && r["reason"] == "NotListed"));
+    assert!(refused.iter().any(|r| r["reason"] == "IpLiteral"));
+    assert!(
+        refused
+            .iter()
+            .any(|r| r["via"] == "dns" && r["name"] == "evil.test"),
+        "{refused:?}"
+    );
+    assert!(recs.iter().all(|r| r["kind"] == "egress"));
 
     // Other ports: the DNS set, as before: what pypi.test resolved to (by
     // the proxy's own lookup through the forwarder, or the guest's) is

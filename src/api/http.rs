@@ -51,6 +51,8 @@ pub enum Reply {
     /// chunks as they come.
     Stream {
         content_type: &'static str,
+        /// Extra response headers (name, value).
+        headers: Vec<(&'static str, String)>,
         job: Box<dyn FnOnce(&mut StreamWriter) + Send>,
     },
     /// A WebSocket: the 101 (with `accept`, the handshake's key) is

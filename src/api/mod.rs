@@ -182,7 +182,8 @@ fn handle(ctx: &Arc<Ctx>, mut req: httpd::Request) {
         let ra = e.retry_after;
         return respond(req, e.into(), ra, None);
     }
-    let (reply, retry_after, allow) = match route(ctx, &mut req) {
+    let mut audit = None;
+    let (reply, retry_after, allow) = match route(ctx, &mut req, &mut audit) {
         Ok(r) => (r, None, None),
         Err(e) => {
             if e.status >= 500 {
@@ -192,7 +193,101 @@ fn handle(ctx: &Arc<Ctx>, mut req: httpd::Request) {
             (Reply::from(e), ra, allow)
         }
     };
-    finish(ctx, req, reply, retry_after, allow.as_deref());
+    finish(ctx, req, reply, retry_after, allow.as_deref(), audit);
+}
+
+/// The `api` audit record of a request about a session: who (key id),
+/// which route (its template), the path's and query's parameters (the
+/// body's are in the operation's own records: `exec`, `session`), and
+/// the answer's status and error code.
+struct ApiAudit {
+    owner: String,
+    key: String,
+    session: Option<String>,
+    method: String,
+    route: &'static str,
+    params: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ApiAudit {
+    fn record(self, ctx: &Ctx, reply: &Reply) {
+        let status = reply.status();
+        let (code, session) = match reply {
+            Reply::Error(e) => (Some(e.code), self.session),
+            // A create names its session only in the answer.
+            Reply::Json(_, v) => (
+                None,
+                self.session
+                    .or_else(|| v.get("id").and_then(|i| i.as_str()).map(String::from)),
+            ),
+            _ => (None, self.session),
+        };
+        let Some(session) = session else { return };
+        ctx.ops.audit().record(
+            &self.owner,
+            &session,
+            "api",
+            serde_json::json!({
+                "via": "rest", "key": self.key, "method": self.method, "route": self.route,
+                "params": self.params, "status": status, "error": code,
+            }),
+        );
+    }
+
+    /// Streams answer 200 at their start.
+    fn record_status(self, ctx: &Ctx, status: u16) {
+        self.record(ctx, &Reply::Empty(status))
+    }
+}
+
+/// A JSON body's parameters for the record (`ops::audit::audited`: no
+/// secret values, env values or file contents), read ahead and handed to
+/// the handler again. Bodies that are file contents or stdin (uploads,
+/// the seed write, stdin) are not read here: their size is the header's.
+fn audited_body(
+    ctx: &Ctx,
+    req: &mut httpd::Request,
+    pattern: &str,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    let raw = pattern.ends_with("/files/content")
+        || pattern.ends_with("/stdin")
+        || pattern == "/exec/{session}/write";
+    let json =
+        http::header(req, "content-type").is_none_or(|c| c.to_ascii_lowercase().contains("json"));
+    let m = req.method().to_ascii_uppercase();
+    if raw || !json || !(m == "POST" || m == "PUT" || m == "PATCH") {
+        return Ok(req
+            .body_length()
+            .filter(|n| *n > 0)
+            .map(|n| serde_json::json!({"leftOut": true, "bytes": n})));
+    }
+    let body = http::read_body(req, ctx.cfg.max_body)?;
+    let shown = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(o)) => Some(crate::ops::audit::audited(&o).into()),
+        Ok(_) | Err(_) if body.iter().all(u8::is_ascii_whitespace) => None,
+        // The handler answers a bad body; the record says only its size.
+        _ => Some(serde_json::json!({"unparsed": true, "bytes": body.len()})),
+    };
+    req.replay_body(body);
+    Ok(shown)
+}
+
+/// Query parameters that may carry a secret are left out of the record.
+fn audited_params(params: &http::Params) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    for (k, v) in &params.path {
+        if *k != "session" {
+            m.insert(k.to_string(), v.clone().into());
+        }
+    }
+    for (k, v) in &params.query {
+        let secret = ["token", "secret", "key", "password", "value"]
+            .iter()
+            .any(|w| k.to_ascii_lowercase().contains(w));
+        let shown = if secret { "****".into() } else { v.clone() };
+        m.insert(k.clone(), shown.into());
+    }
+    m
 }
 
 fn count(ctx: &Ctx, status: u16) {
@@ -208,6 +303,7 @@ fn finish(
     reply: Reply,
     retry_after: Option<u64>,
     allow: Option<&str>,
+    audit: Option<ApiAudit>,
 ) {
     match reply {
         r @ (Reply::Later(_) | Reply::Stream { .. } | Reply::Upgrade { .. }) => {
@@ -220,6 +316,11 @@ fn finish(
                     ctx.cfg.max_streams
                 ));
                 count(ctx, e.status);
+                let reply = Reply::Error(e);
+                if let Some(a) = audit {
+                    a.record(ctx, &reply);
+                }
+                let Reply::Error(e) = reply else { return };
                 return respond(req, e.into(), Some(1), None);
             }
             let ctx2 = ctx.clone();
@@ -233,6 +334,9 @@ fn finish(
                             let out = job();
                             let status = out.status();
                             count(&ctx2, status);
+                            if let Some(a) = audit {
+                                a.record(&ctx2, &out);
+                            }
                             // A deferred 503 (a budget or capacity ran
                             // out meanwhile) is worth a retry shortly.
                             let retry = match &out {
@@ -241,9 +345,16 @@ fn finish(
                             };
                             respond(req, out, retry, None)
                         }
-                        Reply::Stream { content_type, job } => {
+                        Reply::Stream {
+                            content_type,
+                            headers,
+                            job,
+                        } => {
                             count(&ctx2, 200);
-                            let mut w = StreamWriter::start(req, content_type);
+                            if let Some(a) = audit {
+                                a.record_status(&ctx2, 200);
+                            }
+                            let mut w = StreamWriter::start_with(req, content_type, &headers);
                             job(&mut w);
                             w.finish();
                         }
@@ -270,13 +381,20 @@ fn finish(
         r => {
             let status = r.status();
             count(ctx, status);
+            if let Some(a) = audit {
+                a.record(ctx, &r);
+            }
             respond(req, r, retry_after, allow)
         }
     }
 }
 
 /// Finds the route, authenticates, authorizes, rate-limits and calls it.
-fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
+fn route(
+    ctx: &Arc<Ctx>,
+    req: &mut httpd::Request,
+    audit: &mut Option<ApiAudit>,
+) -> Result<Reply, ApiError> {
     let target = http::parse_target(req.url())?;
     let method = req.method().to_ascii_uppercase();
     let (route, params) = routes::find(&method, &target)?;
@@ -297,6 +415,26 @@ fn route(ctx: &Arc<Ctx>, req: &mut httpd::Request) -> Result<Reply, ApiError> {
             p
         }
     };
+    let session = params.path.get("session").cloned();
+    let creates = route.pattern == "/v1/sessions" && method == "POST";
+    if ctx.ops.audit().is_enabled() && (session.is_some() || creates) {
+        let owner = match params.query("owner") {
+            Some(o) if principal.is_admin() => o.to_string(),
+            _ => principal.id.clone(),
+        };
+        let mut shown = audited_params(&params);
+        if let Some(body) = audited_body(ctx, req, route.pattern)? {
+            shown.insert("body".into(), body);
+        }
+        *audit = Some(ApiAudit {
+            owner,
+            key: principal.id.clone(),
+            session,
+            method: method.clone(),
+            route: route.pattern,
+            params: shown,
+        });
+    }
     (route.handler)(ctx, req, &principal, &params)
 }
 

@@ -211,6 +211,7 @@ pub fn stream_or_buffer(
         None => Reply::Later(Box::new(move || exec::buffered(ctx, started))),
         Some(fmt) => Reply::Stream {
             content_type: fmt.content_type(),
+            headers: Vec::new(),
             job: Box::new(move |w| {
                 let timeout = (!started.background).then_some(started.timeout);
                 exec::relay(&ctx, started.running, w, fmt, started.encoding, timeout)

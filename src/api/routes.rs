@@ -102,6 +102,7 @@ pub static ROUTES: &[Route] = &[
         v1::set_secrets
     ),
     r!("POST", "/v1/sessions/{session}/exec", EXEC, v1::exec),
+    r!("GET", "/v1/sessions/{session}/audit", EXEC, v1::audit),
     r!(
         "GET",
         "/v1/sessions/{session}/processes",

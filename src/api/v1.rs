@@ -416,6 +416,7 @@ pub fn attach(
     let ctx = ctx.clone();
     Ok(Reply::Stream {
         content_type: fmt.content_type(),
+        headers: Vec::new(),
         job: Box::new(move |w| exec::relay(&ctx, running, w, fmt, enc, None)),
     })
 }
@@ -848,4 +849,30 @@ pub fn delete_snapshot(
         ops.delete_snapshot(&p, &sid)?;
         Ok(json!({"deleted": true, "success": true, "snapshotId": sid}))
     }))
+}
+
+/// `GET /v1/sessions/:id/audit`: the session's audit records as NDJSON
+/// (rotated files, then the current one; `follow=true` keeps streaming).
+/// `Audit-Head: <seq> <hash>` is the last record written when the request
+/// came: a copy that ends before it was cut short.
+pub fn audit(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let follow = params.flag("follow", false)?;
+    let a = ctx
+        .ops
+        .audit_files(p, params.query("owner"), params.get("session"))?;
+    let mut headers = Vec::new();
+    if let Some((seq, hash)) = &a.head {
+        headers.push(("Audit-Head", format!("{seq} {hash}")));
+    }
+    let ctx = ctx.clone();
+    Ok(Reply::Stream {
+        content_type: "application/x-ndjson",
+        headers,
+        job: Box::new(move |w| ctx.ops.audit_stream(&a, follow, &mut |b| w.send(b))),
+    })
 }

@@ -99,6 +99,11 @@ pub enum ThreadKind {
     /// listening socket and relays between a client and a guest
     /// connection another thread made; it opens no socket and no file.
     Preview,
+    /// The audit log's writer (`src/audit`): appends, fsyncs, renames and
+    /// removes files under the audit dir; datagrams to /dev/log.
+    Audit,
+    /// The audit log's HTTP sink: POSTs batches over TCP.
+    AuditSink,
 }
 
 impl ThreadKind {
@@ -113,6 +118,8 @@ impl ThreadKind {
         ThreadKind::Dns,
         ThreadKind::Proxy,
         ThreadKind::Preview,
+        ThreadKind::Audit,
+        ThreadKind::AuditSink,
     ];
 
     pub fn name(self) -> &'static str {
@@ -127,6 +134,8 @@ impl ThreadKind {
             ThreadKind::Dns => "dns",
             ThreadKind::Proxy => "proxy",
             ThreadKind::Preview => "preview",
+            ThreadKind::Audit => "audit",
+            ThreadKind::AuditSink => "audit-sink",
         }
     }
 
@@ -206,6 +215,32 @@ impl ThreadKind {
                     "accepting on the preview listener",
                     &[libc::SYS_accept, libc::SYS_accept4],
                 );
+            }
+            ThreadKind::Audit => {
+                fs_read(&mut r)?;
+                fs_write(&mut r);
+                // Unbound datagram sockets for the syslog sink.
+                sockets(&mut r, &[libc::AF_UNIX])?;
+            }
+            ThreadKind::AuditSink => {
+                // Name lookups read resolv.conf/hosts; ureq may resolve
+                // on a helper thread.
+                threads(&mut r)?;
+                fs_read(&mut r)?;
+                sockets(
+                    &mut r,
+                    &[
+                        libc::AF_INET,
+                        libc::AF_INET6,
+                        libc::AF_UNIX,
+                        libc::AF_NETLINK,
+                    ],
+                )?;
+                r.allow(
+                    "glibc's resolver sends its A and AAAA queries together",
+                    &[libc::SYS_sendmmsg, libc::SYS_recvmmsg],
+                );
+                r.allow("glibc's resolver names the host", &[libc::SYS_uname]);
             }
             ThreadKind::Dns => {
                 fs_read(&mut r)?;

@@ -16,6 +16,20 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// A tool's answer as the audit record sees it: the session it names.
+trait AuditAnswer {
+    fn session_id(&self) -> Option<String>;
+}
+
+impl AuditAnswer for tools::ToolOut {
+    fn session_id(&self) -> Option<String> {
+        self.structured
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(String::from)
+    }
+}
+
 /// Where a connection's outgoing messages go.
 pub trait Sink: Send + Sync {
     /// Sends one message; false once the peer is gone.
@@ -293,6 +307,7 @@ impl Engine {
             if r.is_ok() { "ok" } else { "failed" },
             t0.elapsed()
         );
+        self.audit_call(&conn.caller, name, args, &r, flag.load(Ordering::Acquire));
         if flag.load(Ordering::Acquire) {
             return Ok(None);
         }
@@ -305,6 +320,44 @@ impl Engine {
             }
             Err(m) => json!({"content": [{"type": "text", "text": m}], "isError": true}),
         }))
+    }
+
+    /// The `api` audit record of a tool call about a session (its
+    /// `sessionId`, or the one a create answered with): the tool, its
+    /// arguments without secret values, env values or file content, and
+    /// whether it failed.
+    fn audit_call<T: AuditAnswer>(
+        &self,
+        caller: &Principal,
+        name: &str,
+        args: &Map<String, Value>,
+        r: &Result<T, String>,
+        cancelled: bool,
+    ) {
+        let log = self.host.ops.audit();
+        if !log.is_enabled() {
+            return;
+        }
+        let session = args
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .or_else(|| r.as_ref().ok().and_then(|o| o.session_id()));
+        let Some(session) = session else { return };
+        let owner = match args.get("owner").and_then(Value::as_str) {
+            Some(o) if caller.is_admin() => o.to_string(),
+            _ => caller.id.clone(),
+        };
+        let shown = crate::ops::audit::audited(args);
+        log.record(
+            &owner,
+            &session,
+            "api",
+            json!({
+                "via": "mcp", "key": caller.id, "tool": name, "params": shown,
+                "ok": r.is_ok(), "cancelled": cancelled, "error": r.as_ref().err(),
+            }),
+        );
     }
 
     /// The connection is gone: stop its calls; with `destroy`, also end the

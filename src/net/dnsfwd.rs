@@ -86,6 +86,7 @@ impl Forwarder {
         host_ns: Option<File>,
         cfg: FwdConfig,
         allowed: DnsNames,
+        audit: crate::audit::Slot,
     ) -> Result<Forwarder> {
         if cfg.upstreams.is_empty() {
             return Err(NetError::invalid(format!(
@@ -118,6 +119,7 @@ impl Forwarder {
             shared: shared.clone(),
             stop: stop.clone(),
             wake: wake.clone(),
+            audit,
         };
         let thread = std::thread::Builder::new()
             .name(format!("dns-{id}"))
@@ -172,6 +174,8 @@ struct Worker {
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     wake: Arc<OwnedFd>,
+    /// The session refused names are recorded for (`egress`, `via: dns`).
+    audit: crate::audit::Slot,
 }
 
 pub(super) fn random_u16() -> u16 {
@@ -288,10 +292,28 @@ impl Worker {
 
     fn handle(&mut self, msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
         let allowed = lock(&self.shared).allowed.clone();
-        match dns::classify_by(msg, |n| allowed.allows(n)) {
+        let refused = std::cell::RefCell::new(None);
+        let action = dns::classify_by(msg, |n| {
+            let ok = allowed.allows(n);
+            if !ok {
+                *refused.borrow_mut() = Some(n.to_string());
+            }
+            ok
+        });
+        match action {
             Action::Drop => None,
             Action::Reply(r) => {
                 log::debug!("{}: DNS answered locally (rcode {})", self.id, r[3] & 0x0f);
+                let tag = lock(&self.audit).clone();
+                if let (Some(t), Some(name)) = (tag, refused.into_inner()) {
+                    t.record(
+                        "egress",
+                        serde_json::json!({
+                            "decision": "refused", "via": "dns", "name": name,
+                            "reason": "NotListed", "rcode": r.get(3).map(|b| b & 0x0f),
+                        }),
+                    );
+                }
                 Some(r)
             }
             Action::Forward(q) => Some(self.resolve(&q, tcp)),

@@ -415,6 +415,7 @@ impl Net {
             peer_addr,
             slot,
             ctl: Mutex::new(None),
+            audit: Default::default(),
             done: false,
         };
         match self.setup(&mut s, policy, fault, owner) {
@@ -551,10 +552,10 @@ impl Net {
         rtnl.set_up(lo, "lo")?;
         rtnl.add_route_via(Ipv4Addr::UNSPECIFIED, 0, s.host_addr, peer)?;
         if let Some(names) = self.inner.dns_names(policy) {
-            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names)?);
+            ctl.dns = Some(self.inner.start_dns(&s.id, &ns, names, &s.audit)?);
         }
         if firewall::proxied(policy) {
-            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None)?);
+            ctl.proxy = Some(self.inner.start_proxy(&s.id, &ns, policy, None, &s.audit)?);
         }
         drop(g);
         drop(ns);
@@ -636,6 +637,8 @@ pub struct SessionNet {
     slot: usize,
     /// What live policy changes work with; `None` once torn down.
     ctl: Mutex<Option<Ctl>>,
+    /// The session its proxies record egress decisions for.
+    audit: crate::audit::Slot,
     done: bool,
 }
 
@@ -724,7 +727,13 @@ impl Inner {
             .filter(|n| !(*n == DnsNames::Any && self.cfg.dns_upstreams.is_empty()))
     }
 
-    fn start_dns(&self, id: &str, ns: &File, names: DnsNames) -> Result<Forwarder> {
+    fn start_dns(
+        &self,
+        id: &str,
+        ns: &File,
+        names: DnsNames,
+        audit: &crate::audit::Slot,
+    ) -> Result<Forwarder> {
         let cfg = &self.cfg;
         let host_ns = match &self.host_ns {
             Some(f) => Some(
@@ -743,7 +752,7 @@ impl Inner {
             blocked: firewall::blocked_set(cfg),
             exceptions: cfg.allow_exceptions.clone(),
         };
-        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names)
+        Forwarder::start(id, ns, cfg.tap_addr(), host_ns, fc, names, audit.clone())
     }
 
     fn start_proxy(
@@ -752,6 +761,7 @@ impl Inner {
         ns: &File,
         p: &NetPolicy,
         inject: Option<Arc<inject::Injection>>,
+        audit: &crate::audit::Slot,
     ) -> Result<Proxy> {
         let cfg = &self.cfg;
         let pc = ProxyConfig {
@@ -766,7 +776,7 @@ impl Inner {
             exceptions: cfg.allow_exceptions.clone(),
             upstream_tls: self.upstream_tls.clone(),
         };
-        Proxy::start(id, ns, pc, gate(p), inject)
+        Proxy::start(id, ns, pc, gate(p), inject, audit.clone())
     }
 }
 
@@ -898,7 +908,7 @@ impl SessionNet {
         match (ctl.dns.is_some(), names) {
             (false, Some(n)) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.dns = Some(self.net.start_dns(&self.id, &ns, n)?);
+                ctl.dns = Some(self.net.start_dns(&self.id, &ns, n, &self.audit)?);
             }
             (true, None) => ctl.dns = None,
             _ => {}
@@ -914,7 +924,13 @@ impl SessionNet {
         match (&ctl.proxy, want) {
             (None, true) => {
                 let ns = netns::open(&self.netns_path())?;
-                ctl.proxy = Some(self.net.start_proxy(&self.id, &ns, p, ctl.inject.clone())?);
+                ctl.proxy = Some(self.net.start_proxy(
+                    &self.id,
+                    &ns,
+                    p,
+                    ctl.inject.clone(),
+                    &self.audit,
+                )?);
             }
             (Some(_), false) => ctl.proxy = None,
             (Some(px), true) => {
@@ -979,6 +995,12 @@ impl SessionNet {
         let c = GuestConnector::start(&self.id, &ns, self.net.cfg.guest_addr())?;
         ctl.connector = Some(c.clone());
         Ok(c)
+    }
+
+    /// The session whose audit log the proxy's egress decisions go to
+    /// (`None`: none, while the network waits in a pool).
+    pub fn set_audit(&self, tag: Option<crate::audit::Tag>) {
+        *lock(&self.audit) = tag;
     }
 
     /// What the inspection proxy did, while it runs.

@@ -206,6 +206,17 @@ struct Shared {
     counters: Counters,
     live: AtomicUsize,
     stop: AtomicBool,
+    /// The session egress decisions are recorded for.
+    audit: crate::audit::Slot,
+}
+
+impl Shared {
+    fn audit(&self, fields: serde_json::Value) {
+        let tag = lock(&self.audit).clone();
+        if let Some(t) = tag {
+            t.record("egress", fields);
+        }
+    }
 }
 
 pub(super) struct Proxy {
@@ -224,6 +235,7 @@ impl Proxy {
         cfg: ProxyConfig,
         gate: Gate,
         inject: Option<Arc<Injection>>,
+        audit: crate::audit::Slot,
     ) -> Result<Proxy> {
         let what = format!("session {id} egress proxy");
         let listen = cfg.listen;
@@ -245,6 +257,7 @@ impl Proxy {
             counters: Counters::default(),
             live: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            audit,
         });
         let wake = Arc::new(super::dnsfwd::eventfd()?);
         let (sh, wk) = (shared.clone(), wake.clone());
@@ -666,20 +679,34 @@ fn serve(sh: &Shared, mut c: TcpStream) {
     let _ = c.set_write_timeout(Some(IDLE));
     let _ = up.set_read_timeout(Some(IDLE));
     let _ = up.set_write_timeout(Some(IDLE));
+    let t0 = Instant::now();
+    let addr = up.peer_addr().ok();
+    let done = |bytes: Option<[u64; 2]>, intercepted: bool| {
+        sh.audit(serde_json::json!({
+            "decision": "allowed", "name": name, "address": addr.map(|a| a.ip().to_string()),
+            "port": port, "tls": tls, "intercepted": intercepted,
+            "bytesUp": bytes.map(|b| b[0]), "bytesDown": bytes.map(|b| b[1]),
+            "durationMs": t0.elapsed().as_millis() as u64,
+        }))
+    };
     if let (true, Some(inj)) = (intercept, inject) {
         sh.counters.intercepted.fetch_add(1, Ordering::Relaxed);
-        return intercept_tls(sh, c, buf, &name, up, &inj);
+        intercept_tls(sh, c, buf, &name, up, &inj);
+        return done(None, true);
     }
     match http {
         None => {
             if up.write_all(&buf).is_ok() {
-                splice(c, up);
+                let [a, b] = splice_counted(c, up);
+                done(Some([a + buf.len() as u64, b]), false);
+            } else {
+                done(Some([0, 0]), false);
             }
         }
         Some((len, body)) => {
             let head = close_head(&buf[..len]);
             if up.write_all(&head).is_err() {
-                return;
+                return done(Some([0, 0]), false);
             }
             let Ok(up2) = up.try_clone() else { return };
             let Ok(c2) = c.try_clone() else { return };
@@ -688,11 +715,29 @@ fn serve(sh: &Shared, mut c: TcpStream) {
                 .name(format!("proxy-{}-r", sh.id))
                 .spawn(move || copy_until_eof(up2, c2));
             let mut rest = buf[len..].to_vec();
-            let _ = forward_body(&mut c, &mut up, body, &mut rest);
-            if let Ok(h) = back {
-                let _ = h.join();
-            }
+            let mut counted = Counting { w: &mut up, n: 0 };
+            let _ = forward_body(&mut c, &mut counted, body, &mut rest);
+            let sent = head.len() as u64 + counted.n;
+            let got = back.ok().and_then(|h| h.join().ok()).unwrap_or(0);
+            done(Some([sent, got]), false);
         }
+    }
+}
+
+/// A writer that counts what passed.
+struct Counting<'a, W: Write> {
+    w: &'a mut W,
+    n: u64,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let k = self.w.write(b)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
     }
 }
 
@@ -993,8 +1038,9 @@ fn forward_body(
     }
 }
 
-fn copy_until_eof(mut from: TcpStream, mut to: TcpStream) {
+fn copy_until_eof(mut from: TcpStream, mut to: TcpStream) -> u64 {
     let mut b = vec![0u8; 32 << 10];
+    let mut total = 0u64;
     loop {
         match from.read(&mut b) {
             Ok(0) | Err(_) => break,
@@ -1002,16 +1048,24 @@ fn copy_until_eof(mut from: TcpStream, mut to: TcpStream) {
                 if to.write_all(&b[..n]).is_err() {
                     break;
                 }
+                total += n as u64;
             }
         }
     }
     let _ = to.shutdown(Shutdown::Write);
     let _ = from.shutdown(Shutdown::Both);
+    total
 }
 
 /// Both directions until both ends closed (a half-close passed on), or
 /// [`IDLE`] without a byte either way.
-pub fn splice(mut a: TcpStream, mut b: TcpStream) {
+pub fn splice(a: TcpStream, b: TcpStream) {
+    splice_counted(a, b);
+}
+
+/// [`splice`], answering the bytes moved: `[a -> b, b -> a]`.
+pub fn splice_counted(mut a: TcpStream, mut b: TcpStream) -> [u64; 2] {
+    let mut moved = [0u64; 2];
     let mut buf = vec![0u8; 32 << 10];
     // open[0]: a -> b still reading; open[1]: b -> a.
     let mut open = [true, true];
@@ -1036,11 +1090,11 @@ pub fn splice(mut a: TcpStream, mut b: TcpStream) {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return;
+            return moved;
         }
         if n == 0 {
             if last.elapsed() >= IDLE {
-                return;
+                return moved;
             }
             continue;
         }
@@ -1060,19 +1114,26 @@ pub fn splice(mut a: TcpStream, mut b: TcpStream) {
                 }
                 Ok(k) => {
                     if to.write_all(&buf[..k]).is_err() {
-                        return;
+                        return moved;
                     }
+                    moved[i] += k as u64;
                     last = Instant::now();
                 }
             }
         }
     }
+    moved
 }
 
 /// Refuse a connection: a 403 for HTTP, a TLS alert for TLS; counted,
 /// and logged up to [`LOGGED_REFUSALS`] times per session.
 fn refuse(sh: &Shared, r: Refusal, name: &str, tls: Option<bool>, mut c: TcpStream) {
     sh.counters.refused(r);
+    let port = original_dst(&c).ok().map(|a| a.port());
+    sh.audit(serde_json::json!({
+        "decision": "refused", "name": name, "port": port, "tls": tls,
+        "reason": format!("{r:?}"), "why": r.what(),
+    }));
     let total = sh.counters.total_refused();
     if total <= LOGGED_REFUSALS {
         log::info!(

@@ -242,6 +242,31 @@ impl Ops {
                 });
         }
         let mut running = Running::new(call, "exec", Some(activity));
+        // The record's command line passes the same mask as the output:
+        // a secret value typed into argv stays out of the log too.
+        let mut shown = p.req.clone();
+        let mut m = Masker::new(
+            p.secrets
+                .0
+                .values()
+                .map(|v| v.as_bytes())
+                .chain(injected.iter().map(|v| v.as_bytes())),
+        );
+        shown.argv = shown.argv.iter().map(|a| m.mask_str(a)).collect();
+        shown.shell = shown.shell.as_deref().map(|a| m.mask_str(a));
+        shown.cwd = shown.cwd.as_deref().map(|a| m.mask_str(a));
+        running.audit_as(
+            session,
+            self.audit(),
+            &shown,
+            json!({
+                "secretNames": p.secrets.0.keys().collect::<Vec<_>>(),
+                "stdinBytes": p.stdin.as_ref().map(Vec::len),
+            }),
+        );
+        if let Some(a) = &mut running.audit {
+            a.seen = Some(session.clone());
+        }
         running.masker = masker;
         running.secrets = files;
         Ok(Started {
@@ -338,12 +363,90 @@ pub struct Running {
     /// Events due before the next one read (held output flushed before
     /// the exit).
     queue: VecDeque<ExecEvent>,
+    /// The command's `exec`/`exit` audit records (`None`: an attach).
+    audit: Option<ExecAudit>,
     // Last: the session counts as busy until the files are gone.
     _activity: Option<Activity>,
 }
 
+/// What a command's audit records need.
+struct ExecAudit {
+    log: crate::audit::Log,
+    owner: String,
+    session: String,
+    /// Where ends already recorded are noted (each process's once).
+    seen: Option<Arc<Session>>,
+    /// An attach: it records the end it sees, never a start or a cancel.
+    attach: bool,
+    /// The `exec` record, until it is written (at the start event).
+    start: Option<Value>,
+    proc: Option<u64>,
+    t0: Instant,
+    done: bool,
+}
+
+impl ExecAudit {
+    fn started(&mut self, proc: Option<u64>, pid: Option<i32>) {
+        if let Some(mut r) = self.start.take() {
+            self.proc = proc;
+            if let Some(m) = r.as_object_mut() {
+                m.insert("proc".into(), json!(proc));
+                m.insert("pid".into(), json!(pid));
+            }
+            self.log.record(&self.owner, &self.session, "exec", r);
+        }
+    }
+
+    fn exited(&mut self, st: &ExitStatus) {
+        self.started(None, None);
+        self.done = true;
+        if let (Some(s), Some(p)) = (&self.seen, self.proc) {
+            if !first_end(s, p) {
+                return;
+            }
+        }
+        let mut r = exit_fields(self.proc, st);
+        if let (true, Some(m)) = (self.attach, r.as_object_mut()) {
+            m.insert("seenBy".into(), json!("attach"));
+        }
+        self.log.record(&self.owner, &self.session, "exit", r);
+    }
+
+    /// One record of what the guest says the command did (`proc`, `file`):
+    /// the exec's process id added; the kind's rate limit applies.
+    fn guest(&self, kind: &'static str, mut fields: Value) {
+        if let Some(m) = fields.as_object_mut() {
+            m.insert("exec".into(), json!(self.proc));
+            m.insert("reportedBy".into(), json!("guest"));
+        }
+        self.log.record(&self.owner, &self.session, kind, fields);
+    }
+
+    /// The call ended without an exit seen: an error, a background start,
+    /// or its client went away (a foreground command is killed then).
+    fn ended(&mut self, outcome: &str, error: Option<String>) {
+        if self.attach {
+            self.done = true;
+            return;
+        }
+        self.started(None, None);
+        if !std::mem::replace(&mut self.done, true) {
+            let r = json!({
+                "proc": self.proc, "outcome": outcome, "error": error,
+                "durationMs": self.t0.elapsed().as_millis() as u64,
+            });
+            self.log.record(&self.owner, &self.session, "exit", r);
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
+        if let Some(a) = &mut self.audit {
+            if !a.done {
+                a.ended("cancelled", None);
+            }
+        }
         if let Some(mut f) = self.secrets.take() {
             // Kill the command before its files go.
             let _ = self.call.cancel();
@@ -360,7 +463,79 @@ impl Running {
             masker: Masker::default(),
             secrets: None,
             queue: VecDeque::new(),
+            audit: None,
             _activity: activity,
+        }
+    }
+
+    /// Audits this attach to process `proc`: the end it sees is recorded
+    /// (once per process, whoever sees it first).
+    pub(super) fn audit_attach(
+        &mut self,
+        session: &Arc<Session>,
+        log: &crate::audit::Log,
+        proc: u64,
+    ) {
+        if !log.is_enabled() {
+            return;
+        }
+        self.audit = Some(ExecAudit {
+            log: log.clone(),
+            owner: session.owner.clone(),
+            session: session.id.clone(),
+            seen: Some(session.clone()),
+            attach: true,
+            start: None,
+            proc: Some(proc),
+            t0: Instant::now(),
+            done: false,
+        });
+    }
+
+    /// Audits this call as the command `req` of `session`: an `exec`
+    /// record once it runs (with its process id), an `exit` one at its end.
+    pub(super) fn audit_as(
+        &mut self,
+        session: &Session,
+        log: &crate::audit::Log,
+        req: &ExecRequest,
+        extra: Value,
+    ) {
+        if !log.is_enabled() {
+            return;
+        }
+        let mut start = json!({
+            "argv": req.argv, "shell": req.shell, "cwd": req.cwd,
+            "envNames": req.env.keys().collect::<Vec<_>>(),
+            "uid": req.uid, "gid": req.gid,
+            "pty": req.pty.is_some(), "background": req.background, "tag": req.tag,
+            "timeoutMs": req.timeout_ms, "call": self.call.id,
+        });
+        if let (Some(m), Value::Object(x)) = (start.as_object_mut(), extra) {
+            m.extend(x);
+        }
+        self.audit = Some(ExecAudit {
+            log: log.clone(),
+            owner: session.owner.clone(),
+            session: session.id.clone(),
+            seen: None,
+            attach: false,
+            start: Some(start),
+            proc: None,
+            t0: Instant::now(),
+            done: false,
+        });
+    }
+
+    /// Records one guest-reported event of this command in the session's
+    /// audit log: `kind` `"proc"` (a process of the tree it grew) or
+    /// `"file"` (a file it changed), `fields` the event's JSON object. The
+    /// record gets `exec` (this command's process id) and `reportedBy:
+    /// "guest"`; both kinds are rate-limited per session (summarised when
+    /// over). Does nothing for a call that is not an audited command.
+    pub fn audit_guest(&self, kind: &'static str, fields: Value) {
+        if let Some(a) = &self.audit {
+            a.guest(kind, fields);
         }
     }
 
@@ -392,6 +567,19 @@ impl Running {
     /// `None` for what no front end shows (EOF marks, other events).
     fn event(&mut self, m: Inbound) -> OpsResult<Option<ExecEvent>> {
         let r = self.convert(m);
+        if let Some(a) = &mut self.audit {
+            match &r {
+                Ok(Some(ExecEvent::Started { proc, pid })) => a.started(Some(*proc), Some(*pid)),
+                Ok(Some(ExecEvent::Exited(st))) => a.exited(st),
+                Ok(Some(ExecEvent::Background { proc, pid })) => {
+                    a.started(Some(*proc), Some(*pid));
+                    // It runs on; its exit is not this call's.
+                    a.done = true;
+                }
+                Err(e) => a.ended("error", Some(e.to_string())),
+                _ => {}
+            }
+        }
         if matches!(r, Ok(Some(ExecEvent::Exited(_))) | Err(_)) {
             self.ended();
         }
@@ -572,6 +760,41 @@ pub fn outcome(st: &ExitStatus) -> &'static str {
 /// The exit code a shell would show: 128 + the signal for a killed command.
 pub fn exit_code(st: &ExitStatus) -> i32 {
     st.code.or(st.signal.map(|s| 128 + s)).unwrap_or(-1)
+}
+
+/// Ends seen per session: the oldest are forgotten past this.
+const MAX_AUDITED_EXITS: usize = 4096;
+
+/// Notes that `proc`'s end is recorded now; false if it was already.
+pub(super) fn first_end(s: &Session, proc: u64) -> bool {
+    let mut seen = crate::sync::lock(&s.audited_exits);
+    let new = seen.insert(proc);
+    while seen.len() > MAX_AUDITED_EXITS {
+        seen.pop_first();
+    }
+    new
+}
+
+/// An `exit` audit record's fields: code, signal, how it ended, usage.
+pub(super) fn exit_fields(proc: Option<u64>, st: &ExitStatus) -> Value {
+    let outcome = if st.timed_out {
+        "timeout"
+    } else if st.signal.is_some() {
+        "killed"
+    } else {
+        "exited"
+    };
+    let mut r = json!({
+        "proc": proc, "exitCode": st.code,
+        "signal": st.signal.map(crate::proto::Signal::name_of),
+        "outcome": outcome,
+    });
+    if let Some(m) = r.as_object_mut() {
+        for (k, v) in usage_fields(st) {
+            m.insert(k.into(), v);
+        }
+    }
+    r
 }
 
 /// `durationMs` (the command's run time in the guest, spawn to exit),

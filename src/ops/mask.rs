@@ -54,6 +54,18 @@ impl Masker {
         }
     }
 
+    /// `data` whole, masked (an audit record's text: one piece, no tail).
+    pub fn mask_all(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut out = self.push(0, data);
+        out.extend(self.flush(0));
+        out
+    }
+
+    /// [`Masker::mask_all`] of a string, lossily back to a string.
+    pub fn mask_str(&mut self, s: &str) -> String {
+        String::from_utf8_lossy(&self.mask_all(s.as_bytes())).into_owned()
+    }
+
     /// Nothing to mask: output passes through untouched.
     pub fn is_empty(&self) -> bool {
         self.patterns.is_empty()

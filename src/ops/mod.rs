@@ -4,6 +4,7 @@
 //! answer and [`OpsError`] at their edge; validation, limits and
 //! ownership checks live here once.
 
+pub mod audit;
 pub mod auth;
 pub mod error;
 pub mod exec;
@@ -108,7 +109,13 @@ impl Ops {
         // A bad `guest_ca_bundle` fails the start here too (not only in
         // `Config::validate`), for configs that were never validated.
         cfg.guest_cas()?;
-        let mgr = Manager::new(cfg.clone(), factory, metrics);
+        let mgr = Manager::new(cfg.clone(), factory, metrics.clone());
+        let audit = crate::audit::Log::start(
+            &cfg.audit,
+            cfg.audit.dir_in(&cfg.state_dir),
+            Some(metrics.audit_dropped.clone()),
+        )?;
+        mgr.set_audit(audit);
         mgr.pool
             .start()
             .map_err(|e| format!("start pool thread: {e}"))?;
@@ -132,6 +139,13 @@ impl Ops {
             let _ = h.join();
         }
         self.mgr.shutdown();
+        // After the sessions' last records.
+        self.audit().stop();
+    }
+
+    /// The audit log (disabled when off, or for a manager run elsewhere).
+    pub fn audit(&self) -> &crate::audit::Log {
+        self.mgr.audit()
     }
 
     /// The owner a request acts for: the caller, or with an admin key the

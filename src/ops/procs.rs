@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Keystrokes kept per `pty_input` audit record.
+pub const AUDIT_PTY_BYTES: usize = 4096;
+
 /// What `KillAll` found.
 #[derive(Debug, Clone, Copy)]
 pub struct Killed {
@@ -66,7 +69,10 @@ impl Ops {
     /// The processes the session's agent knows (running and exited).
     pub fn procs(&self, s: &Arc<Session>) -> OpsResult<Vec<ProcInfo>> {
         match self.simple(s, Request::ListProcs, "list processes")? {
-            Response::Procs { procs } => Ok(procs),
+            Response::Procs { procs } => {
+                self.audit_ends(s, &procs);
+                Ok(procs)
+            }
             other => Err(OpsError::UnexpectedAnswer(format!("{other:?}"))),
         }
     }
@@ -83,10 +89,13 @@ impl Ops {
             session: s.id.clone(),
         };
         match known {
-            Response::Procs { procs } => procs
-                .into_iter()
-                .find(|p| p.proc == proc)
-                .ok_or_else(not_found),
+            Response::Procs { procs } => {
+                self.audit_ends(s, &procs);
+                procs
+                    .into_iter()
+                    .find(|p| p.proc == proc)
+                    .ok_or_else(not_found)
+            }
             _ => Err(not_found()),
         }
     }
@@ -149,19 +158,84 @@ impl Ops {
             self.wait(),
         )?;
         let mut r = Running::new(call, "exec", Some(activity));
+        r.audit_attach(s, self.audit(), proc);
         let injected = s.secret_values();
         r.masker = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
         Ok(r)
+    }
+
+    /// Background processes a listing shows ended: their `exit` records
+    /// (each once; their own exec call ended at their start).
+    fn audit_ends(&self, s: &Session, procs: &[ProcInfo]) {
+        let log = self.audit();
+        if !log.is_enabled() {
+            return;
+        }
+        for p in procs {
+            if let Some(st) = p.exit.as_ref().filter(|_| p.background) {
+                if super::exec::first_end(s, p.proc) {
+                    let mut r = super::exec::exit_fields(Some(p.proc), st);
+                    if let Some(m) = r.as_object_mut() {
+                        m.insert("seenBy".into(), json!("list"));
+                    }
+                    log.record(&s.owner, &s.id, "exit", r);
+                }
+            }
+        }
+    }
+
+    /// [`Ops::stdin`]'s audit record for input a front end wrote through
+    /// an attach of its own (MCP `write_process`): looks the process up
+    /// (PTY or not) only when the log is on.
+    pub fn audit_input(&self, s: &Arc<Session>, proc: u64, data: &[u8], eof: bool) {
+        if !self.audit().is_enabled() {
+            return;
+        }
+        if let Ok(info) = self.proc_info(s, proc) {
+            self.audit_stdin(s, &info, data, eof);
+        }
+    }
+
+    /// A PTY's keystrokes (masked like output, at most
+    /// [`AUDIT_PTY_BYTES`] per record) or a plain process's input size.
+    fn audit_stdin(&self, s: &Session, info: &ProcInfo, data: &[u8], eof: bool) {
+        let log = self.audit();
+        if !log.is_enabled() {
+            return;
+        }
+        if info.pty {
+            let injected = s.secret_values();
+            let mut m = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
+            let masked = m.mask_all(data);
+            let kept = &masked[..masked.len().min(AUDIT_PTY_BYTES)];
+            log.record(
+                &s.owner,
+                &s.id,
+                "pty_input",
+                json!({
+                    "proc": info.proc, "data": String::from_utf8_lossy(kept),
+                    "bytes": data.len(), "truncated": kept.len() < masked.len(), "eof": eof,
+                }),
+            );
+        } else {
+            log.record(
+                &s.owner,
+                &s.id,
+                "stdin",
+                json!({"proc": info.proc, "bytes": data.len(), "eof": eof}),
+            );
+        }
     }
 
     /// Writes `data` (then EOF if `eof`) to process `proc`'s stdin; an
     /// unknown process is refused first.
     pub fn stdin(&self, s: &Arc<Session>, proc: u64, data: &[u8], eof: bool) -> OpsResult<()> {
         let _a = s.activity();
-        self.proc_info(s, proc)?;
+        let info = self.proc_info(s, proc)?;
         let mut r = self.attach(s, proc, true, false)?;
         r.set_what("stdin");
         r.send_input(data, eof)?;
+        self.audit_stdin(s, &info, data, eof);
         // A quick look for an immediate failure (unknown process).
         match r.poll(Duration::from_millis(20)) {
             Err(e @ OpsError::Agent { .. }) => Err(e),

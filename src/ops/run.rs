@@ -322,8 +322,14 @@ impl Ops {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let call = session.call(Request::Exec(req), wait)?;
+        let call = session.call(Request::Exec(req.clone()), wait)?;
         let mut running = exec::Running::new(call, "run", None);
+        running.audit_as(
+            &session,
+            self.audit(),
+            &req,
+            serde_json::json!({"via": "run", "language": r.language.name()}),
+        );
         // The guest kills the program at its timeout; this only guards
         // against a guest that never answers.
         let deadline = t0 + Duration::from_millis(r.limits.timeout_ms) + Duration::from_secs(30);

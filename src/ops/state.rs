@@ -309,6 +309,21 @@ impl Ops {
             ..Default::default()
         };
         let sessions = self.mgr.create_from(&s.owner, &ids, &e, opts)?;
+        let a = self.audit();
+        a.record(
+            &s.owner,
+            &s.id,
+            "session",
+            serde_json::json!({"event": "forked", "copies": ids}),
+        );
+        for c in &sessions {
+            a.record(
+                &c.owner,
+                &c.id,
+                "session",
+                serde_json::json!({"event": "forked_from", "source": s.id}),
+            );
+        }
         Ok(Fork {
             source: s.clone(),
             paused_ms: e.meta().paused_ms,
@@ -338,13 +353,30 @@ impl Ops {
             ))));
         }
         self.disk_quota(&s.owner)?;
-        s.pause(self.state_wait()).map_err(lift)
+        let r = s.pause(self.state_wait()).map_err(lift);
+        self.audit_state(s, "paused", &r);
+        r
+    }
+
+    fn audit_state(&self, s: &Session, event: &str, r: &OpsResult<()>) {
+        let error = r.as_ref().err().map(|e| e.to_string());
+        self.audit().record(
+            &s.owner,
+            &s.id,
+            "session",
+            serde_json::json!({"event": event, "ok": r.is_ok(), "error": error}),
+        );
     }
 
     /// Restores a paused session where it was (a running one: nothing to
     /// do).
     pub fn resume(&self, s: &Arc<Session>) -> OpsResult<()> {
-        s.resume(self.state_wait()).map_err(lift)
+        let was_paused = s.state() == State::Paused;
+        let r = s.resume(self.state_wait()).map_err(lift);
+        if was_paused {
+            self.audit_state(s, "resumed", &r);
+        }
+        r
     }
 }
 

@@ -67,6 +67,10 @@ pub trait NetLease: Send {
     fn guest_connector(&mut self) -> Option<crate::net::GuestConnector> {
         None
     }
+    /// The session the proxy records egress decisions for.
+    fn set_audit(&self, tag: Option<crate::audit::Tag>) {
+        let _ = tag;
+    }
     /// Secrets for the session's proxy to inject (`net::inject`).
     fn set_injection(
         &mut self,

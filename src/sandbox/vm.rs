@@ -500,6 +500,12 @@ impl Sandbox for VmSandbox {
         self.net.as_mut().and_then(|n| n.guest_connector())
     }
 
+    fn set_audit(&mut self, tag: Option<crate::audit::Tag>) {
+        if let Some(n) = self.net.as_ref() {
+            n.set_audit(tag);
+        }
+    }
+
     fn set_injection(
         &mut self,
         inj: Option<std::sync::Arc<crate::net::inject::Injection>>,

@@ -605,6 +605,10 @@ impl NetLease for SessionLease {
             }
         }
     }
+    fn set_audit(&self, tag: Option<crate::audit::Tag>) {
+        self.net.set_audit(tag);
+    }
+
     fn set_injection(
         &mut self,
         inj: Option<std::sync::Arc<crate::net::inject::Injection>>,

@@ -23,12 +23,26 @@ pub struct StreamWriter {
 
 impl StreamWriter {
     pub fn start(req: Request, content_type: &str) -> StreamWriter {
+        Self::start_with(req, content_type, &[])
+    }
+
+    /// [`StreamWriter::start`] with extra headers (names and values from
+    /// the daemon, never from a client).
+    pub fn start_with(
+        req: Request,
+        content_type: &str,
+        headers: &[(&str, String)],
+    ) -> StreamWriter {
+        let extra: String = headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         let chunked = !req.is_http10();
         let shape = Shape::for_target(req.url());
         let mut out = req.into_writer();
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
-             X-Accel-Buffering: no\r\nConnection: close\r\n{}\r\n",
+             X-Accel-Buffering: no\r\nConnection: close\r\n{extra}{}\r\n",
             if chunked {
                 "Transfer-Encoding: chunked\r\n"
             } else {

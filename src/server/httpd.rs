@@ -192,6 +192,8 @@ pub struct Request {
     body_deadline: Instant,
     /// The body was not read to its end, or reading it failed.
     body_broken: bool,
+    /// A body read ahead (for the audit log) and handed out again first.
+    replay: Option<io::Cursor<Vec<u8>>>,
 }
 
 impl Request {
@@ -225,6 +227,12 @@ impl Request {
     /// The body, bounded by its framing, `max_body` and the body deadline.
     pub fn as_reader(&mut self) -> &mut dyn Read {
         self
+    }
+
+    /// `body` (read from this request by the dispatcher) is what the
+    /// handler reads next, before anything left on the connection.
+    pub fn replay_body(&mut self, body: Vec<u8>) {
+        self.replay = Some(io::Cursor::new(body));
     }
 
     fn body_done(&self) -> bool {
@@ -413,6 +421,13 @@ impl Request {
 
 impl Read for Request {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if let Some(r) = &mut self.replay {
+            let n = r.read(out)?;
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+            self.replay = None;
+        }
         if out.is_empty() || self.body_done() || self.conn.is_none() {
             return Ok(0);
         }
@@ -996,6 +1011,7 @@ fn read_head(mut conn: Conn, limits: &Arc<Limits>, back: SyncSender<Conn>) -> He
         limits: limits.clone(),
         body_deadline,
         body_broken: false,
+        replay: None,
     }))
 }
 

@@ -178,6 +178,10 @@ pub struct Session {
     /// in their own exec's answer, so no attach may replay it (bounded:
     /// the oldest ids go first, long after the agent forgot them).
     pub secret_procs: Mutex<std::collections::BTreeSet<u64>>,
+    /// Processes whose end the audit log has recorded (each once, however
+    /// it was seen: its exec, an attach, a listing); bounded like
+    /// `secret_procs`.
+    pub audited_exits: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// A guest port opened to the outside (`POST /v1/sessions/:id/ports`).

@@ -58,6 +58,9 @@ pub struct Manager {
     pub guest_cas: Option<Arc<GuestCas>>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
+    /// The audit log, once the host that runs this manager started it
+    /// (`Ops::start`); unset: records go nowhere.
+    audit: std::sync::OnceLock<crate::audit::Log>,
 }
 
 /// What a new session is made of, however it is created.
@@ -161,6 +164,7 @@ impl Manager {
             guest_cas,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
+            audit: std::sync::OnceLock::new(),
         });
         mgr.load_paused();
         mgr
@@ -256,6 +260,7 @@ impl Manager {
             active: AtomicUsize::new(0),
             secret_files: Default::default(),
             secret_procs: Default::default(),
+            audited_exits: Default::default(),
             state: Mutex::new(state),
             tx,
             thread: Mutex::new(None),
@@ -269,6 +274,24 @@ impl Manager {
                 BTreeMap::new()
             },
         });
+        let from = match &origin {
+            Origin::Template => Some("template"),
+            Origin::Checkpoint(_) => Some("snapshot"),
+            Origin::Paused(_) => None,
+        };
+        if let Some(from) = from {
+            let sp = &session.spec;
+            self.audit().record(
+                &session.owner,
+                &session.id,
+                "session",
+                serde_json::json!({
+                    "event": "created", "from": from, "template": sp.template,
+                    "vcpus": sp.vcpus, "memMib": sp.mem_mib, "diskMib": sp.disk_mib,
+                    "envNames": sp.env.keys().collect::<Vec<_>>(),
+                }),
+            );
+        }
         let handle = worker::spawn(self.home(), session.clone(), rx, origin).map_err(|e| {
             SessionError::Thread {
                 id: n.id.clone(),
@@ -425,6 +448,20 @@ impl Manager {
         self.closing.load(Ordering::Acquire)
     }
 
+    /// The audit log every layer above records through (disabled until
+    /// [`Manager::set_audit`]).
+    pub fn audit(&self) -> &crate::audit::Log {
+        static OFF: std::sync::OnceLock<crate::audit::Log> = std::sync::OnceLock::new();
+        self.audit
+            .get()
+            .unwrap_or_else(|| OFF.get_or_init(crate::audit::Log::disabled))
+    }
+
+    /// Set once, by the host that starts the log.
+    pub fn set_audit(&self, log: crate::audit::Log) {
+        let _ = self.audit.set(log);
+    }
+
     pub fn get(&self, owner: &str, id: &str) -> Option<Arc<Session>> {
         lock(&self.sessions)
             .get(&(owner.to_string(), id.to_string()))
@@ -544,6 +581,7 @@ impl Manager {
             store: self.checkpoints.clone(),
             guest_cas: self.guest_cas.clone(),
             admit: Box::new(move |s| me2.admit_resume(s)),
+            audit: self.audit().clone(),
         }
     }
 
@@ -566,6 +604,17 @@ impl Manager {
     /// daemon stops, [`Cmd::Shutdown`], which keeps a paused one's state).
     fn stop_with(&self, s: &Arc<Session>, why: &str, wait: bool, cmd: Cmd) {
         log::info!("session {}/{}: closing ({why})", s.owner, s.id);
+        let event = if matches!(cmd, Cmd::Shutdown) {
+            "stopped"
+        } else {
+            "destroyed"
+        };
+        self.audit().record(
+            &s.owner,
+            &s.id,
+            "session",
+            serde_json::json!({"event": event, "reason": why}),
+        );
         let was_failed = matches!(s.state(), State::Failed(_));
         *lock(&s.state) = State::Closing;
         if !was_failed {

@@ -36,6 +36,8 @@ pub(crate) struct Home {
     /// (capacity and the key's quota, as for a new session); it marks
     /// the session starting under the registry's lock.
     pub admit: Admit,
+    /// The audit log the sandbox's layers (its egress proxy) record to.
+    pub audit: crate::audit::Log,
 }
 
 /// The registry's `forget`: drops a session that failed to start.
@@ -233,6 +235,13 @@ impl Worker {
     /// trust its operator asked for would fail later and less clearly.
     fn prepare(&self, sb: Box<dyn Sandbox>) -> Result<Box<dyn Sandbox>, SandboxError> {
         let mut sb = self.prepare_cas(sb)?;
+        if self.home.audit.is_enabled() {
+            sb.set_audit(Some(crate::audit::Tag {
+                log: self.home.audit.clone(),
+                owner: self.session.owner.clone(),
+                session: self.session.id.clone(),
+            }));
+        }
         let inj = lock(&self.session.inject).clone();
         if let Err(msg) = arm_injection(&self.session.id, sb.as_mut(), inj.as_ref()) {
             self.home.metrics.error("secret_injection");

@@ -284,6 +284,7 @@ pub(super) fn write_process(ctx: &ToolCtx, a: &Map<String, Value>) -> ToolResult
             return Err(e.with_what(format!("process {proc}")).message());
         }
     }
+    ctx.host.ops.audit_input(&s, proc, input.as_bytes(), eof);
     Ok(json!({"procId": proc, "bytes": input.len(), "eof": eof}).into())
 }
 
