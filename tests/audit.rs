@@ -540,7 +540,9 @@ fn a_vm_session_with_secrets_forks_edits_and_types_into_a_pty() {
     let r = h.post(
         "/v1/sessions/vm/exec",
         &json!({"command": "for i in 1 2 3; do (echo $i > /tmp/f$i) & done; wait; \
-                            cat /run/secrets/TOKEN; cat /tmp/f1 /tmp/f2 /tmp/f3",
+                            cat /run/secrets/TOKEN; cat /tmp/f1 /tmp/f2 /tmp/f3; \
+                            cat /run/secrets/TOKEN > /workspace/leak.txt; \
+                            echo more >> /etc/hostname",
                 "env": {"MY_ENV": "env-value-plugh"}, "secrets": {"TOKEN": SECRET},
                 "timeout": 60_000}),
     );
@@ -576,6 +578,101 @@ fn a_vm_session_with_secrets_forks_edits_and_types_into_a_pty() {
     assert!(of(&recs, "pty_input")
         .iter()
         .any(|r| r["data"] == "pip install requests\n"));
+
+    // What the guest says the script did: its process tree (the three
+    // subshells forked by the script's shell, the `cat`s it ran) and the
+    // files it changed, each with size and sha256, diffs masked.
+    let mine = |kind: &str| -> Vec<Value> {
+        of(&recs, kind)
+            .into_iter()
+            .filter(|r| r["exec"] == e["proc"] && r["reportedBy"] == "guest")
+            .cloned()
+            .collect()
+    };
+    let procs = mine("proc");
+    let root = procs
+        .iter()
+        .find(|p| p["event"] == "exec" && p["argv"][0] == "/bin/sh")
+        .unwrap_or_else(|| panic!("the script's shell in {procs:?}"));
+    let forks = procs
+        .iter()
+        .filter(|p| p["event"] == "fork" && p["ppid"] == root["pid"])
+        .count();
+    assert!(forks >= 3, "the subshells forked by the script: {procs:?}");
+    assert!(
+        procs
+            .iter()
+            .any(|p| p["event"] == "exec" && p["argv"][0] == "cat" && p["uid"] == 0),
+        "{procs:?}"
+    );
+    assert!(procs.iter().any(|p| p["event"] == "exit"), "{procs:?}");
+    let files = mine("file");
+    let f1 = files
+        .iter()
+        .find(|f| f["path"] == "/tmp/f1")
+        .unwrap_or_else(|| panic!("/tmp/f1 in {files:?}"));
+    assert_eq!(f1["change"], "created");
+    assert_eq!(f1["size"], 2);
+    assert_eq!(
+        f1["sha256"],
+        "4355a46b19d348dc2f57c046f8ef63d4538ebb936000f3c9ee954a27460dd865"
+    );
+    let host = files
+        .iter()
+        .find(|f| f["path"] == "/etc/hostname")
+        .unwrap_or_else(|| panic!("/etc/hostname in {files:?}"));
+    assert_eq!(host["change"], "modified");
+    assert!(
+        host["diff"].as_str().unwrap_or("").contains("+more"),
+        "{host}"
+    );
+    let leak = files
+        .iter()
+        .find(|f| f["path"] == "/workspace/leak.txt")
+        .unwrap_or_else(|| panic!("/workspace/leak.txt in {files:?}"));
+    assert!(
+        leak["diff"].as_str().unwrap_or("").contains("****"),
+        "the secret copied into a file is masked in its diff: {leak}"
+    );
+    assert!(
+        !files
+            .iter()
+            .any(|f| f["path"].as_str().unwrap_or("").starts_with("/run")),
+        "{files:?}"
+    );
+    assert_eq!(x["guest"]["procsTracked"], true, "{x}");
+    assert_eq!(x["guest"]["filesTracked"], true, "{x}");
+
+    // A flood of processes: a bounded record, the rest counted.
+    let r = h.post(
+        "/v1/sessions/vm/exec",
+        &json!({"command": "for i in $(seq 1500); do /bin/true; done; echo flood-done",
+                "timeout": 120_000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (recs, _) = audit_of(&h, "vm");
+    let fe = of(&recs, "exec")
+        .into_iter()
+        .find(|e| {
+            e["shell"]
+                .as_str()
+                .is_some_and(|s| s.contains("flood-done"))
+        })
+        .expect("the flood's exec record");
+    let fx = of(&recs, "exit")
+        .into_iter()
+        .find(|x| x["proc"] == fe["proc"])
+        .expect("the flood's exit");
+    let kept = of(&recs, "proc")
+        .into_iter()
+        .filter(|r| r["exec"] == fe["proc"])
+        .count();
+    let dropped = fx["guest"]["procsDropped"].as_u64().unwrap_or(0);
+    assert!(kept <= 1000, "{kept} process records for one exec");
+    assert!(
+        dropped > 0 && kept as u64 + dropped >= 4500,
+        "1500 forks, execs and exits: {kept} kept, {dropped} counted: {fx}"
+    );
 
     let files = files_in(&d, &owner, "vm");
     for f in &files {

@@ -82,13 +82,17 @@ pub fn attach(
     let s = own_session(ctx, p, params)?;
     let activity = s.activity();
     // Refused before the upgrade: an unknown process is a plain 404.
-    ctx.ops.proc_info(&s, proc)?;
+    let pty = ctx.ops.proc_info(&s, proc)?.pty;
     let running = ctx.ops.attach(&s, proc, true, replay)?;
     drop(activity);
     let ctx = ctx.clone();
+    let t = Target {
+        proc: Some(proc),
+        pty,
+    };
     Ok(Reply::Upgrade {
         accept: key,
-        job: Box::new(move |r, w| serve(&ctx, &s, Some(proc), running, enc, None, r, w)),
+        job: Box::new(move |r, w| serve(&ctx, &s, t, running, enc, None, r, w)),
     })
 }
 
@@ -132,7 +136,13 @@ pub fn pty(
     let ctx = ctx.clone();
     Ok(Reply::Upgrade {
         accept: key,
-        job: Box::new(move |r, w| serve(&ctx, &s, None, started.running, enc, Some(t), r, w)),
+        job: Box::new(move |r, w| {
+            let target = Target {
+                proc: None,
+                pty: true,
+            };
+            serve(&ctx, &s, target, started.running, enc, Some(t), r, w)
+        }),
     })
 }
 
@@ -146,13 +156,20 @@ enum Control {
     Signal { signal: Signal },
 }
 
+/// The process a socket serves: its id (once started) and whether it has
+/// a PTY (its input is audited as keystrokes then).
+struct Target {
+    proc: Option<u64>,
+    pty: bool,
+}
+
 /// Relays `running` to the socket on this thread; the client's messages
 /// are read on another. Whichever side ends first ends the other.
 #[allow(clippy::too_many_arguments)]
 fn serve(
     ctx: &Arc<Ctx>,
     s: &Arc<Session>,
-    proc: Option<u64>,
+    target: Target,
     running: Running,
     enc: crate::ops::exec::Encoding,
     timeout: Option<Duration>,
@@ -161,12 +178,13 @@ fn serve(
 ) {
     w.set_write_timeout(ctx.cfg.write_timeout);
     let input = running.input();
-    let proc = Arc::new(std::sync::Mutex::new(proc));
+    let pty = target.pty;
+    let proc = Arc::new(std::sync::Mutex::new(target.proc));
     let (ctx2, s2, w2, proc2) = (ctx.clone(), s.clone(), w.clone(), proc.clone());
     let spawned = std::thread::Builder::new()
         .name("ws-input".into())
         .stack_size(256 * 1024)
-        .spawn(move || read_input(&ctx2, &s2, &proc2, input, reader, &w2));
+        .spawn(move || read_input(&ctx2, &s2, &proc2, pty, input, reader, &w2));
     if let Err(e) = spawned {
         log::error!("session {}: cannot start a websocket reader: {e}", s.id);
         w.close(1011, "no reader thread");
@@ -193,10 +211,17 @@ fn read_input(
     ctx: &Ctx,
     s: &Arc<Session>,
     proc: &std::sync::Mutex<Option<u64>>,
+    pty: bool,
     input: Input,
     mut reader: Reader,
     w: &Writer,
 ) {
+    // Input is recorded as the stdin op records it (keystrokes of a PTY).
+    let audited = |data: &[u8], eof: bool| {
+        if let Some(p) = *crate::sync::lock(proc) {
+            ctx.ops.record_input(s, p, pty, data, eof);
+        }
+    };
     let refuse = |e: ApiError| {
         let mut v = e.body_as(Shape::Nested);
         v["type"] = json!("error");
@@ -214,13 +239,22 @@ fn read_input(
                 input.cancel();
                 return;
             }
-            Message::Binary(b) => input.send(&b).map_err(ApiError::from),
+            Message::Binary(b) => {
+                audited(&b, false);
+                input.send(&b).map_err(ApiError::from)
+            }
             Message::Text(t) => match serde_json::from_str::<Control>(&t) {
                 Err(e) => Err(ApiError::bad_request(format!(
                     "a message is JSON {{\"type\": \"stdin\"|\"eof\"|\"resize\"|\"signal\", ...}}: {e}"
                 ))),
-                Ok(Control::Stdin { data }) => input.send(data.as_bytes()).map_err(ApiError::from),
-                Ok(Control::Eof) => input.eof().map_err(ApiError::from),
+                Ok(Control::Stdin { data }) => {
+                    audited(data.as_bytes(), false);
+                    input.send(data.as_bytes()).map_err(ApiError::from)
+                }
+                Ok(Control::Eof) => {
+                    audited(&[], true);
+                    input.eof().map_err(ApiError::from)
+                }
                 Ok(Control::Resize { rows, cols }) => match *crate::sync::lock(proc) {
                     None => Err(ApiError::new(409, "conflict", "the process has not started yet")),
                     Some(p) => ctx

@@ -75,6 +75,9 @@ pub struct Settings {
     pub http_url: Option<String>,
     /// Records waiting for the HTTP sink; over it they are dropped.
     pub http_queue: usize,
+    /// Every foreground command also asks the guest agent for what it did
+    /// (its process tree, the files it changed): `proc` and `file` records.
+    pub guest: bool,
 }
 
 impl Default for Settings {
@@ -93,6 +96,7 @@ impl Default for Settings {
             syslog_socket: PathBuf::from("/dev/log"),
             http_url: None,
             http_queue: 16384,
+            guest: true,
         }
     }
 }

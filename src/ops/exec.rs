@@ -227,6 +227,11 @@ impl Ops {
             // Its process id is what attaches are refused by.
             p.req.notify_start = true;
         }
+        // What the command did in the guest comes back with its exit; a
+        // background command's exit is not this call's, so not for it.
+        if self.audit().is_enabled() && self.cfg.audit.guest && !p.req.background {
+            p.req.audit = true;
+        }
         let call = session.call(Request::Exec(p.req.clone()), self.cfg.create_timeout)?;
         if let Some(data) = &p.stdin {
             let tx = call.sender();
@@ -409,6 +414,18 @@ impl ExecAudit {
         if let (true, Some(m)) = (self.attach, r.as_object_mut()) {
             m.insert("seenBy".into(), json!("attach"));
         }
+        if let (Some(g), Some(m)) = (&st.audit, r.as_object_mut()) {
+            // What the guest's record left out, beside the exit.
+            m.insert(
+                "guest".into(),
+                json!({
+                    "procsTracked": g.procs_tracked, "procs": g.procs.len(),
+                    "procsDropped": g.procs_dropped,
+                    "filesTracked": g.files_tracked, "files": g.files.len(),
+                    "filesDropped": g.files_dropped, "notes": g.notes,
+                }),
+            );
+        }
         self.log.record(&self.owner, &self.session, "exit", r);
     }
 
@@ -570,7 +587,33 @@ impl Running {
         if let Some(a) = &mut self.audit {
             match &r {
                 Ok(Some(ExecEvent::Started { proc, pid })) => a.started(Some(*proc), Some(*pid)),
-                Ok(Some(ExecEvent::Exited(st))) => a.exited(st),
+                Ok(Some(ExecEvent::Exited(st))) => {
+                    if let Some(g) = &st.audit {
+                        for ev in &g.procs {
+                            // The record's `kind` is `proc`; the event's
+                            // (fork, exec, uid, exit) is its `event`.
+                            let mut v = json!(ev);
+                            if let Some(m) = v.as_object_mut() {
+                                if let Some(k) = m.remove("kind") {
+                                    m.insert("event".into(), k);
+                                }
+                            }
+                            a.guest("proc", v);
+                        }
+                        for f in &g.files {
+                            let mut v = json!(f);
+                            // A secret copied into a file must not reach
+                            // the log through its diff or name.
+                            for k in ["path", "diff"] {
+                                if let Some(t) = v[k].as_str() {
+                                    v[k] = json!(self.masker.mask_text(t));
+                                }
+                            }
+                            a.guest("file", v);
+                        }
+                    }
+                    a.exited(st)
+                }
                 Ok(Some(ExecEvent::Background { proc, pid })) => {
                     a.started(Some(*proc), Some(*pid));
                     // It runs on; its exit is not this call's.

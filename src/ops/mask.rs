@@ -61,6 +61,16 @@ impl Masker {
         out
     }
 
+    /// `s` masked on its own, whatever the streams hold (a record's text
+    /// while output is still passing).
+    pub fn mask_text(&self, s: &str) -> String {
+        Masker {
+            patterns: self.patterns.clone(),
+            tails: Default::default(),
+        }
+        .mask_str(s)
+    }
+
     /// [`Masker::mask_all`] of a string, lossily back to a string.
     pub fn mask_str(&mut self, s: &str) -> String {
         String::from_utf8_lossy(&self.mask_all(s.as_bytes())).into_owned()

@@ -192,18 +192,20 @@ impl Ops {
             return;
         }
         if let Ok(info) = self.proc_info(s, proc) {
-            self.audit_stdin(s, &info, data, eof);
+            self.record_input(s, info.proc, info.pty, data, eof);
         }
     }
 
     /// A PTY's keystrokes (masked like output, at most
     /// [`AUDIT_PTY_BYTES`] per record) or a plain process's input size.
-    fn audit_stdin(&self, s: &Session, info: &ProcInfo, data: &[u8], eof: bool) {
+    /// Every path input reaches a process by (the stdin op, a WebSocket)
+    /// records it here.
+    pub fn record_input(&self, s: &Session, proc: u64, pty: bool, data: &[u8], eof: bool) {
         let log = self.audit();
         if !log.is_enabled() {
             return;
         }
-        if info.pty {
+        if pty {
             let injected = s.secret_values();
             let mut m = super::mask::Masker::new(injected.iter().map(|v| v.as_bytes()));
             let masked = m.mask_all(data);
@@ -213,7 +215,7 @@ impl Ops {
                 &s.id,
                 "pty_input",
                 json!({
-                    "proc": info.proc, "data": String::from_utf8_lossy(kept),
+                    "proc": proc, "data": String::from_utf8_lossy(kept),
                     "bytes": data.len(), "truncated": kept.len() < masked.len(), "eof": eof,
                 }),
             );
@@ -222,7 +224,7 @@ impl Ops {
                 &s.owner,
                 &s.id,
                 "stdin",
-                json!({"proc": info.proc, "bytes": data.len(), "eof": eof}),
+                json!({"proc": proc, "bytes": data.len(), "eof": eof}),
             );
         }
     }
@@ -235,7 +237,7 @@ impl Ops {
         let mut r = self.attach(s, proc, true, false)?;
         r.set_what("stdin");
         r.send_input(data, eof)?;
-        self.audit_stdin(s, &info, data, eof);
+        self.record_input(s, info.proc, info.pty, data, eof);
         // A quick look for an immediate failure (unknown process).
         match r.poll(Duration::from_millis(20)) {
             Err(e @ OpsError::Agent { .. }) => Err(e),
