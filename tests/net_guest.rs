@@ -618,6 +618,50 @@ fn pip_installs_through_a_domain_allowlist() {
     // The listed index: resolved, reachable, installed into the root fs.
     let (code, out) = pip("pypi.test");
     assert_eq!((code, out.trim()), (Some(0), "42"));
+
+    // The audit log holds the install: its command, the files it put in
+    // the root fs (with their hashes), the name the resolver refused.
+    let r = d.http().get("/v1/sessions/py/audit");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let recs: Vec<serde_json::Value> = r
+        .text()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let exec = recs
+        .iter()
+        .filter(|r| r["kind"] == "exec")
+        .find(|r| {
+            r["shell"]
+                .as_str()
+                .is_some_and(|c| c.contains("pypi.test:8080"))
+        })
+        .expect("the install's exec record");
+    let installed: Vec<&serde_json::Value> = recs
+        .iter()
+        .filter(|r| r["kind"] == "file" && r["exec"] == exec["proc"])
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains("tinypkg")))
+        .collect();
+    assert!(
+        installed.iter().any(
+            |f| f["change"] == "created" && f["sha256"].as_str().is_some_and(|h| h.len() == 64)
+        ),
+        "the package's files in the audit log: {installed:?}"
+    );
+    assert!(
+        recs.iter()
+            .filter(|r| r["kind"] == "proc" && r["exec"] == exec["proc"])
+            .any(|r| r["event"] == "exec" && r["argv"].to_string().contains("pip")),
+        "pip in the install's process tree"
+    );
+    assert!(
+        recs.iter().any(|r| r["kind"] == "egress"
+            && r["decision"] == "refused"
+            && r["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("mirror.test"))),
+        "the refused name in the audit log"
+    );
 }
 
 /// One `curl` download of `url` in session `s`'s guest: its rate in

@@ -64,7 +64,7 @@ export interface PortInfo {
   port: number;
   /** The path form, `<preview>/ports/<token>/` (the guest sees `/` and below). */
   url: string;
-  /** `<token>.<preview domain>`, when the daemon has a `--preview-domain`. */
+  /** `<port>-<session>.<preview domain>/?asbx_token=<token>`, when the daemon has a `--preview-domain` (opening it sets the token as a host-only cookie). */
   hostUrl?: string;
   /**
    * `true`: the URL alone reaches it. `false`: a request also needs the owner's

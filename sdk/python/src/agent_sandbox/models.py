@@ -369,7 +369,8 @@ class PortInfo:
     created_at: int = 0
     """Unix ms."""
     host_url: Optional[str] = None
-    """`<token>.<preview domain>`, when the daemon has a `--preview-domain`."""
+    """`<port>-<session>.<preview domain>/?asbx_token=<token>`, when the daemon
+    has a `--preview-domain` (opening it sets the token as a host-only cookie)."""
     session_id: str = ""
     raw: Json = field(default_factory=dict, repr=False)
 
