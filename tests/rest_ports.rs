@@ -298,6 +298,14 @@ fn guest_ports_through_preview_urls() {
         let (st, _) = raw(&addr, &p, &host, &extra);
         assert_eq!(st, 404, "{p} {host}");
     }
+    // A body over the passthrough limit: 413, nothing reaches the guest.
+    let (st, _) = raw(
+        &addr,
+        &format!("{pub_path}who.txt"),
+        &addr,
+        "Content-Length: 300000000\r\n",
+    );
+    assert_eq!(st, 413, "a body over the limit");
     let pb = expose(&d, "b", json!({"port": 8000, "public": true}));
     let b_path = path_of(pb["url"].as_str().unwrap());
     let (_, body) = raw(&addr, &format!("{b_path}who.txt"), &addr, "");

@@ -14,7 +14,8 @@
 //! key's `Authorization` header dropped, `X-Forwarded-*` added; then bytes
 //! both ways until both sides close or 300 s pass without one, so
 //! chunked bodies, server-sent events and WebSocket frames pass as they
-//! come. At most [`MAX_CONNS`] connections at once, [`MAX_PER_SESSION`]
+//! come. At most [`MAX_CONNS`] connections at once, [`MAX_PER_PORT`] per
+//! port, [`MAX_PER_SESSION`]
 //! per session.
 
 use super::Ctx;
@@ -29,14 +30,23 @@ use std::time::{Duration, Instant};
 /// Connections at once over all sessions, and per session.
 pub const MAX_CONNS: usize = 1024;
 pub const MAX_PER_SESSION: usize = 64;
+/// Connections at once to one port of a session.
+pub const MAX_PER_PORT: usize = 32;
+/// A request body the client declares (`Content-Length`) larger than this
+/// is refused (413) before anything reaches the guest.
+pub const MAX_BODY: u64 = 256 << 20;
 /// The request head must arrive within this, and fit in [`MAX_HEAD`].
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HEAD: usize = 16 << 10;
 
+type Slot = (String, String, Option<u16>);
+
 struct State {
     ctx: Arc<Ctx>,
     live: AtomicUsize,
-    per_session: Mutex<HashMap<(String, String), usize>>,
+    /// Connections open per (owner, session, None) and per (owner,
+    /// session, Some(port)).
+    per_session: Mutex<HashMap<Slot, usize>>,
 }
 
 /// Binds `addr` and serves it from its own thread; the bound address.
@@ -347,22 +357,37 @@ fn serve(st: &State, mut c: TcpStream) {
             }
         }
     }
-    let key = (session.owner.clone(), session.id.clone());
+    if let Some(n) = header("content-length").and_then(|v| v.trim().parse::<u64>().ok()) {
+        if n > MAX_BODY {
+            return answer(
+                c,
+                413,
+                "payload_too_large",
+                &format!("a preview request body is at most {MAX_BODY} bytes"),
+            );
+        }
+    }
+    let whole = (session.owner.clone(), session.id.clone(), None);
+    let one = (session.owner.clone(), session.id.clone(), Some(grant.port));
     {
         let mut m = crate::sync::lock(&st.per_session);
-        let n = m.entry(key.clone()).or_insert(0);
-        if *n >= MAX_PER_SESSION {
+        let (a, b) = (
+            m.get(&whole).copied().unwrap_or(0),
+            m.get(&one).copied().unwrap_or(0),
+        );
+        if a >= MAX_PER_SESSION || b >= MAX_PER_PORT {
             drop(m);
             return answer(
                 c,
                 503,
                 "busy",
-                "too many preview connections to this session",
+                "too many preview connections to this session or port",
             );
         }
-        *n += 1;
+        *m.entry(whole.clone()).or_insert(0) += 1;
+        *m.entry(one.clone()).or_insert(0) += 1;
     }
-    let _release = Release(st, key);
+    let _release = Release(st, [whole, one]);
     let up = match ops.dial_guest(&session, grant.port) {
         Ok(u) => u,
         Err(DialError::Paused) => {
@@ -477,16 +502,18 @@ impl Drop for Touch<'_> {
     }
 }
 
-/// Gives a session's connection slot back.
-struct Release<'a>(&'a State, (String, String));
+/// Gives a connection's session and port slots back.
+struct Release<'a>(&'a State, [Slot; 2]);
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
         let mut m = crate::sync::lock(&self.0.per_session);
-        if let Some(n) = m.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.1);
+        for k in &self.1 {
+            if let Some(n) = m.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(k);
+                }
             }
         }
     }
