@@ -432,19 +432,8 @@ fetch("who.txt").then(r => r.text()).then(t => { document.getElementById("who").
 </script></body></html>
 "#;
 
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new(b)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-}
-
 fn browser(d: &Daemon, path: &str, addr: &str) {
-    let Some(bin) = chromium() else {
+    let Some(bin) = common::chromium() else {
         skip::not_checked("no chromium on this host (images/install-deps.sh installs it)");
         return;
     };

@@ -253,17 +253,6 @@ window.termText = () => {
 </script></body></html>
 "#;
 
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new(b)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-}
-
 /// xterm.js from npm into `dir`: its script and stylesheet.
 fn xterm(dir: &Path) -> Option<(Vec<u8>, Vec<u8>)> {
     let out = std::process::Command::new("npm")
@@ -397,7 +386,7 @@ fn a_browser_terminal_drives_a_guest_shell() {
     if !common::daemon::vm_backend() {
         skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
     }
-    let Some(bin) = chromium() else {
+    let Some(bin) = common::chromium() else {
         skip!("no chromium on this host (images/install-deps.sh installs it)");
     };
     let dir = tempfile::tempdir().unwrap();

@@ -20,7 +20,11 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::Arc;
 
-fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<Session>> {
+pub(super) fn own_session(
+    ctx: &Arc<Ctx>,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Arc<Session>> {
     Ok(ctx
         .ops
         .find(p, params.query("owner"), params.get("session"))?)

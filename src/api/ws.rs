@@ -22,6 +22,7 @@ use super::auth::Principal;
 use super::errors::{ApiError, ApiResult};
 use super::exec;
 use super::http::{Params, Reply};
+use super::v1::own_session;
 use super::Ctx;
 use crate::ops::exec::{ExecSpec, Input, Running};
 use crate::ops::{procs, Session};
@@ -32,12 +33,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn own_session(ctx: &Arc<Ctx>, p: &Principal, params: &Params) -> ApiResult<Arc<Session>> {
-    Ok(ctx
-        .ops
-        .find(p, params.query("owner"), params.get("session"))?)
-}
 
 fn upgrade_key(req: &super::httpd::Request) -> ApiResult<String> {
     ws::check_upgrade(req).map_err(ApiError::bad_request)

@@ -204,40 +204,10 @@ fn route(path: &str, host: Option<&str>, domain: Option<&str>) -> Option<Route> 
     })
 }
 
-/// The path with the `asbx_token` query parameter taken out, and its value.
-fn take_query_token(path: &str) -> (String, Option<String>) {
-    let Some((p, q)) = path.split_once('?') else {
-        return (path.to_string(), None);
-    };
+/// `parts` (`name=value` pairs) without our token's, and its value.
+fn take_token<'a>(parts: impl Iterator<Item = &'a str>) -> (Vec<&'a str>, Option<String>) {
     let mut token = None;
-    let kept: Vec<&str> = q
-        .split('&')
-        .filter(|kv| {
-            match kv
-                .strip_prefix(TOKEN_COOKIE)
-                .and_then(|r| r.strip_prefix('='))
-            {
-                Some(v) => {
-                    token = Some(v.to_string());
-                    false
-                }
-                None => true,
-            }
-        })
-        .collect();
-    if kept.is_empty() {
-        (p.to_string(), token)
-    } else {
-        (format!("{p}?{}", kept.join("&")), token)
-    }
-}
-
-/// A `Cookie` header's value without our cookie, and that cookie's value.
-fn take_cookie_token(cookie: &str) -> (String, Option<String>) {
-    let mut token = None;
-    let kept: Vec<&str> = cookie
-        .split(';')
-        .map(str::trim)
+    let kept = parts
         .filter(|kv| {
             match kv
                 .strip_prefix(TOKEN_COOKIE)
@@ -251,6 +221,25 @@ fn take_cookie_token(cookie: &str) -> (String, Option<String>) {
             }
         })
         .collect();
+    (kept, token)
+}
+
+/// The path with the `asbx_token` query parameter taken out, and its value.
+fn take_query_token(path: &str) -> (String, Option<String>) {
+    let Some((p, q)) = path.split_once('?') else {
+        return (path.to_string(), None);
+    };
+    let (kept, token) = take_token(q.split('&'));
+    if kept.is_empty() {
+        (p.to_string(), token)
+    } else {
+        (format!("{p}?{}", kept.join("&")), token)
+    }
+}
+
+/// A `Cookie` header's value without our cookie, and that cookie's value.
+fn take_cookie_token(cookie: &str) -> (String, Option<String>) {
+    let (kept, token) = take_token(cookie.split(';').map(str::trim));
     (kept.join("; "), token)
 }
 

@@ -373,3 +373,16 @@ pub fn run_checked(mut cmd: std::process::Command, what: &str, limit: Duration) 
         }
     }
 }
+
+/// A headless-capable Chromium on this host (images/install-deps.sh
+/// installs Debian's), for the browser tests.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
