@@ -14,6 +14,8 @@ mod common;
 mod netns;
 #[path = "common/skip.rs"]
 mod skip;
+#[path = "common/ws.rs"]
+mod ws;
 
 use common::daemon::{stdout_of, Daemon};
 use netns::{is_root, Topology};
@@ -52,9 +54,15 @@ fn sh(d: &Daemon, s: &str, cmd: &str) -> String {
 /// Starts `script` (python3) in the background in session `s` and waits
 /// until it listens on `port` inside the guest.
 fn guest_server(d: &Daemon, s: &str, port: u16, script: &str) {
+    guest_server_in(d, s, port, "python3", script)
+}
+
+/// [`guest_server`] with another interpreter (`node`).
+fn guest_server_in(d: &Daemon, s: &str, port: u16, interp: &str, script: &str) {
+    let flag = if interp == "node" { "-e" } else { "-c" };
     let r = d.http().post(
         &format!("/v1/sessions/{s}/exec"),
-        &json!({"argv": ["python3", "-c", script], "background": true}),
+        &json!({"argv": [interp, flag, script], "background": true}),
     );
     assert_eq!(r.status, 202, "{}", r.text());
     let probe = format!(
@@ -92,37 +100,36 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("0.0.0.0", 8001), H).serve_forever()
 "#;
 
-/// A WebSocket echo server (RFC 6455 handshake, unfragmented frames).
+/// A node WebSocket echo server (RFC 6455 handshake on `http`'s upgrade,
+/// unfragmented frames), logging each message to /tmp/ws-seen.
 const WS: &str = r#"
-import base64, hashlib, socket, struct, threading
-def serve(c):
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += c.recv(4096)
-    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
-    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
-    while True:
-        h = c.recv(2)
-        if len(h) < 2:
-            return
-        n = h[1] & 127
-        if n == 126:
-            n = struct.unpack(">H", c.recv(2))[0]
-        mask = c.recv(4)
-        data = b""
-        while len(data) < n:
-            data += c.recv(n - len(data))
-        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
-        if h[0] & 15 == 8:
-            return
-        c.sendall(bytes([0x81, len(data)]) + data)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 8002))
-s.listen(8)
-while True:
-    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+const http = require("http"), crypto = require("crypto"), fs = require("fs");
+const srv = http.createServer((q, r) => { r.end("ws only\n"); });
+srv.on("upgrade", (req, sock) => {
+  const acc = crypto.createHash("sha1")
+    .update(req.headers["sec-websocket-key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest("base64");
+  sock.write("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+             "Sec-WebSocket-Accept: " + acc + "\r\n\r\n");
+  let buf = Buffer.alloc(0);
+  sock.on("data", (d) => {
+    buf = Buffer.concat([buf, d]);
+    for (;;) {
+      if (buf.length < 2) return;
+      let n = buf[1] & 127, off = 2;
+      if (n === 126) { if (buf.length < 4) return; n = buf.readUInt16BE(2); off = 4; }
+      if (buf.length < off + 4 + n) return;
+      const mask = buf.slice(off, off + 4), data = Buffer.alloc(n);
+      for (let i = 0; i < n; i++) data[i] = buf[off + 4 + i] ^ mask[i % 4];
+      const op = buf[0] & 15;
+      buf = buf.slice(off + 4 + n);
+      if (op === 8) { sock.end(); return; }
+      fs.appendFileSync("/tmp/ws-seen", data.toString() + "\n");
+      const head = n < 126 ? Buffer.from([0x81, n]) : Buffer.from([0x81, 126, n >> 8, n & 255]);
+      sock.write(Buffer.concat([head, data]));
+    }
+  });
+});
+srv.listen(8002, "0.0.0.0");
 "#;
 
 /// `host:port` of a preview URL.
@@ -365,7 +372,7 @@ fn guest_ports_through_preview_urls() {
     );
 
     // A WebSocket through the preview URL: upgrade, echo, close.
-    guest_server(&d, "a", 8002, WS);
+    guest_server_in(&d, "a", 8002, "node", WS);
     let ws = expose(&d, "a", json!({"port": 8002, "public": true}));
     let mut c = TcpStream::connect(&addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -398,7 +405,7 @@ fn guest_ports_through_preview_urls() {
     // A real browser (headless Chromium) renders a page the guest
     // serves: its script runs and fetches a relative URL through the
     // preview; a screenshot of it is taken.
-    browser(&d, &pub_path, &addr);
+    browser(&d, &pub_path, &addr, ws["url"].as_str().unwrap());
 
     // Paused: 503 and nothing; resumed: the same URL works again.
     let r = h.post("/v1/sessions/a/pause", &json!({}));
@@ -425,19 +432,27 @@ fn guest_ports_through_preview_urls() {
     assert_eq!(st, 404, "a deleted session's port");
 }
 
+/// The guest's page: its script runs, fetches a relative URL and talks to
+/// the guest's WebSocket echo through that port's own preview URL.
 const PAGE: &str = r#"<!doctype html><html><body><h1 id="out">not run</h1><p id="who">?</p>
+<p id="echo">no echo</p>
 <script>
 document.getElementById("out").textContent = "rendered " + (6 * 7);
 fetch("who.txt").then(r => r.text()).then(t => { document.getElementById("who").textContent = "fetched " + t; });
+const ws = new WebSocket("WSURL");
+ws.onopen = () => ws.send("from-browser");
+ws.onmessage = (e) => { document.getElementById("echo").textContent = "echo " + e.data; };
 </script></body></html>
 "#;
 
-fn browser(d: &Daemon, path: &str, addr: &str) {
+fn browser(d: &Daemon, path: &str, addr: &str, ws_url: &str) {
     let Some(bin) = common::chromium() else {
         skip::not_checked("no chromium on this host (images/install-deps.sh installs it)");
         return;
     };
-    let page = PAGE.replace('\'', "'\\''");
+    let page = PAGE
+        .replace("WSURL", &ws_url.replacen("http://", "ws://", 1))
+        .replace('\'', "'\\''");
     sh(
         d,
         "a",
@@ -445,44 +460,24 @@ fn browser(d: &Daemon, path: &str, addr: &str) {
     );
     let url = format!("http://{addr}{path}page.html");
     let dir = tempfile::tempdir().unwrap();
-    let shot = dir.path().join("page.png");
-    let run = |extra: &[&str]| {
-        let out = std::process::Command::new(bin)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-proxy-server",
-                "--no-first-run",
-                "--virtual-time-budget=10000",
-                "--window-size=800,600",
-            ])
-            .arg(format!(
-                "--user-data-dir={}",
-                dir.path().join("profile").display()
-            ))
-            .args(extra)
-            .arg(&url)
-            .output()
-            .expect("run chromium");
-        assert!(
-            out.status.success(),
-            "chromium {extra:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let dom = run(&["--dump-dom"]);
-    assert!(
-        dom.contains("rendered 42"),
-        "the page's script did not run: {dom}"
+    let mut b = ws::Browser::open(bin, dir.path(), &url, "page.html");
+    let text = |id: &str| format!("document.getElementById('{id}').textContent");
+    let done = format!(
+        "{} === 'rendered 42' && {} === 'fetched from-a\\n' && {} === 'echo from-browser'",
+        text("out"),
+        text("who"),
+        text("echo")
     );
+    if !b.wait_for(&done, Duration::from_secs(60)) {
+        let dom = b.eval("document.body.innerText");
+        panic!("the page did not run, fetch and echo through the preview: {dom}");
+    }
+    let seen = sh(d, "a", "cat /tmp/ws-seen");
     assert!(
-        dom.contains("fetched from-a"),
-        "the relative fetch failed: {dom}"
+        seen.lines().any(|l| l == "from-browser"),
+        "the browser's WebSocket message reached the guest: {seen:?}"
     );
-    run(&[&format!("--screenshot={}", shot.display())]);
-    let png = std::fs::read(&shot).expect("a screenshot");
+    let png = b.screenshot();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 2000,
         "{} bytes",

@@ -14,8 +14,8 @@ mod ws;
 
 use common::daemon::{stdout_of, Daemon, Http};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use ws::{Frame, Ws};
@@ -316,36 +316,10 @@ fn serve_page(js: Vec<u8>, css: Vec<u8>) -> String {
     at
 }
 
-/// One DevTools call on a page's socket: its result.
-fn cdp(w: &mut Ws, id: &mut u64, method: &str, params: Value) -> Value {
-    *id += 1;
-    if std::env::var_os("TRACE_CDP").is_some() {
-        eprintln!("cdp {id} {method} {params}");
-    }
-    w.json(&json!({"id": *id, "method": method, "params": params}));
-    loop {
-        let v = w.recv_json().expect("a DevTools answer");
-        if v["id"] == *id {
-            assert!(v.get("error").is_none(), "{method}: {v}");
-            return v["result"].clone();
-        }
-    }
-}
-
-fn eval(w: &mut Ws, id: &mut u64, expr: &str) -> Value {
-    let r = cdp(
-        w,
-        id,
-        "Runtime.evaluate",
-        json!({"expression": expr, "returnByValue": true}),
-    );
-    r["result"]["value"].clone()
-}
-
-fn wait_screen(w: &mut Ws, id: &mut u64, what: &str, done: impl Fn(&str) -> bool) -> String {
+fn wait_screen(b: &mut ws::Browser, what: &str, done: impl Fn(&str) -> bool) -> String {
     let t0 = Instant::now();
     loop {
-        let s = eval(w, id, "window.termText ? window.termText() : ''");
+        let s = b.eval("window.termText ? window.termText() : ''");
         let s = s.as_str().unwrap_or("").to_string();
         if done(&s) {
             return s;
@@ -359,25 +333,14 @@ fn wait_screen(w: &mut Ws, id: &mut u64, what: &str, done: impl Fn(&str) -> bool
 }
 
 /// Types `text` then Enter, as a keyboard would.
-fn type_line(w: &mut Ws, id: &mut u64, text: &str) {
-    cdp(w, id, "Input.insertText", json!({"text": text}));
+fn type_line(b: &mut ws::Browser, text: &str) {
+    b.cdp("Input.insertText", json!({"text": text}));
     for ty in ["keyDown", "keyUp"] {
-        cdp(
-            w,
-            id,
+        b.cdp(
             "Input.dispatchKeyEvent",
             json!({"type": ty, "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13,
                    "nativeVirtualKeyCode": 13, "text": if ty == "keyDown" { "\r" } else { "" }}),
         );
-    }
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -410,97 +373,10 @@ fn a_browser_terminal_drives_a_guest_shell() {
             .replace('?', "%3F")
             .replace('=', "%3D")
     );
-    let mut child = std::process::Command::new(bin)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-proxy-server",
-            "--no-first-run",
-            "--remote-debugging-port=0",
-            "--window-size=900,600",
-        ])
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.path().join("profile").display()
-        ))
-        .arg(&url)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start chromium");
-    let stderr = child.stderr.take().unwrap();
-    let _kill = Kill(child);
-    // "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/..."
-    let mut lines = BufReader::new(stderr).lines();
-    let devtools = loop {
-        let l = lines
-            .next()
-            .expect("chromium printed no DevTools address")
-            .unwrap();
-        if let Some(u) = l.split("DevTools listening on ws://").nth(1) {
-            break u.split('/').next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    // The page's own DevTools socket.
-    let t0 = Instant::now();
-    let page_ws = loop {
-        let mut c = TcpStream::connect(&devtools).unwrap();
-        write!(
-            c,
-            "GET /json/list HTTP/1.1\r\nHost: {devtools}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        // DevTools keeps the connection open: read by Content-Length.
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut r = BufReader::new(c);
-        let mut len = 0usize;
-        loop {
-            let mut l = String::new();
-            if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
-                break;
-            }
-            if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut b = vec![0u8; len];
-        let _ = r.read_exact(&mut b);
-        let body = format!("\r\n\r\n{}", String::from_utf8_lossy(&b));
-        let list: Value = body
-            .split_once("\r\n\r\n")
-            .and_then(|(_, b)| serde_json::from_str(b).ok())
-            .unwrap_or(json!([]));
-        let hit = list.as_array().and_then(|a| {
-            a.iter()
-                .find(|t| t["type"] == "page" && t["url"].as_str().unwrap_or("").contains(&page))
-                .and_then(|t| t["webSocketDebuggerUrl"].as_str())
-                .map(str::to_string)
-        });
-        if let Some(u) = hit {
-            break u;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no page target: {body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let path = format!(
-        "/{}",
-        page_ws
-            .trim_start_matches("ws://")
-            .split_once('/')
-            .unwrap()
-            .1
-    );
-    let mut w = Ws::connect(&devtools, &path, "").expect("DevTools socket");
-    w.s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut id = 0;
+    let mut b = ws::Browser::open(bin, dir.path(), &url, &page);
     let t0 = Instant::now();
     loop {
-        let st = eval(&mut w, &mut id, "window.state || ''");
+        let st = b.eval("window.state || ''");
         if st == "started" {
             break;
         }
@@ -510,24 +386,15 @@ fn a_browser_terminal_drives_a_guest_shell() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    wait_screen(&mut w, &mut id, "a prompt", |s| !s.trim().is_empty());
+    wait_screen(&mut b, "a prompt", |s| !s.trim().is_empty());
 
-    type_line(&mut w, &mut id, "echo $((6*7))");
-    let screen = wait_screen(&mut w, &mut id, "6*7 typed", |s| has_line(s, "42"));
+    type_line(&mut b, "echo $((6*7))");
+    let screen = wait_screen(&mut b, "6*7 typed", |s| has_line(s, "42"));
     assert!(
         screen.contains("echo $((6*7))"),
         "the typed line echoed:\n{screen}"
     );
-    let shot = cdp(
-        &mut w,
-        &mut id,
-        "Page.captureScreenshot",
-        json!({"format": "png"}),
-    );
-    use base64::Engine as _;
-    let png = base64::engine::general_purpose::STANDARD
-        .decode(shot["data"].as_str().unwrap())
-        .unwrap();
+    let png = b.screenshot();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 2000,
         "{} bytes",
@@ -545,15 +412,15 @@ fn a_browser_terminal_drives_a_guest_shell() {
         file.display()
     );
 
-    eval(&mut w, &mut id, "window.fit(100, 30), true");
+    b.eval("window.fit(100, 30), true");
     std::thread::sleep(Duration::from_millis(300));
-    type_line(&mut w, &mut id, "stty size");
-    wait_screen(&mut w, &mut id, "stty size after a resize", |s| {
+    type_line(&mut b, "stty size");
+    wait_screen(&mut b, "stty size after a resize", |s| {
         has_line(s, "30 100")
     });
-    type_line(&mut w, &mut id, "exit 7");
+    type_line(&mut b, "exit 7");
     let t0 = Instant::now();
-    while eval(&mut w, &mut id, "window.state") != "exited 7" {
+    while b.eval("window.state") != "exited 7" {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "the exit reached the page"

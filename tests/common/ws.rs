@@ -134,3 +134,159 @@ impl Ws {
         }
     }
 }
+
+/// Headless Chromium with its DevTools socket on the page it opened: the
+/// browser tests drive real pages with it (evaluate, type, screenshot).
+pub struct Browser {
+    child: std::process::Child,
+    page: Ws,
+    id: u64,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A GET of `path` on the DevTools HTTP endpoint (which keeps connections
+/// open: read by Content-Length).
+fn devtools_get(addr: &str, path: &str) -> serde_json::Value {
+    use std::io::BufRead;
+    let mut c = TcpStream::connect(addr).expect("DevTools endpoint");
+    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = std::io::BufReader::new(c);
+    let mut len = 0usize;
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+            break;
+        }
+        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut b = vec![0u8; len];
+    let _ = r.read_exact(&mut b);
+    serde_json::from_slice(&b).unwrap_or(serde_json::json!([]))
+}
+
+impl Browser {
+    /// Starts `bin` on `url` (profile under `dir`) and attaches to the
+    /// page whose URL contains `marker`.
+    pub fn open(bin: &str, dir: &std::path::Path, url: &str, marker: &str) -> Browser {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-proxy-server",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                "--window-size=900,600",
+            ])
+            .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+            .arg(url)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        let stderr = child.stderr.take().unwrap();
+        // "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/..."
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let devtools = loop {
+            let l = lines
+                .next()
+                .expect("chromium printed no DevTools address")
+                .unwrap();
+            if let Some(u) = l.split("DevTools listening on ws://").nth(1) {
+                break u.split('/').next().unwrap().to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let t0 = std::time::Instant::now();
+        let page_ws = loop {
+            let list = devtools_get(&devtools, "/json/list");
+            let hit = list.as_array().and_then(|a| {
+                a.iter()
+                    .find(|t| {
+                        t["type"] == "page" && t["url"].as_str().unwrap_or("").contains(marker)
+                    })
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+                    .map(str::to_string)
+            });
+            if let Some(u) = hit {
+                break u;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no page target: {list}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let path = format!(
+            "/{}",
+            page_ws
+                .trim_start_matches("ws://")
+                .split_once('/')
+                .unwrap()
+                .1
+        );
+        let page = Ws::connect(&devtools, &path, "").expect("DevTools socket");
+        page.s
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Browser { child, page, id: 0 }
+    }
+
+    /// One DevTools call: its result.
+    pub fn cdp(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.id += 1;
+        let id = self.id;
+        self.page
+            .json(&serde_json::json!({"id": id, "method": method, "params": params}));
+        loop {
+            let v = self.page.recv_json().expect("a DevTools answer");
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// `expr` evaluated in the page, by value.
+    pub fn eval(&mut self, expr: &str) -> serde_json::Value {
+        let r = self.cdp(
+            "Runtime.evaluate",
+            serde_json::json!({"expression": expr, "returnByValue": true}),
+        );
+        r["result"]["value"].clone()
+    }
+
+    /// Evaluates `expr` until it is true (at most `limit`).
+    pub fn wait_for(&mut self, expr: &str, limit: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
+            if self.eval(expr) == serde_json::Value::Bool(true) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    }
+
+    /// A PNG of the page as it is.
+    pub fn screenshot(&mut self) -> Vec<u8> {
+        use base64::Engine as _;
+        let shot = self.cdp(
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        );
+        base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap_or(""))
+            .expect("base64 screenshot")
+    }
+}
