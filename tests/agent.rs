@@ -1305,6 +1305,30 @@ fn kill_all_outside_a_vm_kills_the_process_groups_of_execs() {
     assert!(wait_until(Duration::from_secs(5), || sleepers(&m) == 0));
 }
 
+/// A fake agent's side of the handshake on `guest`: reads the host's
+/// hello, answers as `software` with `caps`; the reader for what follows.
+fn fake_hello(
+    guest: &std::os::unix::net::UnixStream,
+    software: &str,
+    caps: &[&str],
+) -> FrameReader<std::os::unix::net::UnixStream> {
+    let mut r = FrameReader::new(guest.try_clone().unwrap());
+    let f = r.read_frame().unwrap().expect("the host's hello");
+    let h: Hello = serde_json::from_slice(&f.payload).unwrap();
+    let reply = Hello {
+        version: h.version,
+        min_version: 1,
+        nonce: h.nonce,
+        software: software.into(),
+        capabilities: caps.iter().map(|c| c.to_string()).collect(),
+        max_payload: 1 << 20,
+        restored: None,
+    };
+    let mut g = guest;
+    g.write_all(&encode_json(Kind::Hello, 0, &reply)).unwrap();
+    r
+}
+
 /// A host never sends per-exec limits to an agent that does not announce
 /// `exec.limits`: an older agent would ignore them and run the command
 /// unlimited. The real agent (as a plain process, no per-exec cgroups)
@@ -1314,21 +1338,7 @@ fn exec_limits_are_never_dropped_silently() {
     use agent_sandbox::agent::AgentClient;
     let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
     let old_agent = std::thread::spawn(move || {
-        let mut r = FrameReader::new(guest.try_clone().unwrap());
-        let f = r.read_frame().unwrap().expect("the host's hello");
-        let h: Hello = serde_json::from_slice(&f.payload).unwrap();
-        let reply = Hello {
-            version: h.version,
-            min_version: 1,
-            nonce: h.nonce,
-            software: "old-agent/0".into(),
-            capabilities: vec!["exec".into()],
-            max_payload: 1 << 20,
-            restored: None,
-        };
-        (&guest)
-            .write_all(&encode_json(Kind::Hello, 0, &reply))
-            .unwrap();
+        let mut r = fake_hello(&guest, "old-agent/0", &["exec"]);
         // Nothing else may arrive (the refused exec is never sent).
         guest
             .set_read_timeout(Some(Duration::from_millis(500)))
@@ -1471,21 +1481,7 @@ fn the_host_bounds_an_audit_record_from_the_guest() {
     use proto::{ExecAudit, ExitStatus, FileChange, FileChangeKind, ProcEvent, ProcEventKind};
     let (host, guest) = std::os::unix::net::UnixStream::pair().unwrap();
     let hostile = std::thread::spawn(move || {
-        let mut r = FrameReader::new(guest.try_clone().unwrap());
-        let f = r.read_frame().unwrap().expect("the host's hello");
-        let h: Hello = serde_json::from_slice(&f.payload).unwrap();
-        let reply = Hello {
-            version: h.version,
-            min_version: 1,
-            nonce: h.nonce,
-            software: "hostile/0".into(),
-            capabilities: vec!["exec".into(), "exec.audit".into()],
-            max_payload: 1 << 20,
-            restored: None,
-        };
-        (&guest)
-            .write_all(&encode_json(Kind::Hello, 0, &reply))
-            .unwrap();
+        let mut r = fake_hello(&guest, "hostile/0", &["exec", "exec.audit"]);
         let req = r.read_frame().unwrap().expect("the exec");
         let ev = ProcEvent {
             kind: ProcEventKind::Exec,
