@@ -68,6 +68,19 @@ fn gone(h: &Http, id: &str, pattern: &str) -> bool {
     false
 }
 
+/// Starts a background command in session `t` and attaches a socket to it.
+fn attach_new(d: &Daemon, body: Value) -> Ws {
+    let r = d.http().post("/v1/sessions/t/exec", &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let proc = r.json()["procId"].as_u64().unwrap();
+    Ws::connect(
+        &addr(d),
+        &format!("/v1/sessions/t/processes/{proc}/ws"),
+        &auth(d),
+    )
+    .expect("attach")
+}
+
 #[test]
 fn processes_over_websocket() {
     if !common::daemon::vm_backend() {
@@ -179,18 +192,7 @@ fn processes_over_websocket() {
     assert!(gone(&h, "t", "sleep 424[2]"), "killed with its client");
 
     // An attach to a background process: stdin, EOF, its exit.
-    let r = h.post(
-        "/v1/sessions/t/exec",
-        &json!({"argv": ["cat"], "background": true}),
-    );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let proc = r.json()["procId"].as_u64().unwrap();
-    let mut w = Ws::connect(
-        &a,
-        &format!("/v1/sessions/t/processes/{proc}/ws"),
-        &auth(&d),
-    )
-    .expect("attach");
+    let mut w = attach_new(&d, json!({"argv": ["cat"], "background": true}));
     w.send(0x2, b"hello over ws\n");
     let mut out = String::new();
     until(&mut w, &mut out, "cat", |o| o.contains("hello over ws\n"));
@@ -208,18 +210,10 @@ fn processes_over_websocket() {
     assert_eq!(refused.status, 404, "{}", refused.text);
 
     // Closing an attach detaches: the process runs on.
-    let r = h.post(
-        "/v1/sessions/t/exec",
-        &json!({"command": "exec sleep 4343", "background": true}),
+    let mut w = attach_new(
+        &d,
+        json!({"command": "exec sleep 4343", "background": true}),
     );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let proc = r.json()["procId"].as_u64().unwrap();
-    let mut w = Ws::connect(
-        &a,
-        &format!("/v1/sessions/t/processes/{proc}/ws"),
-        &auth(&d),
-    )
-    .expect("attach");
     w.send(0x8, &1000u16.to_be_bytes());
     assert_eq!(w.recv(), Some(Frame::Close(1000)), "the close echoed");
     std::thread::sleep(Duration::from_secs(1));
