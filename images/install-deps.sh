@@ -17,6 +17,10 @@ pkgs=(
   # VMs and images
   qemu-system-x86 mmdebstrap erofs-utils e2fsprogs busybox-static
   linux-source-6.1 flex bison libelf-dev bc
+  # templates from users' images (agent-sandbox template build): registry
+  # and archive transport, OCI layer unpacking, daemonless Dockerfile
+  # builds with runc (crun refuses hybrid cgroup hosts)
+  skopeo umoci buildah runc
   # networking
   iproute2 nftables iptables
   # tests and checks: host python3 (wheel, MCP Python SDK venv,

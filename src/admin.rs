@@ -150,7 +150,209 @@ pub fn image_build(
     if !out.status.success() {
         return Err(format!("{} failed ({})", script.display(), out.status));
     }
-    record_current(cache, &text)
+    record_current(cache, &text)?;
+    record_agent(cache, &agent)
+}
+
+/// Keeps a copy of the agent the images were built with
+/// (`<cache>/agent/sandbox-agent-<sha>`, named in `current.json`): templates
+/// built from users' images later get the same agent.
+fn record_agent(cache: &Path, agent: &Path) -> Result<(), String> {
+    use sha2::Digest;
+    let bin = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+    let sha = format!("{:x}", sha2::Sha256::digest(&bin));
+    let dir = cache.join("agent");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dest = dir.join(format!("sandbox-agent-{}", &sha[..16]));
+    if !dest.exists() {
+        crate::vm::build::write_atomic(&dest, &bin)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+    }
+    let path = cache.join("current.json");
+    let mut cur: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({"rootfs": {}}));
+    cur["agent"] = dest.display().to_string().into();
+    let body = serde_json::to_vec_pretty(&cur).map_err(|e| e.to_string())?;
+    std::fs::write(&path, body).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The agent the cache's images were built with (`current.json`'s `agent`).
+pub fn current_agent(cache: &Path) -> Option<PathBuf> {
+    let cur: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("current.json")).ok()?).ok()?;
+    let p = PathBuf::from(cur["agent"].as_str()?);
+    p.is_file().then_some(p)
+}
+
+/// What `template build` is told besides the spec.
+pub struct TemplateBuildOpts {
+    pub agent: Option<PathBuf>,
+    /// Print every event as a JSON line instead of a progress bar.
+    pub json: bool,
+    /// Make the template's snapshot after the build.
+    pub snapshot: bool,
+    /// Bound on layers and the unpacked tree.
+    pub max_bytes: u64,
+}
+
+/// The agent for `template build`: given, else the images' own, else built
+/// from this checkout.
+fn template_agent(cache: &Path, given: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(a) = given {
+        return Ok(a);
+    }
+    if let Some(a) = current_agent(cache) {
+        return Ok(a);
+    }
+    build_agent(&images_dir()).map_err(|e| {
+        format!("{e}; run `agent-sandbox image build` first (templates from images use its agent) or pass --agent")
+    })
+}
+
+/// `agent-sandbox template build NAME --from REF | --dockerfile PATH`.
+pub fn template_build(
+    cfg: &Config,
+    spec: &crate::vm::build::BuildSpec,
+    opts: TemplateBuildOpts,
+) -> Result<(), String> {
+    use crate::vm::build::{self, Event};
+    let cache = wiring::cfg_cache_dir(cfg);
+    let paths = build::Paths {
+        cache_dir: cache.clone(),
+        builtin_templates: cfg
+            .artifacts
+            .templates_dir
+            .clone()
+            .unwrap_or_else(wiring::templates_dir),
+        agent: template_agent(&cache, opts.agent)?,
+        max_bytes: opts.max_bytes,
+    };
+    let extra = usize::from(opts.snapshot);
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut emit = |ev: Event| {
+        if opts.json {
+            if let Ok(l) = serde_json::to_string(&ev) {
+                println!("{l}");
+            }
+            return;
+        }
+        match ev {
+            Event::Step { name, index, total } => {
+                let b = bar.get_or_insert_with(|| {
+                    let b = indicatif::ProgressBar::new((total + extra) as u64);
+                    b.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}",
+                        )
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                    );
+                    b.enable_steady_tick(std::time::Duration::from_millis(200));
+                    b
+                });
+                b.set_position(index as u64 - 1);
+                b.set_message(name);
+            }
+            Event::Bytes { done, total } => {
+                if let Some(b) = &bar {
+                    b.set_message(format!("verify {} / {} MiB", done >> 20, total >> 20));
+                }
+            }
+            Event::Log { line } => {
+                if let Some(b) = &bar {
+                    let step = b.message();
+                    let step = step.split(':').next().unwrap_or("").to_string();
+                    let l: String = line.chars().take(70).collect();
+                    b.set_message(format!("{step}: {l}"));
+                }
+            }
+            Event::Ready(_) | Event::Failed(_) => {}
+        }
+    };
+    let res = build::build(spec, &paths, &mut emit);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let built = match res {
+        Ok(b) => b,
+        Err(e) => {
+            if opts.json {
+                if let Ok(l) = serde_json::to_string(&Event::Failed(e.clone())) {
+                    println!("{l}");
+                }
+            } else if !e.log_tail.is_empty() {
+                eprintln!("--- last lines of the builder ---");
+                for l in &e.log_tail {
+                    eprintln!("{l}");
+                }
+            }
+            return Err(format!("template {}: {e}", spec.name));
+        }
+    };
+    if !opts.json {
+        println!(
+            "template {}: {} MiB erofs {} ({:.1} s{}), image {}",
+            built.template,
+            built.image_bytes >> 20,
+            built.rootfs.display(),
+            built.seconds,
+            if built.cached { ", cached" } else { "" },
+            built.digest
+        );
+    }
+    if opts.snapshot {
+        snapshot_create(cfg, &cfg.backend, std::slice::from_ref(&spec.name), false)?;
+    }
+    Ok(())
+}
+
+/// `agent-sandbox template list`.
+pub fn template_list(cfg: &Config) -> Result<(), String> {
+    let be = wiring::backend(&cfg.backend, cfg).map_err(|e| e.to_string())?;
+    let reg = Registry::new(wiring::registry_config(cfg), be);
+    for t in reg.list().map_err(|e| e.to_string())? {
+        let src = reg
+            .template(&t.name)
+            .ok()
+            .and_then(|x| x.source)
+            .map(|s| format!("{} {}", s.from, crate::vm::build::oci::short(&s.digest)))
+            .unwrap_or_else(|| "built-in".into());
+        let snap = match &t.snapshot {
+            crate::vm::templates::SnapshotState::Fresh => "snapshot fresh".to_string(),
+            crate::vm::templates::SnapshotState::Stale(_) => "snapshot stale".into(),
+            crate::vm::templates::SnapshotState::Missing => "no snapshot".into(),
+        };
+        let image = if t.rootfs.is_some() {
+            "built"
+        } else {
+            "not built"
+        };
+        println!(
+            "{:<16} {:<24} {image:<9} {snap:<14} {src}",
+            t.name, t.display_name
+        );
+    }
+    Ok(())
+}
+
+/// `agent-sandbox template rm NAME`: a template built from an image, its
+/// image and its snapshots.
+pub fn template_rm(cfg: &Config, name: &str) -> Result<(), String> {
+    let cache = wiring::cfg_cache_dir(cfg);
+    if !crate::vm::build::remove(&cache, name)? {
+        return Err(format!("no template {name} built from an image"));
+    }
+    let rc = wiring::registry_config(cfg);
+    for backend in ["qemu", "firecracker"] {
+        let d = rc.state_dir.join("snapshots").join(backend).join(name);
+        let _ = std::fs::remove_dir_all(d);
+    }
+    println!("removed template {name}");
+    Ok(())
 }
 
 /// Remembers which artifacts the last build produced (`<cache>/current.json`),

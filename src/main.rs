@@ -71,6 +71,19 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// Templates from your own images: OCI images and Dockerfiles.
+    Template {
+        #[command(subcommand)]
+        cmd: TemplateCmd,
+        /// [the config's backend, else qemu]
+        #[arg(long, global = true)]
+        backend: Option<String>,
+        #[arg(long, global = true)]
+        state_dir: Option<PathBuf>,
+        /// The daemon's config file (backend, artifact paths, state dir).
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// Sessions' audit logs.
     Audit {
         #[command(subcommand)]
@@ -91,6 +104,71 @@ enum AuditCmd {
         #[arg(long)]
         head: Option<String>,
     },
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    name: String,
+    /// oci-archive:FILE | oci:DIR[:TAG] | docker-archive:FILE | docker://REF
+    #[arg(
+        long,
+        conflicts_with = "dockerfile",
+        required_unless_present = "dockerfile"
+    )]
+    from: Option<String>,
+    /// A Dockerfile, built with buildah (its FROM may name
+    /// oci-archive:FILE or another transport).
+    #[arg(long)]
+    dockerfile: Option<PathBuf>,
+    /// Build context [the Dockerfile's directory].
+    #[arg(long, requires = "dockerfile")]
+    context: Option<PathBuf>,
+    #[arg(long)]
+    display_name: Option<String>,
+    #[arg(long)]
+    description: Option<String>,
+    /// Comma-separated commands the template offers.
+    #[arg(long, value_delimiter = ',')]
+    tools: Option<Vec<String>>,
+    /// Default vCPUs of its sessions.
+    #[arg(long)]
+    vcpus: Option<u32>,
+    /// Default memory of its sessions.
+    #[arg(long)]
+    memory_mib: Option<u32>,
+    /// Default cap of its writable layer.
+    #[arg(long)]
+    disk_mib: Option<u32>,
+    /// Network of RUN steps: none or host [none].
+    #[arg(long, default_value = "none")]
+    network: String,
+    /// docker:// without TLS verification (a registry on localhost).
+    #[arg(long)]
+    insecure_registry: bool,
+    /// Static guest agent [the one `image build` used].
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Largest image (layers, and the unpacked tree) [16384].
+    #[arg(long, default_value_t = 16384)]
+    max_mib: u64,
+    /// Only build the image; the snapshot is made on first use.
+    #[arg(long)]
+    no_snapshot: bool,
+    /// Progress as JSON lines on stdout (no progress bar).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum TemplateCmd {
+    /// Build template NAME from an image or a Dockerfile, then make its
+    /// snapshot. Labels `template.displayName`, `template.tools`,
+    /// `template.description` of the image fill what flags leave unset.
+    Build(Box<BuildArgs>),
+    /// List templates (built-in and built from images).
+    List,
+    /// Remove a template built from an image, with its image and snapshots.
+    Rm { name: String },
 }
 
 #[derive(Subcommand)]
@@ -677,6 +755,12 @@ fn main() -> ExitCode {
                 },
         } => admin_config(config.as_deref(), state_dir, backend)
             .and_then(|c| agent_sandbox::admin::snapshot_create(&c, &c.backend, &template, force)),
+        Cmd::Template {
+            cmd,
+            backend,
+            state_dir,
+            config,
+        } => admin_config(config.as_deref(), state_dir, backend).and_then(|c| template(&c, cmd)),
         Cmd::Mcp(a) => mcp(a),
         Cmd::Audit {
             cmd: AuditCmd::Verify { files, head },
@@ -688,6 +772,63 @@ fn main() -> ExitCode {
             eprintln!("agent-sandbox: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn template(c: &Config, cmd: TemplateCmd) -> Result<(), String> {
+    use agent_sandbox::vm::build::{BuildNetwork, BuildSpec};
+    match cmd {
+        TemplateCmd::Build(b) => {
+            let BuildArgs {
+                name,
+                from,
+                dockerfile,
+                context,
+                display_name,
+                description,
+                tools,
+                vcpus,
+                memory_mib,
+                disk_mib,
+                network,
+                insecure_registry,
+                agent,
+                max_mib,
+                no_snapshot,
+                json,
+            } = *b;
+            let network = match network.as_str() {
+                "none" => BuildNetwork::None,
+                "host" => BuildNetwork::Host,
+                n => return Err(format!("--network {n:?}: none or host")),
+            };
+            let spec = BuildSpec {
+                name,
+                from,
+                dockerfile,
+                context,
+                display_name,
+                description,
+                tools,
+                vcpus,
+                memory_mib,
+                disk_mib,
+                network,
+                insecure_registry,
+            };
+            agent_sandbox::admin::template_build(
+                c,
+                &spec,
+                agent_sandbox::admin::TemplateBuildOpts {
+                    agent,
+                    json,
+                    snapshot: !no_snapshot,
+                    max_bytes: max_mib << 20,
+                },
+            )
+        }
+        TemplateCmd::List => agent_sandbox::admin::template_list(c),
+        TemplateCmd::Rm { name } => agent_sandbox::admin::template_rm(c, &name),
     }
 }
 
@@ -896,6 +1037,12 @@ fn harden_daemon(
         netns_dirs: vec!["/run/netns".into()],
         cgroup_dirs: cgroup_parents.clone(),
     };
+    // The template builder (issue #27), forked like the spawner while we
+    // still hold root: builds of users' images for `POST /v1/templates`.
+    let builder = match (root, backend) {
+        (true, BackendKind::Qemu | BackendKind::Firecracker) => template_builder(cfg),
+        _ => None,
+    };
     let forked = spawner::fork_spawner(policy, mode).map_err(|e| format!("spawner: {e}"))?;
     let spawner_pid = forked.pid();
     let mut opts = harden::Options {
@@ -942,7 +1089,50 @@ fn harden_daemon(
         spawner: Some(client),
         cgroup_parents,
         images: None,
+        builder: std::sync::Arc::new(std::sync::Mutex::new(builder)),
     })
+}
+
+/// Forks the template builder, if this host can build (an agent from
+/// `image build` to put into images).
+fn template_builder(cfg: &Config) -> Option<sandbox::builds::BuilderHandle> {
+    let cache = wiring::cfg_cache_dir(cfg);
+    let Some(agent) = agent_sandbox::admin::current_agent(&cache) else {
+        log::info!(
+            "template builds off: no agent recorded in {}/current.json (run `agent-sandbox image build`)",
+            cache.display()
+        );
+        return None;
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            log::warn!("template builds off: /proc/self/exe: {e}");
+            return None;
+        }
+    };
+    let bc = sandbox::builds::BuilderConfig {
+        exe,
+        cache_dir: cache,
+        templates_dir: cfg
+            .artifacts
+            .templates_dir
+            .clone()
+            .unwrap_or_else(wiring::templates_dir),
+        agent,
+        max_mib: 16384,
+        allow_host_network: false,
+    };
+    match sandbox::builds::fork_builder(bc) {
+        Ok(h) => {
+            log::info!("template builder pid {}", h.pid());
+            Some(h)
+        }
+        Err(e) => {
+            log::warn!("template builds off: fork: {e}");
+            None
+        }
+    }
 }
 
 /// The daemon's cgroup parents (one per hierarchy used, v2 and v1) for

@@ -15,6 +15,7 @@
 /// otherwise), for the front ends, which do not reach into `vm`.
 pub use crate::vm::templates::DEFAULT_TEMPLATE as DEVELOPER_TEMPLATE;
 
+pub mod builds;
 pub mod local;
 pub mod seams;
 pub mod standby;
@@ -88,6 +89,10 @@ pub struct TemplateInfo {
     pub vcpus: u32,
     pub mem_mib: u32,
     pub is_default: bool,
+    /// Shipped with the daemon (not built from an image).
+    pub builtin: bool,
+    /// Built from an image: where from.
+    pub source: Option<crate::vm::templates::TemplateSource>,
 }
 
 impl Serialize for TemplateInfo {
@@ -110,6 +115,9 @@ impl Serialize for TemplateInfo {
             vcpus: u32,
             memory_mib: u32,
             default: bool,
+            builtin: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            source: Option<&'a crate::vm::templates::TemplateSource>,
         }
         Wire {
             name: &self.name,
@@ -124,6 +132,8 @@ impl Serialize for TemplateInfo {
             vcpus: self.vcpus,
             memory_mib: self.mem_mib,
             default: self.is_default,
+            builtin: self.builtin,
+            source: self.source.as_ref(),
         }
         .serialize(s)
     }
@@ -227,6 +237,24 @@ pub trait SandboxFactory: Send + Sync {
     /// snapshot namespace).
     fn close(&self) -> Result<()> {
         Ok(())
+    }
+    /// The template builds this host runs (`POST /v1/templates`), if any.
+    fn builds(&self) -> Option<Arc<builds::Builds>> {
+        None
+    }
+    /// Whether `name` is one of the daemon's own templates, built or not:
+    /// a name builds from images may not take.
+    fn is_builtin_template(&self, name: &str) -> bool {
+        self.templates().iter().any(|t| t.name == name && t.builtin)
+    }
+    /// Removes template `name` if it was built from an image (its image,
+    /// template file and snapshots): `Ok(false)` when there is no such
+    /// template, `Unsupported` for a built-in one.
+    fn delete_template(&self, name: &str) -> Result<bool> {
+        let _ = name;
+        Err(SandboxError::Unsupported(
+            "this backend has no templates built from images".into(),
+        ))
     }
     /// A sandbox of `spec` (its template and shape) started from the
     /// checkpoint in `dir` instead of the template's snapshot: its own

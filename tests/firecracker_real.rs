@@ -763,6 +763,7 @@ fn the_crash_sweep_finds_a_jailed_firecracker() {
         )
         .expect("VM ids"),
         agent_timeout: Duration::from_secs(5),
+        builds: None,
         standby: Standby::new(0),
     };
     let swept = factory.sweep_orphans().expect("sweep");

@@ -99,10 +99,23 @@ fn main() {
     } else {
         std::env::vars().collect()
     };
-    // The template's environment, baked into the image by images/build-rootfs.sh.
+    // The template's environment, baked into the image by images/build-rootfs.sh
+    // (or by `template build`, with an image's `WorkingDir` and `User`).
+    let mut default_user = None;
     if let Ok(text) = std::fs::read(TEMPLATE_FILE) {
         match serde_json::from_slice::<serde_json::Value>(&text) {
             Ok(v) => {
+                if workspace.is_none() {
+                    workspace = v.get("workdir").and_then(|w| w.as_str()).map(PathBuf::from);
+                }
+                let id = |k: &str| {
+                    v.get(k)
+                        .and_then(|n| n.as_u64())
+                        .and_then(|n| u32::try_from(n).ok())
+                };
+                if let (Some(u), g) = (id("uid"), id("gid")) {
+                    default_user = Some((u, g.unwrap_or(u)));
+                }
                 if let Some(obj) = v.get("env").and_then(|e| e.as_object()) {
                     for (k, v) in obj {
                         if let Some(v) = v.as_str() {
@@ -143,6 +156,7 @@ fn main() {
         workspace: workspace.unwrap_or_else(|| PathBuf::from("/workspace")),
         pid1,
         env: base_env,
+        default_user,
     };
     if let Err(e) = agent::run(cfg) {
         eprintln!("sandbox-agent: {e}");

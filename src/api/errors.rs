@@ -128,7 +128,9 @@ impl From<OpsError> for ApiError {
             E::SessionNotFound { .. }
             | E::ProcessNotFound { .. }
             | E::KeyNotFound { .. }
-            | E::SnapshotNotFound { .. } => 404,
+            | E::SnapshotNotFound { .. }
+            | E::BuildNotFound { .. }
+            | E::TemplateNotFound { .. } => 404,
             E::InvalidSessionId { .. }
             | E::InvalidPath { .. }
             | E::BadRequest(_)
@@ -136,7 +138,8 @@ impl From<OpsError> for ApiError {
             E::Cancelled(_)
             | E::KeyRevoked { .. }
             | E::SessionBusy { .. }
-            | E::SnapshotUnrestorable { .. } => 409,
+            | E::SnapshotUnrestorable { .. }
+            | E::TemplateBusy { .. } => 409,
             E::NotSupported(_) => 501,
             E::CheckpointFailed { no_space: true, .. } => 507,
             E::CheckpointFailed { .. } => 500,

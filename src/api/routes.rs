@@ -53,6 +53,19 @@ pub static ROUTES: &[Route] = &[
     r!("DELETE", "/admin/keys/{key}", ADMIN, rest::delete_key),
     // v1.
     r!("GET", "/v1/templates", EXEC, rest::templates),
+    r!("POST", "/v1/templates", ADMIN, v1::create_template),
+    r!(
+        "GET",
+        "/v1/templates/builds/{build}",
+        ADMIN,
+        v1::get_template_build
+    ),
+    r!(
+        "DELETE",
+        "/v1/templates/{template}",
+        ADMIN,
+        v1::delete_template
+    ),
     r!("POST", "/v1/run", EXEC, v1::run),
     r!("GET", "/v1/sessions", EXEC, v1::list_sessions),
     r!("POST", "/v1/sessions", EXEC, v1::create_session),
@@ -234,6 +247,8 @@ fn static_name(name: &str) -> &'static str {
         "proc" => "proc",
         "snapshot" => "snapshot",
         "port" => "port",
+        "build" => "build",
+        "template" => "template",
         _ => "param",
     }
 }

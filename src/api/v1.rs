@@ -880,3 +880,48 @@ pub fn audit(
         job: Box::new(move |w| ctx.ops.audit_stream(&a, follow, &mut |b| w.send(b))),
     })
 }
+
+/// `POST /v1/templates` (admin): starts building a template from an image
+/// or a Dockerfile; 202 at once with the build's status (`buildId`).
+pub fn create_template(
+    ctx: &Arc<Ctx>,
+    req: &mut super::httpd::Request,
+    p: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    let b: crate::ops::templates::TemplateBuildRequest = json_body(req, ctx.cfg.max_body)?;
+    let view = ctx.ops.template_build(p, b)?;
+    Ok(Reply::Json(
+        202,
+        serde_json::to_value(view).unwrap_or_default(),
+    ))
+}
+
+/// `GET /v1/templates/builds/:build` (admin): steps, bytes, log tail; ends
+/// `ready` or `failed` with the builder's error.
+pub fn get_template_build(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let view = ctx.ops.template_build_status(p, params.get("build"))?;
+    ok_json(serde_json::to_value(view).unwrap_or_default())
+}
+
+/// `DELETE /v1/templates/:template` (admin): a template built from an
+/// image; 409 while sessions use it, and for a built-in one.
+pub fn delete_template(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    p: &Principal,
+    params: &Params,
+) -> ApiResult<Reply> {
+    let name = params.get("template").to_string();
+    let (ops, p) = (ctx.ops.clone(), p.clone());
+    // Removing the image and snapshots can take a moment.
+    Ok(later_json(200, move || {
+        ops.template_delete(&p, &name)?;
+        Ok(json!({"deleted": true, "success": true, "name": name}))
+    }))
+}

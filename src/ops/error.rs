@@ -84,6 +84,15 @@ pub enum OpsError {
         why: String,
         no_space: bool,
     },
+    /// No template build of that id (finished ones are kept a while).
+    #[error("no template build {id:?}")]
+    BuildNotFound { id: String },
+    /// No template of that name built from an image.
+    #[error("no template {name:?}")]
+    TemplateNotFound { name: String },
+    /// The template is used by sessions, being built, or built-in.
+    #[error("template {name:?}: {why}")]
+    TemplateBusy { name: String, why: String },
     /// Our fault: a thread that did not start, a reply that did not
     /// serialize.
     #[error("{0}")]
@@ -232,6 +241,9 @@ impl OpsError {
             OpsError::NotSupported(_) => "not_supported",
             OpsError::SnapshotUnrestorable { .. } => "snapshot_unrestorable",
             OpsError::CheckpointFailed { .. } => "checkpoint_failed",
+            OpsError::BuildNotFound { .. } => "build_not_found",
+            OpsError::TemplateNotFound { .. } => "template_not_found",
+            OpsError::TemplateBusy { .. } => "template_busy",
             OpsError::Internal(_) => "internal",
         }
     }
@@ -295,6 +307,12 @@ pub fn samples() -> Vec<OpsError> {
             id: "s1".into(),
             why: "qmp".into(),
             no_space: false,
+        },
+        OpsError::BuildNotFound { id: "b1".into() },
+        OpsError::TemplateNotFound { name: "t".into() },
+        OpsError::TemplateBusy {
+            name: "t".into(),
+            why: "2 sessions use it".into(),
         },
         crate::budget::too_large(10, 5, "list less").into(),
         OpsError::Budget(BudgetError::Exhausted {

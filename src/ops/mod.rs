@@ -18,6 +18,7 @@ pub mod run;
 pub mod secrets;
 pub mod sessions;
 pub mod state;
+pub mod templates;
 pub mod tickets;
 pub mod validate;
 

@@ -4,6 +4,15 @@ use super::{EgressPolicy, OpsError, OpsResult};
 use crate::config::Config;
 use std::collections::BTreeMap;
 
+/// A template name: `[a-z0-9][a-z0-9_-]{0,31}` (as the registry's).
+pub fn template_name_ok(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 32
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && !n.starts_with(['-', '_'])
+}
+
 pub fn session_id(id: &str) -> OpsResult<()> {
     if crate::session::valid_session_id(id) {
         Ok(())

@@ -48,6 +48,8 @@ impl LocalProcessFactory {
                 vcpus: 1,
                 mem_mib: 256,
                 is_default: true,
+                builtin: true,
+                source: None,
             }],
         })
     }

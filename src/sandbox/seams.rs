@@ -28,6 +28,22 @@ pub trait TemplateSource: Send + Sync {
     fn resolve(&self, name: &str, vcpus: u32, mem_mib: u32) -> Result<ResolvedTemplate>;
     /// Release what snapshot builds hold (at shutdown).
     fn close(&self) {}
+    /// Makes `name`'s snapshot now (a template just built).
+    fn ensure_snapshot(&self, name: &str) -> Result<()> {
+        self.resolve(name, 0, 0).map(drop)
+    }
+    /// Whether `name` is one of the daemon's own templates (built or not).
+    fn is_builtin(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+    /// [`crate::sandbox::SandboxFactory::delete_template`].
+    fn delete(&self, name: &str) -> Result<bool> {
+        let _ = name;
+        Err(crate::sandbox::SandboxError::Unsupported(
+            "no templates built from images here".into(),
+        ))
+    }
 }
 
 /// Per-session networking (implemented over `crate::net`).

@@ -27,6 +27,8 @@ pub struct VmSandboxFactory {
     pub agent_timeout: Duration,
     /// VMMs started ahead of restores (`standby_vmms`; module `standby`).
     pub standby: Arc<Standby>,
+    /// Template builds (`serve` as root: the builder process).
+    pub builds: Option<Arc<super::builds::Builds>>,
 }
 
 /// What making a VM needs, cloneable onto a standby thread.
@@ -212,6 +214,23 @@ impl SandboxFactory for VmSandboxFactory {
 
     fn templates(&self) -> Vec<TemplateInfo> {
         self.templates.list()
+    }
+
+    fn builds(&self) -> Option<Arc<super::builds::Builds>> {
+        self.builds.clone()
+    }
+
+    fn is_builtin_template(&self, name: &str) -> bool {
+        self.templates.is_builtin(name)
+    }
+
+    fn delete_template(&self, name: &str) -> Result<bool> {
+        if self.builds.as_ref().is_some_and(|b| b.building(name)) {
+            return Err(SandboxError::Other(format!(
+                "template {name} is being built"
+            )));
+        }
+        self.templates.delete(name)
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {

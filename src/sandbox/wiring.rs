@@ -57,6 +57,8 @@ pub struct Host {
     /// registry restores from exactly these, not from a second read of
     /// `current.json` that a build finishing in between could change.
     pub images: Option<PinnedImages>,
+    /// The template builder process (`serve` as root), taken by the factory.
+    pub builder: Arc<std::sync::Mutex<Option<super::builds::BuilderHandle>>>,
 }
 
 /// The kernel and root filesystems a registry should use.
@@ -142,7 +144,7 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// The image cache of this config: `cache_dir`, else [`cache_dir`].
-fn cfg_cache_dir(cfg: &Config) -> PathBuf {
+pub fn cfg_cache_dir(cfg: &Config) -> PathBuf {
     cfg.artifacts.cache_dir.clone().unwrap_or_else(cache_dir)
 }
 
@@ -453,6 +455,44 @@ struct Templates {
 }
 
 impl TemplateSource for Templates {
+    fn ensure_snapshot(&self, name: &str) -> Result<()> {
+        self.reg
+            .ensure_snapshot(name)
+            .map(drop)
+            .map_err(|e| SandboxError::Other(format!("template {name}: {e}")))
+    }
+
+    fn is_builtin(&self, name: &str) -> bool {
+        crate::vm::templates::valid_name(name)
+            && self
+                .reg
+                .config()
+                .templates_dir
+                .join(format!("{name}.json"))
+                .is_file()
+    }
+
+    fn delete(&self, name: &str) -> Result<bool> {
+        let t = match self.reg.template(name) {
+            Ok(t) => t,
+            Err(_) => return Ok(false),
+        };
+        if t.source.is_none() {
+            return Err(SandboxError::Unsupported(format!(
+                "{name} is a built-in template: it cannot be deleted"
+            )));
+        }
+        let removed = crate::vm::build::remove(&self.reg.config().cache_dir, name)
+            .map_err(SandboxError::Other)?;
+        let snap = self.reg.snapshot_dir(name);
+        if let Err(e) = std::fs::remove_dir_all(&snap) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("template {name}: remove {}: {e}", snap.display());
+            }
+        }
+        Ok(removed)
+    }
+
     fn list(&self) -> Vec<TemplateInfo> {
         match self.reg.list() {
             Ok(l) => l
@@ -460,6 +500,12 @@ impl TemplateSource for Templates {
                 .filter(|t| t.rootfs.is_some() && t.kernel.is_some())
                 .map(|t| TemplateInfo {
                     is_default: t.name == DEFAULT_TEMPLATE,
+                    builtin: t.source.is_none(),
+                    // Listings name the source, not its whole Dockerfile.
+                    source: t.source.map(|s| crate::vm::templates::TemplateSource {
+                        dockerfile: None,
+                        ..s
+                    }),
                     name: t.name,
                     display_name: t.display_name,
                     version: t.version,
@@ -719,13 +765,29 @@ pub fn factory_on(kind: BackendKind, cfg: &Config, host: &Host) -> Result<Arc<dy
         None => registry_config(cfg),
     };
     let snap_net = snapshot_net(cfg, &mut rc)?;
+    let cache = rc.cache_dir.clone();
     let reg = Registry::new(rc, be.clone());
+    let templates = Arc::new(Templates {
+        reg,
+        snap_net: std::sync::Mutex::new(Some(snap_net)),
+    });
+    let builds = match lock(&host.builder).take() {
+        Some(h) => {
+            let t = templates.clone();
+            let hook: super::builds::SnapshotHook =
+                Arc::new(move |name: &str| t.ensure_snapshot(name).map_err(|e| e.to_string()));
+            let run = cfg.state_dir.join("run");
+            Some(
+                super::builds::Builds::start(h, run, cache, hook)
+                    .map_err(|e| SandboxError::Other(format!("template builds: {e}")))?,
+            )
+        }
+        None => None,
+    };
     Ok(Arc::new(VmSandboxFactory {
+        builds,
         backend: be,
-        templates: Arc::new(Templates {
-            reg,
-            snap_net: std::sync::Mutex::new(Some(snap_net)),
-        }),
+        templates,
         net: Some(net),
         run_root,
         cgroup_parents: host.cgroup_parents.clone(),

@@ -3,6 +3,7 @@
 //!
 //! Draft interface: the Firecracker and QEMU backends refine it as they land.
 
+pub mod build;
 pub mod cgroup;
 pub mod console;
 pub mod doctor;

@@ -23,6 +23,14 @@ use crate::proto::ExecRequest;
 /// with the sessions' `asbx-`, what the start-up sweep may remove.
 pub const BUILD_ID_PREFIX: &str = "snap-";
 
+/// Where every image has its agent: the kernel command line's `init=`.
+pub const AGENT_PATH: &str = "/sbin/sandbox-agent";
+
+/// `<cache>/templates`: the templates built from images (`vm::build`).
+pub fn custom_templates_dir(cache: &Path) -> PathBuf {
+    cache.join("templates")
+}
+
 /// One template file, with `extends` applied.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Template {
@@ -52,6 +60,39 @@ pub struct Template {
     pub vcpus: Option<u32>,
     #[serde(default)]
     pub disk_mib: Option<u32>,
+    /// Working directory of commands (an image's `WorkingDir`); the agent
+    /// takes it from the image's template file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// uid/gid of commands (an image's `User`), likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// A template built from an image (`template build`): its root
+    /// filesystem, instead of the cache's newest `<name>-<hash>.erofs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<PathBuf>,
+    /// Where a template built from an image came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<TemplateSource>,
+}
+
+/// The image a template was built from (`vm::build`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSource {
+    /// `oci-archive:/path`, `docker://ref`, `dockerfile:/path`.
+    pub from: String,
+    /// The image's manifest digest.
+    pub digest: String,
+    /// Unix seconds.
+    pub built_at: u64,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The Dockerfile it was built from (first 64 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +124,8 @@ pub struct RegistryConfig {
     pub pinned_kernel: Option<PathBuf>,
     /// Per-template rootfs to use instead of the newest in the cache.
     pub pinned_rootfs: BTreeMap<String, PathBuf>,
+    /// Templates built from images (`<cache>/templates`, `vm::build`).
+    pub custom_templates_dir: PathBuf,
     /// Budget for one `warm` command.
     pub warm_timeout: Duration,
     /// Boot to agent hello.
@@ -92,7 +135,9 @@ pub struct RegistryConfig {
 impl RegistryConfig {
     pub fn new(templates_dir: PathBuf, cache_dir: PathBuf, state_dir: PathBuf) -> Self {
         let run_dir = state_dir.join("run");
+        let custom_templates_dir = custom_templates_dir(&cache_dir);
         RegistryConfig {
+            custom_templates_dir,
             templates_dir,
             cache_dir,
             state_dir,
@@ -134,6 +179,8 @@ pub struct TemplateStatus {
     pub snapshot: SnapshotState,
     pub vcpus: u32,
     pub mem_mib: u32,
+    /// Built from an image (`template build`): where from.
+    pub source: Option<TemplateSource>,
 }
 
 /// A snapshot ready to restore, and what to restore it with.
@@ -196,7 +243,7 @@ pub const DEFAULT_TEMPLATE: &str = "dev";
 /// The version listed for a template file that states none.
 const UNVERSIONED: &str = "0";
 
-fn valid_name(n: &str) -> bool {
+pub fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 32
         && n.bytes()
@@ -266,7 +313,13 @@ impl Registry {
                 "template name {name:?}: expected [a-z0-9][a-z0-9_-]{{0,31}}"
             )));
         }
-        let path = self.cfg.templates_dir.join(format!("{name}.json"));
+        let mut path = self.cfg.templates_dir.join(format!("{name}.json"));
+        if !path.exists() {
+            let custom = self.cfg.custom_templates_dir.join(format!("{name}.json"));
+            if custom.exists() {
+                path = custom;
+            }
+        }
         let data = fs::read(&path).map_err(|e| {
             bad(
                 &path,
@@ -316,6 +369,11 @@ impl Registry {
             t.display_name = c.display_name.or(t.display_name);
             t.version = c.version.or(t.version);
             t.tools = c.tools.or(t.tools);
+            t.workdir = c.workdir.or(t.workdir);
+            t.uid = c.uid.or(t.uid);
+            t.gid = c.gid.or(t.gid);
+            t.rootfs = c.rootfs;
+            t.source = c.source;
             t.name = c.name;
             t.description = c.description;
             t.extends = c.extends;
@@ -333,14 +391,21 @@ impl Registry {
                 "point templates_dir at images/templates",
             )
         })?;
-        let mut names: Vec<String> = rd
-            .flatten()
-            .filter_map(|e| {
-                let n = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
-                (valid_name(&n) && n != "schema").then_some(n)
-            })
-            .collect();
+        let files = |rd: fs::ReadDir| -> Vec<String> {
+            rd.flatten()
+                .filter_map(|e| {
+                    let n = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
+                    (valid_name(&n) && n != "schema").then_some(n)
+                })
+                .collect()
+        };
+        let mut names = files(rd);
+        // Templates built from images; a built-in name always wins.
+        if let Ok(rd) = fs::read_dir(&self.cfg.custom_templates_dir) {
+            names.extend(files(rd));
+        }
         names.sort();
+        names.dedup();
         Ok(names)
     }
 
@@ -363,6 +428,21 @@ impl Registry {
     pub fn rootfs(&self, template: &str) -> Result<PathBuf> {
         if let Some(r) = self.cfg.pinned_rootfs.get(template) {
             return Ok(r.clone());
+        }
+        // A template built from an image names its own (with a manifest,
+        // which the build writes last).
+        if let Ok(Template {
+            rootfs: Some(r), ..
+        }) = self.read_raw(template)
+        {
+            if !PathBuf::from(format!("{}.json", r.display())).exists() {
+                return Err(bad(
+                    &r,
+                    format!("the image of template {template} is missing"),
+                    &format!("agent-sandbox template build {template} --from ..."),
+                ));
+            }
+            return Ok(r);
         }
         let dir = self.cfg.cache_dir.join("rootfs");
         newest_artifact(&dir, &format!("{template}-"), ".erofs")
@@ -460,6 +540,7 @@ impl Registry {
                 snapshot,
                 vcpus,
                 mem_mib,
+                source: t.source,
             });
         }
         Ok(out)
@@ -584,10 +665,16 @@ impl Registry {
             // lookup, the dynamic loader and libc, `true` itself): in the
             // page cache of the snapshot, so a restored guest does not read
             // and decompress them from the image under emulation.
+            // An image of a user's may have no `true` (or no shell): the
+            // agent itself is always there.
+            let argv = match &t.source {
+                None => vec!["true".into()],
+                Some(_) => vec![AGENT_PATH.into(), "--version".into()],
+            };
             let out = client
                 .exec(
                     ExecRequest {
-                        argv: vec!["true".into()],
+                        argv,
                         env: t.env.clone(),
                         timeout_ms: Some(self.cfg.warm_timeout.as_millis() as u64),
                         ..Default::default()

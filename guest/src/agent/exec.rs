@@ -35,6 +35,8 @@ struct Prepared {
     argv_str: Vec<String>,
     envp: Vec<CString>,
     cwd: CString,
+    uid: Option<u32>,
+    gid: Option<u32>,
 }
 
 fn invalid(msg: impl Into<String>) -> ErrorBody {
@@ -103,7 +105,18 @@ fn prepare(agent: &Agent, e: &ExecRequest) -> Result<Prepared, ErrorBody> {
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = CString::new(cwd.into_os_string().into_encoded_bytes())
         .map_err(|_| invalid("cwd contains a NUL byte"))?;
+    // A request that names an identity gets exactly that; otherwise the
+    // template's (an image's `User`), else root.
+    let (uid, gid) = if e.uid.is_some() || e.gid.is_some() {
+        (e.uid, e.gid)
+    } else {
+        agent
+            .default_user
+            .map_or((None, None), |(u, g)| (Some(u), Some(g)))
+    };
     Ok(Prepared {
+        uid,
+        gid,
         path,
         argv,
         argv_str,
@@ -121,8 +134,8 @@ fn spawn_spec<'a>(prep: &'a Prepared, io: &Stdio, e: &ExecRequest) -> SpawnSpec<
         cwd: &prep.cwd,
         stdio: io.child_fds,
         pty: e.pty.is_some(),
-        uid: e.uid,
-        gid: e.gid,
+        uid: prep.uid,
+        gid: prep.gid,
         memory_max: e.memory_max,
         cpu_max_us: e.cpu_max_us,
     }

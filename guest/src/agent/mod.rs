@@ -54,12 +54,16 @@ pub struct Config {
     pub pid1: bool,
     /// Environment every process starts with (before request overrides).
     pub env: Vec<(String, String)>,
+    /// uid/gid of processes whose request names none (an image's `User`).
+    pub default_user: Option<(u32, u32)>,
 }
 
 pub struct Agent {
     pub procs: procs::Procs,
     pub pool: procs::Pool,
     pub workspace: PathBuf,
+    /// [`Config::default_user`].
+    pub default_user: Option<(u32, u32)>,
     pub base_env: Vec<(String, String)>,
     /// `base_env` as ready-made `KEY=VALUE` C strings: most execs add
     /// nothing, so they reuse these instead of formatting every variable.
@@ -197,6 +201,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         procs: procs::Procs::default(),
         pool: procs::Pool::default(),
         workspace: cfg.workspace.clone(),
+        default_user: cfg.default_user,
         base_envp: cfg
             .env
             .iter()

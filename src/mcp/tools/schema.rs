@@ -357,7 +357,11 @@ pub(super) fn templates_out() -> Value {
             "resources": {"type": "object", "properties": {
                 "memSizeMib": {"type": "integer"}, "vcpuCount": {"type": "integer"}
             }},
-            "vcpus": {"type": "integer"}, "memoryMib": {"type": "integer"}, "default": {"type": "boolean"}
+            "vcpus": {"type": "integer"}, "memoryMib": {"type": "integer"}, "default": {"type": "boolean"},
+            "builtin": {"type": "boolean"},
+            "source": {"type": "object", "properties": {
+                "from": {"type": "string"}, "digest": {"type": "string"}, "builtAt": {"type": "integer"}
+            }}
         }, "required": ["name", "displayName", "version", "description", "tools"]}}}),
         &["templates"],
     )
