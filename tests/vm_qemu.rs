@@ -475,6 +475,37 @@ fn go_template_runs_a_hello_world() {
 }
 
 #[test]
+fn rust_template_runs_a_hello_world() {
+    let Some(e) = env() else { return };
+    let _g = serial();
+    let (mut v, c) = template_session(e, "rust", "rust-run");
+    c.write_file(
+        "/tmp/hello/Cargo.toml",
+        b"[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+        None,
+    )
+    .expect("write Cargo.toml");
+    c.write_file(
+        "/tmp/hello/src/main.rs",
+        b"fn main() {\n    println!(\"hello from {}\", env!(\"CARGO_PKG_NAME\"));\n}\n",
+        None,
+    )
+    .expect("write main.rs");
+    // `cargo run` compiles and links under TCG: minutes on a loaded host.
+    // Offline: the crate has no dependencies and the guest may have no net.
+    let t = Instant::now();
+    let out = vm::sh_within(
+        &c,
+        "cd /tmp/hello && cargo run -q --offline",
+        Duration::from_secs(300),
+    );
+    eprintln!("rust: first command (cargo run) {:?}", t.elapsed());
+    assert_ok(&out, "cargo run");
+    assert_eq!(stdout(&out), "hello from hello");
+    v.destroy().expect("destroy");
+}
+
+#[test]
 fn vmm_killed_mid_exec_fails_fast_and_leaves_nothing() {
     let Some(e) = env() else { return };
     let _g = serial();

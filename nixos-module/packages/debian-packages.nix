@@ -39,6 +39,10 @@
   libc6-dev = _: [ ];
   make = p: [ p.gnumake ];
 
+  # rust: gcc (above) is rustc's linker (`cc`); libc6-dev is in its wrapper.
+  rustc = p: [ p.rustc ];
+  cargo = p: [ p.cargo ];
+
   # dev: nixpkgs' python3 has `python` too; its gcc wrapper has g++ and
   # binutils (Debian's build-essential is a meta package of those).
   python-is-python3 = _: [ ];

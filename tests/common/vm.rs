@@ -25,7 +25,7 @@ use std::time::Duration;
 
 /// Every template in `images/templates/`: each is built and booted by a
 /// test (`tests/vm_qemu.rs`), so none can rot unnoticed.
-pub const TEMPLATES: &[&str] = &["base", "python", "node", "go", "dev"];
+pub const TEMPLATES: &[&str] = &["base", "python", "node", "go", "rust", "dev"];
 /// Unprivileged uid/gid the VMMs run as (nobody / nogroup).
 pub const VM_UID: u32 = 65534;
 pub const VM_GID: u32 = 65534;
