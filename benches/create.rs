@@ -4,7 +4,7 @@
 //! when images are built). Sessions are made one at a time, 1 s apart, as
 //! the standby VMM for the next one is prepared in between (docs/operations.md).
 //!
-//!   cargo bench --bench create [-- ITERATIONS] [template=NAME]   (default 10, base)
+//!   cargo bench --bench create [-- ITERATIONS] [template=NAME] [config=FILE]   (default 10, base)
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -41,7 +41,14 @@ fn main() {
     let template = std::env::args()
         .find_map(|a| a.strip_prefix("template=").map(str::to_string))
         .unwrap_or_else(|| "base".into());
-    let d = Daemon::start(&["--default-template", &template]);
+    // config=FILE: a daemon config of its own (a template built from an
+    // image into a cache of its own, docs/images.md).
+    let config = std::env::args().find_map(|a| a.strip_prefix("config=").map(str::to_string));
+    let mut args = vec!["--default-template", template.as_str()];
+    if let Some(c) = &config {
+        args.extend(["--config", c.as_str()]);
+    }
+    let d = Daemon::start(&args);
     let h = d.http();
     println!(
         "backend {}; template {template}; {n} sessions",
