@@ -108,43 +108,8 @@ enum AuditCmd {
 
 #[derive(clap::Args)]
 struct BuildArgs {
-    name: String,
-    /// oci-archive:FILE | oci:DIR[:TAG] | docker-archive:FILE | docker://REF
-    #[arg(
-        long,
-        conflicts_with = "dockerfile",
-        required_unless_present = "dockerfile"
-    )]
-    from: Option<String>,
-    /// A Dockerfile, built with buildah (its FROM may name
-    /// oci-archive:FILE or another transport).
-    #[arg(long)]
-    dockerfile: Option<PathBuf>,
-    /// Build context [the Dockerfile's directory].
-    #[arg(long, requires = "dockerfile")]
-    context: Option<PathBuf>,
-    #[arg(long)]
-    display_name: Option<String>,
-    #[arg(long)]
-    description: Option<String>,
-    /// Comma-separated commands the template offers.
-    #[arg(long, value_delimiter = ',')]
-    tools: Option<Vec<String>>,
-    /// Default vCPUs of its sessions.
-    #[arg(long)]
-    vcpus: Option<u32>,
-    /// Default memory of its sessions.
-    #[arg(long)]
-    memory_mib: Option<u32>,
-    /// Default cap of its writable layer.
-    #[arg(long)]
-    disk_mib: Option<u32>,
-    /// Network of RUN steps: none or host [none].
-    #[arg(long, default_value = "none")]
-    network: String,
-    /// docker:// without TLS verification (a registry on localhost).
-    #[arg(long)]
-    insecure_registry: bool,
+    #[command(flatten)]
+    spec: agent_sandbox::vm::build::BuildSpec,
     /// Static guest agent [the one `image build` used].
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -776,46 +741,15 @@ fn main() -> ExitCode {
 }
 
 fn template(c: &Config, cmd: TemplateCmd) -> Result<(), String> {
-    use agent_sandbox::vm::build::{BuildNetwork, BuildSpec};
     match cmd {
         TemplateCmd::Build(b) => {
             let BuildArgs {
-                name,
-                from,
-                dockerfile,
-                context,
-                display_name,
-                description,
-                tools,
-                vcpus,
-                memory_mib,
-                disk_mib,
-                network,
-                insecure_registry,
+                spec,
                 agent,
                 max_mib,
                 no_snapshot,
                 json,
             } = *b;
-            let network = match network.as_str() {
-                "none" => BuildNetwork::None,
-                "host" => BuildNetwork::Host,
-                n => return Err(format!("--network {n:?}: none or host")),
-            };
-            let spec = BuildSpec {
-                name,
-                from,
-                dockerfile,
-                context,
-                display_name,
-                description,
-                tools,
-                vcpus,
-                memory_mib,
-                disk_mib,
-                network,
-                insecure_registry,
-            };
             agent_sandbox::admin::template_build(
                 c,
                 &spec,

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -182,7 +181,7 @@ fn builder_main(cfg: BuilderConfig, sock: UnixStream) {
                 })),
                 exit: Some("not started".into()),
             };
-            let (r, w) = match pipe() {
+            let (r, w) = match crate::vm::build::pipe() {
                 Ok(p) => p,
                 Err(e) => return send(&fail(format!("pipe: {e}"))),
             };
@@ -237,17 +236,6 @@ fn builder_main(cfg: BuilderConfig, sock: UnixStream) {
         // SAFETY: kill with integer arguments; our own children.
         unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
     }
-}
-
-fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: a two-int array for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and belong to us alone.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    Ok((std::fs::File::from(r), std::fs::File::from(w)))
 }
 
 /// One step as a build's status shows it.

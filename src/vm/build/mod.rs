@@ -129,7 +129,7 @@ impl Source {
 }
 
 /// Network of a Dockerfile's `RUN` steps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BuildNetwork {
     /// None at all (the default: a build reaches nothing).
@@ -139,37 +139,61 @@ pub enum BuildNetwork {
     Host,
 }
 
-/// What to build. Also the worker's spec file and (mostly) the body of
-/// `POST /v1/templates`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// What to build: the arguments of `agent-sandbox template build` (one
+/// definition for the CLI and the builder process's requests).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BuildSpec {
+    /// Template name: [a-z0-9][a-z0-9_-]{0,31}.
     pub name: String,
-    /// An image reference (`oci-archive:...`); or `dockerfile`.
+    /// oci-archive:FILE | oci:DIR[:TAG] | docker-archive:FILE | docker://REF
     #[serde(default)]
+    #[arg(
+        long,
+        conflicts_with = "dockerfile",
+        required_unless_present = "dockerfile"
+    )]
     pub from: Option<String>,
-    /// Path of a Dockerfile on the host.
+    /// A Dockerfile, built with buildah (its FROM may name
+    /// oci-archive:FILE or another transport).
     #[serde(default)]
+    #[arg(long)]
     pub dockerfile: Option<PathBuf>,
-    /// Build context of the Dockerfile (default: its directory).
+    /// Build context [the Dockerfile's directory].
     #[serde(default)]
+    #[arg(long, requires = "dockerfile")]
     pub context: Option<PathBuf>,
+    /// [the image's label template.displayName]
     #[serde(default)]
+    #[arg(long)]
     pub display_name: Option<String>,
+    /// [the label template.description]
     #[serde(default)]
+    #[arg(long)]
     pub description: Option<String>,
+    /// Comma-separated commands the template offers [the label template.tools].
     #[serde(default)]
+    #[arg(long, value_delimiter = ',')]
     pub tools: Option<Vec<String>>,
+    /// Default vCPUs of its sessions.
     #[serde(default)]
+    #[arg(long)]
     pub vcpus: Option<u32>,
+    /// Default memory of its sessions.
     #[serde(default)]
+    #[arg(long)]
     pub memory_mib: Option<u32>,
+    /// Default cap of its writable layer.
     #[serde(default)]
+    #[arg(long)]
     pub disk_mib: Option<u32>,
+    /// Network of RUN steps.
     #[serde(default)]
+    #[arg(long, value_enum, default_value = "none")]
     pub network: BuildNetwork,
-    /// Pull from a registry without TLS verification (`docker://` only).
+    /// docker:// without TLS verification (a registry on localhost).
     #[serde(default)]
+    #[arg(long)]
     pub insecure_registry: bool,
 }
 
@@ -317,7 +341,8 @@ fn tool(step: &str, name: &str, package: &str) -> Result<PathBuf, BuildError> {
         })
 }
 
-fn pipe() -> io::Result<(fs::File, fs::File)> {
+/// A pipe, both ends close-on-exec.
+pub fn pipe() -> io::Result<(fs::File, fs::File)> {
     let mut fds = [0i32; 2];
     // SAFETY: a two-int array for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
