@@ -21,6 +21,8 @@ pkgs=(
   # and archive transport, OCI layer unpacking, daemonless Dockerfile
   # builds with runc (crun refuses hybrid cgroup hosts)
   skopeo umoci buildah runc
+  # a registry on loopback for the docker:// test (tests/template_build.rs)
+  docker-registry
   # networking
   iproute2 nftables iptables
   # tests and checks: host python3 (wheel, MCP Python SDK venv,

@@ -229,6 +229,50 @@ fn shell_less_image(dir: &Path) -> PathBuf {
     )
 }
 
+/// A registry on loopback (`docker-registry`, Debian's CNCF distribution).
+struct Registry {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Registry {
+    fn start(root: &Path) -> Registry {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let cfg = root.join("registry.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                root.join("registry").display()
+            ),
+        )
+        .expect("registry config");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("docker-registry (apt-get install docker-registry)");
+        let up = common::wait_until(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(&addr).is_ok()
+        });
+        assert!(up, "the registry did not listen on {addr}");
+        Registry { child, addr }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Setup {
     root: PathBuf,
     cache: PathBuf,
@@ -368,7 +412,14 @@ fn wait_build(h: &Http, id: &str) -> Value {
 fn images_and_dockerfiles_become_templates() {
     let Some(env) = vm::env() else { return };
     let _serial = vm::serial();
-    for tool in ["skopeo", "umoci", "buildah", "mkfs.erofs"] {
+    for tool in [
+        "skopeo",
+        "umoci",
+        "buildah",
+        "runc",
+        "mkfs.erofs",
+        "docker-registry",
+    ] {
         let found = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
             .unwrap_or(false);
@@ -436,6 +487,65 @@ fn images_and_dockerfiles_become_templates() {
         mib("fromdf"),
         mib("plain")
     );
+    // The other transports, from the same image: a `docker save` style
+    // archive, and a registry (Debian's docker-registry, the CNCF
+    // distribution server, on loopback) pulled over docker://.
+    let digest_of = |name: &str| -> String {
+        let f = s.cache.join("templates").join(format!("{name}.json"));
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(&f).expect("template file")).expect("json");
+        v["source"]["digest"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let da = s.root.join("docker.tar");
+    let st = Command::new("skopeo")
+        .args(["copy", "-q"])
+        .arg(format!("oci-archive:{}", a.display()))
+        .arg(format!("docker-archive:{}:handmade:1", da.display()))
+        .status();
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "skopeo copy to docker-archive"
+    );
+    build(
+        &s,
+        "fromdocker",
+        &[
+            "--no-snapshot",
+            "--from",
+            &format!("docker-archive:{}", da.display()),
+        ],
+    );
+    let registry = Registry::start(&s.root);
+    let st = Command::new("skopeo")
+        .args(["copy", "-q", "--dest-tls-verify=false"])
+        .arg(format!("oci-archive:{}", a.display()))
+        .arg(format!("docker://{}/handmade:1", registry.addr))
+        .status();
+    assert!(
+        st.map(|s| s.success()).unwrap_or(false),
+        "skopeo push to the registry"
+    );
+    let r = format!("docker://{}/handmade:1", registry.addr);
+    build(
+        &s,
+        "viareg",
+        &["--no-snapshot", "--insecure-registry", "--from", &r],
+    );
+    assert_eq!(
+        digest_of("viareg"),
+        digest_of("handmade"),
+        "the same image by digest"
+    );
+    drop(registry);
+    let (ok, out, _) = cli(&s, &["rm", "viareg"]);
+    assert!(
+        ok && !s.cache.join("templates/viareg.json").exists(),
+        "{out}"
+    );
+
     let (ok, out, _) = cli(&s, &["list"]);
     assert!(
         ok && out.contains("handmade") && out.contains("oci-archive:"),
