@@ -338,8 +338,8 @@ impl Builds {
     ) -> std::io::Result<Arc<Builds>> {
         let rx = handle.sock.try_clone()?;
         let dir = state_dir.join("builds");
+        // What a crashed run left; made again by the first Dockerfile.
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
         let jobs: Arc<Mutex<BTreeMap<String, BuildView>>> = Arc::default();
         let b = Arc::new(Builds {
             tx: Mutex::new(handle.sock),
@@ -468,6 +468,16 @@ impl Builds {
         lock(&self.jobs)
             .values()
             .any(|v| v.status == "building" && v.template == name)
+    }
+
+    /// At shutdown: the API's Dockerfiles go (running builds die with the
+    /// builder when the daemon exits).
+    pub fn close(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("{}: {e}", self.dir.display());
+            }
+        }
     }
 
     pub fn cache_dir(&self) -> &std::path::Path {

@@ -330,6 +330,9 @@ impl SandboxFactory for VmSandboxFactory {
     fn close(&self) -> Result<()> {
         self.standby.close();
         self.templates.close();
+        if let Some(b) = &self.builds {
+            b.close();
+        }
         match &self.net {
             Some(n) => n.close(),
             None => Ok(()),
