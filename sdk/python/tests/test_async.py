@@ -71,7 +71,7 @@ def test_async_commands_stream_background_pty() -> None:
             assert (r.exit_code, r.stdout) == (0, "****")
             assert (await sbx.commands.run("test -e /run/secrets/K")).exit_code == 1
             assert (await sbx.commands.run("printf '\\377\\000'", binary=True)).stdout_bytes == b"\xff\x00"
-            events = [e async for e in sbx.commands.stream("echo 1; sleep 0.05; echo 2 >&2; echo 3")]
+            events = [e async for e in sbx.commands.stream("echo 1; sleep 0.05; echo 2 >&2; sleep 0.05; echo 3")]
             assert isinstance(events[0], Started) and isinstance(events[-1], Exited)
             assert [(e.stream, e.data) for e in events if isinstance(e, Output)] == [
                 ("stdout", "1\n"),
