@@ -305,7 +305,15 @@ pub fn template_build(
         );
     }
     if opts.snapshot {
-        snapshot_create(cfg, &cfg.backend, std::slice::from_ref(&spec.name), false)?;
+        if let Err(e) = snapshot_create(cfg, &cfg.backend, std::slice::from_ref(&spec.name), false)
+        {
+            // A template that cannot boot is not left half there.
+            let _ = crate::vm::build::remove(&cache, &spec.name);
+            return Err(format!(
+                "template {}: step snapshot: {e} (the template was removed again)",
+                spec.name
+            ));
+        }
     }
     Ok(())
 }
