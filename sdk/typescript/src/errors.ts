@@ -69,6 +69,10 @@ export class KeyNotFound extends SandboxError { static override readonly code = 
 export class ProcessNotFound extends SandboxError { static override readonly code = "process_not_found"; }
 /** `snapshot_not_found`: no such snapshot for this key. */
 export class SnapshotNotFound extends SandboxError { static override readonly code = "snapshot_not_found"; }
+/** `build_not_found`: no such template build (finished ones are kept a while). */
+export class BuildNotFound extends SandboxError { static override readonly code = "build_not_found"; }
+/** `template_not_found`: no template of that name built from an image. */
+export class TemplateNotFound extends SandboxError { static override readonly code = "template_not_found"; }
 // 405 / 408.
 /** `method_not_allowed`. */
 export class MethodNotAllowed extends SandboxError { static override readonly code = "method_not_allowed"; }
@@ -89,6 +93,8 @@ export class Cancelled extends SandboxError { static override readonly code = "c
 export class EgressNotApplied extends SandboxError { static override readonly code = "egress_not_applied"; }
 /** `session_busy`: a foreground command runs; checkpoint / fork / pause refused at once. */
 export class SessionBusy extends SandboxError { static override readonly code = "session_busy"; }
+/** `template_busy`: the template is in use, being built, or built-in. */
+export class TemplateBusy extends SandboxError { static override readonly code = "template_busy"; }
 /** `snapshot_unrestorable`: this host cannot load the snapshot. */
 export class SnapshotUnrestorable extends SandboxError { static override readonly code = "snapshot_unrestorable"; }
 /** `session_closed`: the session ended while the request ran. */
@@ -163,7 +169,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass & { code: string 
       BadRequest, InvalidSessionId, InvalidPath, InvalidArgument, UnknownTemplate, InvalidShape,
       NotADirectory, IsADirectory, SpawnFailed, Unauthorized, KeyExpired, Forbidden,
       PermissionDenied, NotFound, RouteNotFound, SessionNotFound, FileNotFound, KeyNotFound,
-      ProcessNotFound, SnapshotNotFound, MethodNotAllowed, RequestTimeout, SessionExists,
+      ProcessNotFound, SnapshotNotFound, BuildNotFound, TemplateNotFound, TemplateBusy, MethodNotAllowed, RequestTimeout, SessionExists,
       KeyRevoked, AlreadyExists, DirectoryNotEmpty, Cancelled, EgressNotApplied, SessionBusy,
       SnapshotUnrestorable, SessionClosed, BodyTooLarge, FileTooLarge, ReplyTooLarge, UriTooLong,
       HeaderTooLarge, GuestIoError, RateLimited, AuthThrottled, QuotaExceeded, InternalError,

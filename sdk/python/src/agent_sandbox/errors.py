@@ -35,6 +35,9 @@ __all__ = [
     "KeyNotFound",
     "ProcessNotFound",
     "SnapshotNotFound",
+    "BuildNotFound",
+    "TemplateNotFound",
+    "TemplateBusy",
     "MethodNotAllowed",
     "RequestTimeout",
     "SessionExists",
@@ -239,6 +242,24 @@ class SnapshotNotFound(SandboxError):
     """404: no such snapshot (for this key)."""
 
     code_name = "snapshot_not_found"
+
+
+class BuildNotFound(SandboxError):
+    """404: no such template build (finished ones are kept a while)."""
+
+    code_name = "build_not_found"
+
+
+class TemplateNotFound(SandboxError):
+    """404: no template of that name built from an image."""
+
+    code_name = "template_not_found"
+
+
+class TemplateBusy(SandboxError):
+    """409: the template is in use, being built, or built-in."""
+
+    code_name = "template_busy"
 
 
 class MethodNotAllowed(SandboxError):
