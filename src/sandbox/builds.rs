@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,9 @@ pub use crate::vm::build::{BuildError, BuildNetwork, BuildSpec, Event};
 pub const MAX_RUNNING: usize = 2;
 /// Finished builds kept for their status.
 pub const MAX_KEPT: usize = 64;
+/// A build still running after this is killed (a registry that never
+/// answers, a `RUN` that never ends), with every process it started.
+pub const BUILD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Largest Dockerfile accepted from the API.
 pub const MAX_DOCKERFILE: usize = 64 * 1024;
 
@@ -201,6 +205,7 @@ fn builder_main(cfg: BuilderConfig, sock: UnixStream) {
                 .env("AGENT_SANDBOX_TEMPLATES", &cfg.templates_dir)
                 .env("RUST_LOG", "warn")
                 .current_dir("/")
+                .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(w))
                 .stderr(Stdio::from(w2));
@@ -210,6 +215,18 @@ fn builder_main(cfg: BuilderConfig, sock: UnixStream) {
             };
             cmd.stdout(Stdio::null()).stderr(Stdio::null());
             lock(&children).push(child.id());
+            {
+                // Its own process group: the timeout takes skopeo, buildah
+                // and RUN steps with it.
+                let (pid, kids) = (child.id(), children.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(BUILD_TIMEOUT);
+                    if lock(&kids).contains(&pid) {
+                        // SAFETY: kill with integer arguments; our child's group.
+                        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+                    }
+                });
+            }
             for l in BufReader::new(r).lines() {
                 let Ok(l) = l else { break };
                 let event = serde_json::from_str::<Event>(&l).unwrap_or(Event::Log { line: l });
@@ -233,8 +250,8 @@ fn builder_main(cfg: BuilderConfig, sock: UnixStream) {
     }
     // The daemon is gone: so are its builds.
     for pid in lock(&children).iter() {
-        // SAFETY: kill with integer arguments; our own children.
-        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        // SAFETY: kill with integer arguments; our own children's groups.
+        unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
     }
 }
 

@@ -453,6 +453,20 @@ fn lock_name(dir: &Path, name: &str) -> Result<NameLock, BuildError> {
     Ok(NameLock(f))
 }
 
+/// Removes work directories (`<name>-<pid>-<n>`) of builds whose process
+/// is gone (killed: its own cleanup never ran).
+fn sweep_dead_builds(work_root: &Path) {
+    for e in fs::read_dir(work_root).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
 /// Bytes of a tree (regular files' sizes), or an error past `max`.
 fn tree_bytes(root: &Path, max: u64) -> io::Result<u64> {
     let mut total = 0u64;
@@ -671,6 +685,7 @@ pub fn build(
         fs::create_dir_all(d).map_err(|e| fail(format!("create {}: {e}", d.display())))?;
     }
     let _lock = lock_name(&tdir, &spec.name)?;
+    sweep_dead_builds(&work_root);
     let work = WorkDir(work_root.join(format!(
         "{}-{}-{}",
         spec.name,
