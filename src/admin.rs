@@ -1,6 +1,8 @@
 //! Host administration commands: `doctor`, `image build`, `image gc`,
 //! `snapshot create`.
 
+pub mod router;
+
 use crate::config::Config;
 use crate::sandbox::wiring;
 use crate::vm::doctor;

@@ -171,6 +171,11 @@ pub struct Config {
     /// The audit log (`audit::Settings`; on by default, files under
     /// `<state dir>/audit`).
     pub audit: crate::audit::Settings,
+    /// This host's name among several behind a router (issue #28,
+    /// docs/operations.md "Several hosts"): ids this daemon makes carry it
+    /// (`s-<host>-...`) so the router sends their requests here; `None`:
+    /// one host, ids without a tag.
+    pub host_id: Option<String>,
 }
 
 /// What the VM backends run: guest kernel and images, the template
@@ -283,6 +288,7 @@ impl Default for Config {
             preview_domain: None,
             preview_url: None,
             audit: crate::audit::Settings::default(),
+            host_id: None,
         }
     }
 }
@@ -488,6 +494,14 @@ impl Config {
                 ));
             }
         }
+        if let Some(h) = &self.host_id {
+            if !crate::router::valid_host_id(h) {
+                return Err(format!(
+                    "host_id {h:?}: 1-{} lower-case letters and digits, starting with a letter",
+                    crate::router::MAX_HOST_ID
+                ));
+            }
+        }
         if let Some(u) = &self.preview_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) || u.len() > 200 {
                 return Err(format!(
@@ -602,6 +616,7 @@ pub struct FileConfig {
     pub preview_domain: Option<String>,
     pub preview_url: Option<String>,
     pub audit: Option<crate::audit::Settings>,
+    pub host_id: Option<String>,
 }
 
 fn secs(d: Duration) -> Option<u64> {
@@ -774,6 +789,7 @@ impl FileConfig {
             preview_listen => c.preview_listen,
             preview_domain => c.preview_domain,
             preview_url => c.preview_url,
+            host_id => c.host_id,
         );
     }
 
@@ -849,6 +865,7 @@ impl FileConfig {
             preview_domain: c.preview_domain.clone(),
             preview_url: c.preview_url.clone(),
             audit: Some(c.audit.clone()),
+            host_id: c.host_id.clone(),
         }
     }
 }

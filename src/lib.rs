@@ -16,6 +16,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod net;
 pub mod ops;
+pub mod router;
 pub mod sandbox;
 pub mod server;
 pub mod session;

@@ -60,6 +60,12 @@ enum Cmd {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Check a router's HAProxy config instead (`agent-sandbox router
+        /// config`): haproxy -c, every host answers with the host id its
+        /// server is named by, the same templates everywhere (with a key:
+        /// AGENT_SANDBOX_API_KEY or AGENT_SANDBOX_KEY_FILE).
+        #[arg(long, value_name = "FILE")]
+        router: Option<PathBuf>,
     },
     /// Guest images (kernel, root filesystems).
     Image {
@@ -88,6 +94,62 @@ enum Cmd {
     Audit {
         #[command(subcommand)]
         cmd: AuditCmd,
+    },
+    /// Drain a daemon (at its own address, not the router's): it takes no
+    /// new sessions and serves its own until they end (SIGUSR1 does the
+    /// same).
+    Drain {
+        /// The daemon [the config's listen address].
+        #[arg(long)]
+        url: Option<String>,
+        /// File holding an admin API key [AGENT_SANDBOX_API_KEY,
+        /// AGENT_SANDBOX_KEY_FILE].
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        /// The daemon's config file (for its listen address).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Wait until it is drained, at most this long (`30m`, `2h`).
+        #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "24h")]
+        wait: Option<String>,
+        /// End the drain: take new sessions again.
+        #[arg(long, conflicts_with_all = ["wait", "status"])]
+        cancel: bool,
+        /// Only show the state (serving, draining, drained).
+        #[arg(long)]
+        status: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Several hosts behind HAProxy (docs/operations.md, "Several hosts").
+    Router {
+        #[command(subcommand)]
+        cmd: RouterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum RouterCmd {
+    /// Print the HAProxy config that routes every session's requests to its
+    /// host: `--host h1=10.0.0.1:3000 --host h2=10.0.0.2:3000 ...`.
+    Config {
+        /// Where clients reach the API.
+        #[arg(long, default_value = "0.0.0.0:3000")]
+        listen: SocketAddr,
+        /// One host: ID=ADDR (its --host-id and listen address), with
+        /// `,preview=ADDR` for its preview listener.
+        #[arg(long = "host", value_name = "ID=ADDR[,preview=ADDR]", required = true)]
+        hosts: Vec<agent_sandbox::router::RouterHost>,
+        /// Where clients reach preview URLs (every host's --preview-url).
+        #[arg(long)]
+        preview_listen: Option<SocketAddr>,
+        /// The hosts share one key file on shared storage: key changes
+        /// through the router are passed on (else refused).
+        #[arg(long)]
+        shared_keys: bool,
+        /// HAProxy's stats page on this address.
+        #[arg(long)]
+        stats_listen: Option<SocketAddr>,
     },
 }
 
@@ -230,6 +292,11 @@ struct ServeArgs {
     /// State directory (key file, runtime dirs).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// This host's id behind a router (`agent-sandbox router config`):
+    /// the ids it makes carry it, so their requests come back here
+    /// (1-16 lower-case letters and digits) [none: one host].
+    #[arg(long, value_name = "ID")]
+    host_id: Option<String>,
     /// [<state dir>/keys.json]
     #[arg(long)]
     key_file: Option<PathBuf>,
@@ -604,6 +671,9 @@ fn serve_config_with(
     if a.preview_url.is_some() {
         c.preview_url = a.preview_url.clone();
     }
+    if a.host_id.is_some() {
+        c.host_id = a.host_id.clone();
+    }
     if let Some(v) = &a.audit {
         c.audit.enabled = v == "on";
     }
@@ -697,10 +767,15 @@ fn main() -> ExitCode {
             config,
         } => keys(cmd, key_file, config.as_deref()),
         Cmd::Doctor {
+            router: Some(file), ..
+        } => agent_sandbox::mcp::forward::key_from(None)
+            .and_then(|k| agent_sandbox::admin::router::doctor_router(&file, k.as_deref())),
+        Cmd::Doctor {
             backend,
             state_dir,
             config,
             json,
+            router: None,
         } => admin_config(config.as_deref(), state_dir, backend)
             .and_then(|c| agent_sandbox::admin::doctor(&c, &c.backend, json)),
         Cmd::Image {
@@ -730,6 +805,32 @@ fn main() -> ExitCode {
         Cmd::Audit {
             cmd: AuditCmd::Verify { files, head },
         } => return audit_verify(&files, head.as_deref()),
+        Cmd::Drain {
+            url,
+            key_file,
+            config,
+            wait,
+            cancel,
+            status,
+            json,
+        } => drain(url, key_file, config, wait, cancel, status, json),
+        Cmd::Router {
+            cmd:
+                RouterCmd::Config {
+                    listen,
+                    hosts,
+                    preview_listen,
+                    shared_keys,
+                    stats_listen,
+                },
+        } => agent_sandbox::router::render(&agent_sandbox::router::RouterSpec {
+            listen,
+            preview_listen,
+            hosts,
+            shared_keys,
+            stats_listen,
+        })
+        .map(|c| print!("{c}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -808,6 +909,41 @@ fn check(r: Result<Config, String>) -> ExitCode {
     }
 }
 
+/// `agent-sandbox drain`: the daemon's URL from the flag, else its config's
+/// listen address (a wildcard one as loopback).
+fn drain(
+    url: Option<String>,
+    key_file: Option<PathBuf>,
+    config: Option<PathBuf>,
+    wait: Option<String>,
+    cancel: bool,
+    status: bool,
+    json: bool,
+) -> Result<(), String> {
+    use agent_sandbox::admin::router::DrainAction;
+    let base = match url {
+        Some(u) => u,
+        None => {
+            let c = admin_config(config.as_deref(), None, None)?;
+            let mut a = c.listen;
+            if a.ip().is_unspecified() {
+                a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{a}")
+        }
+    };
+    let key = agent_sandbox::mcp::forward::key_from(key_file.as_deref())?;
+    let wait = wait
+        .map(|w| parse_duration(&w).map_err(|e| format!("--wait: {e}")))
+        .transpose()?;
+    let action = match (cancel, status) {
+        (true, _) => DrainAction::Cancel,
+        (_, true) => DrainAction::Status,
+        _ => DrainAction::Start,
+    };
+    agent_sandbox::admin::router::drain(&base, key.as_deref(), action, wait, json)
+}
+
 fn block_shutdown_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a local set.
     unsafe {
@@ -815,6 +951,8 @@ fn block_shutdown_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        // SIGUSR1: drain (issue #28), taken by `serve`'s signal wait.
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         // Writes to a client that went away must fail, not kill us.
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -890,7 +1028,15 @@ fn serve(cfg: Config, sigs: libc::sigset_t) -> Result<(), String> {
     println!("agent-sandbox: listening on http://{}", server.addr());
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let sig = wait_for_signal(&sigs);
+    let sig = loop {
+        match wait_for_signal(&sigs) {
+            libc::SIGUSR1 => {
+                let d = server.ctx.ops.drain(true);
+                log::info!("SIGUSR1: {} ({} sessions)", d.state, d.sessions);
+            }
+            sig => break sig,
+        }
+    };
     log::info!("signal {sig}: shutting down");
     server.shutdown();
     for p in &host.cgroup_parents {

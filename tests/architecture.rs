@@ -45,19 +45,21 @@ const RULES: &[(&str, &[&str])] = &[
     // HTTP server (socket, httpd), the shared Ctx, route/`/mcp` dispatch.
     (
         "server",
-        &["ops", "config", "budget", "metrics", "harden", "audit"],
+        &[
+            "ops", "config", "budget", "metrics", "harden", "audit", "router",
+        ],
     ),
     // Front ends: parse, call one operation, map answer and error at the edge.
     (
         "api",
         &[
-            "server", "ops", "config", "budget", "metrics", "harden", "audit", PROTO,
+            "server", "ops", "config", "budget", "metrics", "harden", "audit", "router", PROTO,
         ],
     ),
     (
         "mcp",
         &[
-            "server", "ops", "config", "budget", "metrics", "harden", PROTO,
+            "server", "ops", "config", "budget", "metrics", "harden", "router", PROTO,
         ],
     ),
     // Typed operations: validation, limits, ownership, one error enum.
@@ -65,7 +67,7 @@ const RULES: &[(&str, &[&str])] = &[
         "ops",
         &[
             "session", "sandbox", "net", "config", "budget", "metrics", "agent", "harden", "audit",
-            PROTO,
+            "router", PROTO,
         ],
     ),
     // Registry, worker threads, pool, reaper: no HTTP statuses, no JSON shapes.
@@ -82,6 +84,7 @@ const RULES: &[(&str, &[&str])] = &[
             "harden",
             "audit",
             "vm::shape",
+            "router",
             PROTO,
         ],
     ),
@@ -113,13 +116,19 @@ const RULES: &[(&str, &[&str])] = &[
     // Thread broker, seccomp, capabilities: below everything.
     ("harden", &[]),
     // Parsed config: plain data of the layers it configures, no runtime.
-    ("config", &["net", "vm", "audit"]),
+    ("config", &["net", "vm", "audit", "router"]),
+    // Several hosts behind HAProxy: host-tagged ids and the router's
+    // config, one definition of both (a leaf).
+    ("router", &[]),
     // Reply-size budget.
     ("budget", &[]),
     // Counters and histograms every layer may use.
     ("metrics", &[]),
     // Admin commands (images, snapshots, doctor): host tooling.
-    ("admin", &["config", "sandbox", "vm", "net", "harden"]),
+    (
+        "admin",
+        &["config", "sandbox", "vm", "net", "harden", "router"],
+    ),
     // Guest crate: the agent speaks the protocol; the protocol is a leaf.
     ("guest::agent", &[PROTO]),
     (PROTO, &[]),

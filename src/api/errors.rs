@@ -95,7 +95,7 @@ fn agent_status(f: AgentFailure) -> (u16, &'static str) {
 /// The status of a session-layer refusal, by its code.
 fn session_status(code: &str) -> u16 {
     match code {
-        "unavailable" | "at_capacity" | "session_failed" => 503,
+        "unavailable" | "at_capacity" | "draining" | "session_failed" => 503,
         "session_exists" | "egress_not_applied" | "session_busy" | "snapshot_unrestorable" => 409,
         "not_supported" => 501,
         "invalid_shape" | "unknown_template" => 400,

@@ -73,6 +73,8 @@ impl Server {
                 cfg.listen
             ));
         }
+        // Before anything makes an id: ids carry the host (issue #28).
+        crate::router::set_host(cfg.host_id.clone());
         let cfg = Arc::new(cfg);
         let auth = Auth::from_config(&cfg)?;
         match factory.sweep_orphans() {

@@ -30,6 +30,8 @@ pub fn health(
         "backend": ctx.ops.mgr.factory.backend(),
         "uptimeSeconds": up.as_secs(),
         "sessions": ctx.ops.mgr.count(),
+        "host": crate::router::host(),
+        "drain": ctx.ops.drain_state().state,
     }))
 }
 
@@ -40,7 +42,8 @@ pub static NOT_READY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 /// `GET /ready`: `{status: "ready" | "not_ready", checks}`, 200 or 503.
 /// Ready when every check holds: `accepting` (not shutting down), `vmm`
 /// (sandboxes can still be started), `images` (a template to start from),
-/// `capacity` (a session can still be created).
+/// `capacity` (a session can still be created), `serving` (not set to
+/// drain: issue #28).
 pub fn ready(
     ctx: &Arc<Ctx>,
     _: &mut super::httpd::Request,
@@ -49,6 +52,7 @@ pub fn ready(
 ) -> ApiResult<Reply> {
     let sessions = ctx.ops.mgr.count();
     let max = ctx.cfg.max_sessions;
+    let drain = ctx.ops.drain_state();
     let checks = [
         (
             "accepting",
@@ -70,6 +74,11 @@ pub fn ready(
             sessions < max,
             format!("at capacity ({sessions} of {max} sessions)"),
         ),
+        (
+            "serving",
+            !drain.draining,
+            format!("{} ({sessions} sessions left)", drain.state),
+        ),
     ];
     let failed: Vec<&str> = checks
         .iter()
@@ -87,6 +96,8 @@ pub fn ready(
         "ready": ok,
         "sessions": sessions,
         "maxSessions": max,
+        "host": crate::router::host(),
+        "drain": drain.state,
     });
     if !ok {
         v["reason"] = json!(failed.join("; "));

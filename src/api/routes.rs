@@ -66,6 +66,10 @@ pub static ROUTES: &[Route] = &[
         ADMIN,
         v1::delete_template
     ),
+    // Draining this host (issue #28).
+    r!("GET", "/v1/admin/drain", ADMIN, v1::get_drain),
+    r!("POST", "/v1/admin/drain", ADMIN, v1::start_drain),
+    r!("DELETE", "/v1/admin/drain", ADMIN, v1::end_drain),
     r!("POST", "/v1/run", EXEC, v1::run),
     r!("GET", "/v1/sessions", EXEC, v1::list_sessions),
     r!("POST", "/v1/sessions", EXEC, v1::create_session),

@@ -925,3 +925,35 @@ pub fn delete_template(
         Ok(json!({"deleted": true, "success": true, "name": name}))
     }))
 }
+
+/// `GET /v1/admin/drain` (admin): `{state: serving|draining|drained,
+/// draining, sessions, host}`.
+pub fn get_drain(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    ok_json(serde_json::to_value(ctx.ops.drain_state()).unwrap_or_default())
+}
+
+/// `POST /v1/admin/drain` (admin): no new sessions from now on; the ones
+/// here run until they end.
+pub fn start_drain(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    ok_json(serde_json::to_value(ctx.ops.drain(true)).unwrap_or_default())
+}
+
+/// `DELETE /v1/admin/drain` (admin): take new sessions again.
+pub fn end_drain(
+    ctx: &Arc<Ctx>,
+    _: &mut super::httpd::Request,
+    _: &Principal,
+    _: &Params,
+) -> ApiResult<Reply> {
+    ok_json(serde_json::to_value(ctx.ops.drain(false)).unwrap_or_default())
+}

@@ -405,7 +405,9 @@ fn connection(
                 RpcError::new(jsonrpc::INTERNAL_ERROR, format!("making a session id: {e}")),
             ));
         }
-        let sid: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        // `m-<host>-<hex>` behind a router: its requests come back here.
+        let sid = crate::router::tagged_or_bare(crate::router::MCP_SESSION, hex);
         let conn = Arc::new(Conn::new(format!("http:{sid}"), caller.clone()));
         return Ok((conn.clone(), Some((sid, conn))));
     }

@@ -211,6 +211,7 @@ impl OpsError {
         match self {
             OpsError::Session(SessionError::ShuttingDown) => Some(1),
             OpsError::Session(SessionError::AtCapacity { .. }) => Some(5),
+            OpsError::Session(SessionError::Draining) => Some(1),
             OpsError::Budget(BudgetError::Exhausted { .. }) => Some(1),
             _ => None,
         }

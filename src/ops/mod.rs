@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod drain;
 pub mod error;
 pub mod exec;
 pub mod files;

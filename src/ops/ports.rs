@@ -54,12 +54,17 @@ impl PortView {
     }
 }
 
-/// A 128-bit token, lower-case hex (also a DNS label).
+/// A 128-bit token, lower-case hex (also a DNS label); `p-<host>-<hex>`
+/// on a host with an id, so the router finds the host from the URL.
 fn new_token() -> OpsResult<String> {
     let mut b = [0u8; 16];
     crate::harden::random::secure_random(&mut b)
         .map_err(|e| OpsError::Internal(format!("making a port token: {e}")))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(crate::router::tagged_or_bare(
+        crate::router::PORT_TOKEN,
+        hex,
+    ))
 }
 
 /// Whether a (lower-cased) session id can stand in a host-form preview
@@ -76,9 +81,12 @@ pub fn host_label_session(id: &str) -> bool {
 
 /// Whether `t` looks like a token (checked before any lookup).
 pub fn is_token(t: &str) -> bool {
-    t.len() == 32
-        && t.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    let hex = |t: &str| {
+        t.len() == 32
+            && t.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    hex(t) || crate::router::is_made_id(t, crate::router::PORT_TOKEN, 32)
 }
 
 impl Ops {

@@ -197,11 +197,15 @@ pub(super) fn options(spec: SessionSpec) -> OpsResult<SessionOptions> {
     })
 }
 
-/// A new session id: `s-` and 12 hex digits.
+/// A new session id: `s-` and 12 hex digits, `s-<host>-...` on a host
+/// with an id (`router::tagged`).
 pub fn new_id() -> OpsResult<String> {
     let r = crate::agent::random_u64()
         .map_err(|e| OpsError::Internal(format!("making a session id: {e}")))?;
-    Ok(format!("s-{:012x}", r & 0xffff_ffff_ffff))
+    Ok(crate::router::tagged(
+        crate::router::SESSION,
+        &format!("{:012x}", r & 0xffff_ffff_ffff),
+    ))
 }
 
 impl Ops {

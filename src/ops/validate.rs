@@ -76,7 +76,7 @@ pub fn snapshot_id(id: &str, what: &str) -> OpsResult<()> {
         Ok(())
     } else {
         Err(OpsError::BadRequest(format!(
-            "{what} {:?} is not a snapshot id (snap- and 12 hex digits)",
+            "{what} {:?} is not a snapshot id (snap-, an optional host id and -, 12 hex digits)",
             truncate(id)
         )))
     }

@@ -42,7 +42,8 @@ impl StreamWriter {
         let mut out = req.into_writer();
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
-             X-Accel-Buffering: no\r\nConnection: close\r\n{extra}{}\r\n",
+             X-Accel-Buffering: no\r\nConnection: close\r\n{extra}{}{}\r\n",
+            crate::router::host_header_line(),
             if chunked {
                 "Transfer-Encoding: chunked\r\n"
             } else {

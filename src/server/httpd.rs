@@ -259,6 +259,7 @@ impl Request {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         let head_only = self.method == "HEAD";
+        head.push_str(crate::router::host_header_line());
         head.push_str(&format!("Content-Length: {}\r\n", body.len()));
         if !reuse {
             head.push_str("Connection: close\r\n");

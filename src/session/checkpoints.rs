@@ -154,19 +154,19 @@ pub fn disk_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// A checkpoint id: `snap-` and 12 hex digits.
+/// A checkpoint id: `snap-` and 12 hex digits (`snap-<host>-...` on a
+/// host with an id: `router::tagged`).
 pub fn new_id() -> io::Result<String> {
     let r = crate::agent::random_u64()?;
-    Ok(format!("snap-{:012x}", r & 0xffff_ffff_ffff))
+    Ok(crate::router::tagged(
+        crate::router::SNAPSHOT,
+        &format!("{:012x}", r & 0xffff_ffff_ffff),
+    ))
 }
 
-/// Whether `id` has the shape [`new_id`] makes.
+/// Whether `id` has the shape [`new_id`] makes (on any host).
 pub fn valid_id(id: &str) -> bool {
-    id.len() == 17
-        && id.starts_with("snap-")
-        && id[5..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    crate::router::is_made_id(id, crate::router::SNAPSHOT, 12)
 }
 
 impl Store {

@@ -22,6 +22,9 @@ pub enum SessionError {
     QuotaExceeded(String),
     #[error("the server runs its maximum of {max} sessions; delete one or retry later")]
     AtCapacity { max: usize },
+    /// The host drains (issue #28): it takes no new sessions.
+    #[error("this host is draining: it takes no new sessions; create the session on another host")]
+    Draining,
     #[error("session {id:?}: spawn worker thread: {why}")]
     Thread { id: String, why: String },
     #[error("session {id:?} failed to start: {why}")]
@@ -66,6 +69,7 @@ impl SessionError {
             SessionError::UnknownTemplate { .. } => "unknown_template",
             SessionError::QuotaExceeded(_) => "quota_exceeded",
             SessionError::AtCapacity { .. } => "at_capacity",
+            SessionError::Draining => "draining",
             SessionError::Thread { .. } => "internal",
             SessionError::Failed { .. } => "session_failed",
             SessionError::Closed { .. } => "session_closed",

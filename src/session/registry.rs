@@ -58,6 +58,8 @@ pub struct Manager {
     pub guest_cas: Option<Arc<GuestCas>>,
     sessions: Mutex<HashMap<Key, Arc<Session>>>,
     closing: AtomicBool,
+    /// Set to drain (issue #28): no new sessions; the ones here run on.
+    draining: AtomicBool,
     /// The audit log, once the host that runs this manager started it
     /// (`Ops::start`); unset: records go nowhere.
     audit: std::sync::OnceLock<crate::audit::Log>,
@@ -164,6 +166,7 @@ impl Manager {
             guest_cas,
             sessions: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             audit: std::sync::OnceLock::new(),
         });
         mgr.load_paused();
@@ -315,6 +318,10 @@ impl Manager {
         n: usize,
         except: Option<&Arc<Session>>,
     ) -> Result<(), SessionError> {
+        if except.is_none() && self.is_draining() {
+            self.metrics.error("draining");
+            return Err(SessionError::Draining);
+        }
         let counted = |s: &&Arc<Session>| running(s) && except.is_none_or(|e| !Arc::ptr_eq(s, e));
         let mut held: Vec<Charge> = map
             .values()
@@ -442,6 +449,17 @@ impl Manager {
         } else {
             OnIdle::Destroy
         }
+    }
+
+    /// Drain (`true`) or serve again: a draining host refuses new
+    /// sessions (and forks) with `draining`; its own run, pause and resume
+    /// as before until they end.
+    pub fn set_draining(&self, on: bool) {
+        self.draining.store(on, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     pub fn is_closing(&self) -> bool {

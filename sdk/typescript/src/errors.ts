@@ -142,6 +142,10 @@ export class GuestReplyTooLarge extends SandboxError { static override readonly 
 export class Unavailable extends SandboxError { static override readonly code = "unavailable"; }
 /** `at_capacity`: the daemon runs its maximum of sessions. */
 export class AtCapacity extends SandboxError { static override readonly code = "at_capacity"; }
+/** `draining`: this host drains and takes no new sessions (behind a router the create goes to another host). */
+export class Draining extends SandboxError { static override readonly code = "draining"; }
+/** `host_unavailable`: behind a router, the host that holds the session does not answer. */
+export class HostUnavailable extends SandboxError { static override readonly code = "host_unavailable"; }
 /** `too_many_connections`: over the daemon's connection limits. */
 export class TooManyConnections extends SandboxError { static override readonly code = "too_many_connections"; }
 /** `reply_memory_exhausted`: the daemon's reply memory is spent for now. */
@@ -174,7 +178,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass & { code: string 
       SnapshotUnrestorable, SessionClosed, BodyTooLarge, FileTooLarge, ReplyTooLarge, UriTooLong,
       HeaderTooLarge, GuestIoError, RateLimited, AuthThrottled, QuotaExceeded, InternalError,
       CheckpointFailed, NotSupported, AgentError, GuestReplyTooLarge, Unavailable, AtCapacity,
-      TooManyConnections, ReplyMemoryExhausted, SandboxUnavailable, SessionFailed, Timeout,
+      Draining, HostUnavailable, TooManyConnections, ReplyMemoryExhausted, SandboxUnavailable, SessionFailed, Timeout,
       SessionStartTimeout, NoSpace, ConnectionError,
     ].map((c) => [c.code, c]),
   ),

@@ -10,7 +10,7 @@ test("checkpoint, snapshots list/get, sessions from the snapshot (one, then two 
   try {
     await sb.files.write("state.txt", "before");
     const snap = await sb.checkpoint({ name: "sdk-test" });
-    assert.match(snap.id, /^snap-[0-9a-f]{12}$/);
+    assert.match(snap.id, /^snap-([a-z][a-z0-9]{0,15}-)?[0-9a-f]{12}$/);
     assert.equal(snap.name, "sdk-test");
     assert.equal(snap.sessionId, sb.id);
     assert.equal(snap.restorable, true);

@@ -90,7 +90,7 @@ pub(super) fn injected_secrets() -> Value {
 }
 
 pub(super) fn snapshot_id() -> Value {
-    json!({"type": "string", "pattern": "^snap-[0-9a-f]{12}$",
+    json!({"type": "string", "pattern": "^snap-([a-z][a-z0-9]{0,15}-)?[0-9a-f]{12}$",
            "description": "Snapshot id (from checkpoint_session or list_snapshots)"})
 }
 

@@ -64,6 +64,8 @@ __all__ = [
     "AgentError",
     "GuestReplyTooLarge",
     "AtCapacity",
+    "Draining",
+    "HostUnavailable",
     "Unavailable",
     "SandboxUnavailable",
     "SessionFailed",
@@ -416,6 +418,20 @@ class AtCapacity(SandboxError):
     """503: `--max-sessions` sessions exist; see `retry_after`."""
 
     code_name = "at_capacity"
+
+
+class Draining(SandboxError):
+    """503: this host drains and takes no new sessions (behind a router a
+    create goes to another host)."""
+
+    code_name = "draining"
+
+
+class HostUnavailable(SandboxError):
+    """503: behind a router, the host that holds the session does not
+    answer; its sessions are unreachable until it is back."""
+
+    code_name = "host_unavailable"
 
 
 class Unavailable(SandboxError):
