@@ -32,6 +32,9 @@ pkgs=(
   util-linux procps nix-bin jq git strace
   # a real browser for the preview URL test (tests/rest_ports.rs)
   chromium
+  # several hosts behind a router (tests/router.rs, `doctor --router`);
+  # Debian's httpx lets that test run the Python SDK from its source
+  haproxy python3-httpx
 )
 missing=()
 for entry in "${pkgs[@]}"; do

@@ -176,6 +176,7 @@ pub fn sleepers(marker: &str) -> usize {
         .count()
 }
 pub mod daemon;
+pub mod router;
 
 /// A shell command printing how many `sleep <marker>` processes run where
 /// it runs: the guest's process table under a VM backend, the host's under
