@@ -26,6 +26,18 @@ in
   # names.
   mcp = { package, url }: [ (bin package) "mcp" "--url" url ];
 
+  # argv that prints the HAProxy config of a router in front of `hosts`
+  # (each { id, address, preview ? null }: the host's host_id, its API
+  # address, its preview listener); docs/operations.md, "Several hosts".
+  router = { package, listen, hosts, previewListen ? null, sharedKeys ? false, statsListen ? null }:
+    [ (bin package) "router" "config" "--listen" listen ]
+    ++ builtins.concatMap
+      (h: [ "--host" ("${h.id}=${h.address}" + (if (h.preview or null) == null then "" else ",preview=${h.preview}")) ])
+      hosts
+    ++ (if previewListen == null then [ ] else [ "--preview-listen" previewListen ])
+    ++ (if sharedKeys then [ "--shared-keys" ] else [ ])
+    ++ (if statsListen == null then [ ] else [ "--stats-listen" statsListen ]);
+
   # The config keys that point at built artifacts. `images` maps a template
   # name to its root filesystem image.
   artifacts = { firecracker, kernel, rootfs, qemu, templatesDir }: {
@@ -59,6 +71,7 @@ in
     , network
     , vmIds ? null
     , cgroupPlacement ? "own"
+    , hostId ? null
     }: {
       inherit listen backend network;
       cgroup_placement = cgroupPlacement;
@@ -74,5 +87,6 @@ in
       default_mem_mib = defaultMemMib;
       egress = { inherit (egress) mode rules domains; };
       mcp_http = mcpHttp;
-    } // (if vmIds == null then { } else { vm_ids = { inherit (vmIds) first count; }; });
+    } // (if vmIds == null then { } else { vm_ids = { inherit (vmIds) first count; }; })
+    // (if hostId == null then { } else { host_id = hostId; });
 }

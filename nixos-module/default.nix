@@ -38,6 +38,9 @@ let
   '';
 in
 {
+  # services.agent-sandbox.router: HAProxy in front of several hosts.
+  imports = [ ./router.nix ];
+
   options.services.agent-sandbox = with lib; {
     enable = mkEnableOption "the agent-sandbox host daemon (a disposable microVM per AI-agent session)";
 
@@ -46,6 +49,19 @@ in
       default = built.agent-sandbox;
       defaultText = literalMD "the `agent-sandbox` package built from this repository (with the flake's nixpkgs through `nixosModules.default`, else with the system's `pkgs`)";
       description = "The daemon package.";
+    };
+
+    hostId = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "h1";
+      description = ''
+        This host's id behind a router ({option}`services.agent-sandbox.router`
+        on the router's machine; docs/operations.md, "Several hosts"): the
+        ids this daemon makes carry it, so their requests come back here.
+        1-16 lower-case letters and digits, a letter first; the router's
+        `hosts` entry for this machine has the same `id`.
+      '';
     };
 
     listenAddress = mkOption {
@@ -276,7 +292,7 @@ in
       inherit (built) templatesDir;
     }) // cli.settings {
       inherit listen stateDir;
-      inherit (cfg) backend maxSessions idleTimeout defaultVcpus defaultMemMib egress network vmIds;
+      inherit (cfg) backend maxSessions idleTimeout defaultVcpus defaultMemMib egress network vmIds hostId;
       keysFile = if cfg.keysFile != null then keysCredential else "${stateDir}/keys.json";
       mcpHttp = cfg.mcpHttp.enable;
     });

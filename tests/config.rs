@@ -581,6 +581,72 @@ fn nix_rendered_configs_are_accepted() {
     assert_eq!(configs["host"]["snapshot_dir"], "/var/lib/agent-sandbox");
 }
 
+/// The router's HAProxy config as the NixOS module makes it
+/// (`services.agent-sandbox.router`, through cli.nix's argv): the real
+/// binary accepts that argv and HAProxy accepts what it prints.
+#[test]
+fn nix_rendered_router_config_is_accepted_by_haproxy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let eval = root.join("nixos-module/ci/eval.nix");
+    let have = |c: &str, a: &str| {
+        Command::new(c)
+            .arg(a)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("nix-instantiate", "--version") || !have("haproxy", "-v") {
+        skip!("nix-instantiate (Debian: nix-bin) and haproxy are needed");
+    }
+    let out = Command::new("nix-instantiate")
+        .args(["--readonly-mode", "--eval", "--strict", "--json", "-E"])
+        .arg(format!(
+            "(import {} {{ root = {}; }}).routerArgv",
+            eval.display(),
+            root.display()
+        ))
+        .output()
+        .expect("run nix-instantiate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let argv: Vec<String> = serde_json::from_slice(&out.stdout).expect("argv JSON");
+    assert_eq!(argv[0], "@agent-sandbox@/bin/agent-sandbox");
+    let cfg = bin().args(&argv[1..]).output().expect("router config");
+    assert!(
+        cfg.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cfg.stderr)
+    );
+    let text = String::from_utf8_lossy(&cfg.stdout).to_string();
+    for want in [
+        "server h1 10.0.0.11:3000",
+        "server h2 10.0.0.12:3001",
+        "bind 127.0.0.1:3001",
+        "bind 127.0.0.1:8404",
+    ] {
+        assert!(text.contains(want), "{want}:\n{text}");
+    }
+    // --shared-keys: key changes pass.
+    assert!(!text.contains("path_beg /admin/keys"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("router.cfg");
+    std::fs::write(&f, &text).unwrap();
+    let c = Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        c.status.success(),
+        "haproxy -c: {}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+}
+
 /// The admin commands the NixOS module and its test use: `keys --config F
 /// create` writes the key file the config names; `mcp --url` takes its key
 /// from the file AGENT_SANDBOX_KEY_FILE names.

@@ -112,6 +112,34 @@ let
   networkForced = run { enable = true; network.uplink_if = "eth0"; settings.network = lib.mkForce null; };
   networkConflict = builtins.tryEval (builtins.deepSeq (run { enable = true; network.uplink_if = "eth0"; settings.network = null; }).settings true);
 
+  # ---- The router (nixos-module/router.nix), evaluated on its own.
+  evalRouter = user:
+    let
+      m = import (root + "/nixos-module/router.nix") { inherit lib pkgs; config = final; };
+      rcfg = update (defaultsOf m.options.services.agent-sandbox.router) user;
+      final = { services.agent-sandbox = { package = stub.leaf "agent-sandbox"; router = rcfg; }; };
+      body = unIf m.config;
+    in
+    {
+      inherit m body;
+      unit = body.systemd.services.agent-sandbox-router;
+      cfgFile = body.environment.etc."agent-sandbox/router.cfg".source;
+    };
+  routerHosts = [
+    { id = "h1"; address = "10.0.0.11:3000"; preview = "10.0.0.11:3001"; }
+    { id = "h2"; address = "10.0.0.12:3000"; preview = "10.0.0.12:3001"; }
+  ];
+  routed = evalRouter { enable = true; previewListen = "0.0.0.0:3001"; openFirewall = true; hosts = routerHosts; };
+  routerArgv = (import (root + "/nixos-module/cli.nix")).router {
+    package = "@agent-sandbox@";
+    listen = "127.0.0.1:3000";
+    hosts = routerHosts;
+    previewListen = "127.0.0.1:3001";
+    sharedKeys = true;
+    statsListen = "127.0.0.1:8404";
+  };
+  hostTagged = run { enable = true; hostId = "h1"; };
+
   # ---- Architecture: the module refuses non-x86_64 hosts.
   aarch64Pkgs = pkgs // { stdenv = pkgs.stdenv // { hostPlatform = { system = "aarch64-linux"; isx86_64 = false; }; }; };
   onAarch64 = evalModuleWith { modPkgs = aarch64Pkgs; } { enable = true; };
@@ -236,6 +264,16 @@ assert check ((unIf keyed.body.networking.firewall.allowedTCPPorts) == [ 3000 ])
 assert check (all (map (t: t.assertion) keyed.body.assertions)) "assertions hold for known templates";
 assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "nope" ]; }).body.assertions))) "unknown template is refused";
 assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "base" ]; }).body.assertions))) "templates without the default (dev) are refused";
+assert check (hostTagged.settings.host_id == "h1") "hostId -> host_id";
+assert check (!(dflt.settings ? host_id)) "no host_id by default";
+assert check (routed.unit.serviceConfig.ExecStart == "${pkgs.haproxy}/bin/haproxy -Ws -f ${routed.cfgFile}") "router ExecStart: ${routed.unit.serviceConfig.ExecStart}";
+assert check (routed.unit.serviceConfig.Type == "notify" && routed.unit.serviceConfig.DynamicUser) "router unit: notify, DynamicUser";
+assert check (lib.hasInfix "/bin/agent-sandbox router config --listen 0.0.0.0:3000 --host 'h1=10.0.0.11:3000,preview=10.0.0.11:3001' --host 'h2=10.0.0.12:3000,preview=10.0.0.12:3001' --preview-listen 0.0.0.0:3001 > $out" routed.cfgFile.script) "router config script: ${routed.cfgFile.script}";
+assert check (lib.hasInfix "haproxy -c -q -f $out" routed.cfgFile.script) "the router config is checked at build time";
+assert check ((unIf routed.body.networking.firewall.allowedTCPPorts) == [ 3000 3001 ]) "router openFirewall";
+assert check (all (map (a: a.assertion) routed.body.assertions)) "router assertions hold";
+assert check (!(all (map (a: a.assertion) (evalRouter { enable = true; }).body.assertions))) "a router without hosts is refused";
+assert check ((evalRouter { }).body == { }) "router off by default";
 {
   inputs = builtins.attrNames flake.inputs;
   nixpkgsUrl = flake.inputs.nixpkgs.url;
@@ -260,8 +298,13 @@ assert check (!(all (map (t: t.assertion) (run { enable = true; templates = [ "b
     module-keyed = keyed.settings;
     module-networked = networked.settings;
     module-nested = nestedOverride.settings;
+    module-host-id = hostTagged.settings;
     host = hostSettings;
   };
+  # argv of `agent-sandbox router config` as the module writes it (the
+  # binary's path is @agent-sandbox@/bin/agent-sandbox); tests/config.rs
+  # runs it and `haproxy -c` on what it prints.
+  inherit routerArgv;
   module = {
     defaultSettings = builtins.attrNames dflt.settings;
     inherit (dflt.unit.serviceConfig) CapabilityBoundingSet NoNewPrivileges DeviceAllow ProtectSystem SystemCallFilter;

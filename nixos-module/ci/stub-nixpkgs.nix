@@ -35,6 +35,10 @@ let
     mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
     mkForce = content: { _type = "override"; priority = 50; inherit content; };
     getLib = p: p.lib or p;
+    getExe = p: "${p}/bin/${p.meta.mainProgram or p.pname or p.name}";
+    toInt = builtins.fromJSON;
+    last = l: builtins.elemAt l (builtins.length l - 1);
+    splitString = sep: s: builtins.filter builtins.isString (builtins.split (escapeRegex sep) s);
     mkOption = o: o // { _type = "option"; };
     mkEnableOption = d: mkOption { default = false; description = d; type = types.bool; };
     literalMD = text: { _type = "literalMD"; inherit text; };
@@ -48,6 +52,7 @@ let
       enum = l: { enum = l; };
       attrsOf = t: { attrsOf = t; };
       listOf = t: { listOf = t; };
+      submodule = m: { submodule = m; };
       ints = { between = lo: hi: { between = [ lo hi ]; }; positive = "positive"; };
     };
     importTOML = p: builtins.fromTOML (builtins.readFile p);
@@ -98,6 +103,8 @@ let
       libseccomp = leaf "libseccomp-static-lib";
     };
     qemu_kvm = leaf "qemu";
+    haproxy = leaf "haproxy";
+    coreutils = leaf "coreutils";
     glibc = drv "glibc" { };
     linux_6_1 = leaf "linux-6.1" // { version = "6.1.999"; src = leaf "linux-6.1-src"; };
   };
