@@ -83,6 +83,8 @@ fn main() {
         "100",
         "--max-vcpus-per-key",
         "100",
+        "--max-mem-mib-per-key",
+        "65536",
     ];
     let d1 = Daemon::start(&[&["--host-id", "h1"][..], &extra].concat());
     let keys = d1.state_dir().join("keys.json").display().to_string();

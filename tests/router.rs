@@ -187,6 +187,8 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
         "100",
         "--max-vcpus-per-key",
         "100",
+        "--max-mem-mib-per-key",
+        "65536",
     ];
     let d1 = Daemon::start(
         &[
