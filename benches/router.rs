@@ -85,6 +85,11 @@ fn main() {
         "100",
         "--max-mem-mib-per-key",
         "65536",
+        // The requests below come faster than a key's default 50/s.
+        "--rate-limit",
+        "100000",
+        "--rate-burst",
+        "100000",
     ];
     let d1 = Daemon::start(&[&["--host-id", "h1"][..], &extra].concat());
     let keys = d1.state_dir().join("keys.json").display().to_string();

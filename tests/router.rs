@@ -7,6 +7,8 @@
 //! (`X-Asbx-Host` on every reply).
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/skip.rs"]
 mod skip;
 
@@ -574,4 +576,156 @@ fn stateful_on_its_host(r: &Http, owner: &mut BTreeMap<String, String>) {
     );
     assert_eq!((e.status, host(&e).as_str()), (200, "h2"), "{}", e.text());
     assert_eq!(stdout_of(&e.json()), "back\n");
+}
+
+/// One GET to `addr` with `host` as the Host header: status and body.
+fn raw_get(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).expect("connect to the router's preview port");
+    c.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Preview URLs through the router's preview frontend: two hosts with
+/// per-session networking (a test uplink namespace, a net prefix each) and
+/// preview listeners; each host's guest web server is reached by the path
+/// form (`/ports/p-<host>-<token>/`) and the host form
+/// (`8000-s-<host>-....preview.test`), always on the guest of its host.
+#[test]
+fn preview_urls_through_the_router_reach_their_hosts_guest() {
+    if !netns::is_root() || !common::daemon::vm_backend() {
+        skip!("needs root and the QEMU backend (guest images)");
+    }
+    if Command::new("haproxy").arg("-v").output().is_err() {
+        skip!("haproxy is needed (Debian: apt install haproxy; images/install-deps.sh)");
+    }
+    let topo = netns::Topology::new("rtp");
+    let rp = common::router::free_port();
+    let daemon = |id: &str, pv: u16, keys: Option<&str>| {
+        let mut args = common::daemon::net_args(&topo.host_path(), None);
+        args.extend(
+            [
+                "--host-id",
+                id,
+                "--preview-listen",
+                &format!("127.0.0.1:{pv}"),
+                "--preview-domain",
+                "preview.test",
+                "--preview-url",
+                &format!("http://127.0.0.1:{rp}"),
+            ]
+            .map(String::from),
+        );
+        if let Some(k) = keys {
+            args.extend(["--key-file".to_string(), k.to_string()]);
+        }
+        Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (p1, p2) = (common::router::free_port(), common::router::free_port());
+    let d1 = daemon("h1", p1, None);
+    let keys = d1.state_dir().join("keys.json").display().to_string();
+    let d2 = daemon("h2", p2, Some(&keys));
+    let router = Haproxy::start_with(&[("h1", &d1, Some(p1)), ("h2", &d2, Some(p2))], Some(rp));
+    let r = Http::new(&router.base, Some(&d1.key));
+    let raddr = format!("127.0.0.1:{rp}");
+    let mut seen = std::collections::BTreeSet::new();
+    // Round robin: two creates land on both hosts.
+    for _ in 0..2 {
+        let c = r.post("/v1/sessions", &json!({"template": "dev"}));
+        assert_eq!(c.status, 201, "{}", c.text());
+        let id = c.json()["id"].as_str().expect("id").to_string();
+        let h = host(&c);
+        seen.insert(h.clone());
+        let sh = |cmd: &str, bg: bool| {
+            let e = r.post(
+                &format!("/v1/sessions/{id}/exec"),
+                &json!({"argv": ["sh", "-c", cmd], "background": bg, "timeout": 60_000}),
+            );
+            assert_eq!(host(&e), h, "{id}");
+            e
+        };
+        sh(&format!("echo served-by-{h} > /workspace/who.txt"), false);
+        let e = sh("cd /workspace && exec python3 -m http.server 8000", true);
+        assert_eq!(e.status, 202, "{}", e.text());
+        let probe = sh(
+            "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000), 1)' \
+             2>/dev/null && exit 0; sleep 0.1; done; exit 1",
+            false,
+        );
+        assert_eq!(probe.json()["exitCode"], 0, "{}", probe.text());
+        let p = r.post(
+            &format!("/v1/sessions/{id}/ports"),
+            &json!({"port": 8000, "public": true}),
+        );
+        assert_eq!(
+            (p.status, host(&p).as_str()),
+            (201, h.as_str()),
+            "{}",
+            p.text()
+        );
+        let v = p.json();
+        let url = v["url"].as_str().expect("url").to_string();
+        let prefix = format!("http://{raddr}/ports/p-{h}-");
+        assert!(url.starts_with(&prefix), "{url}");
+        let path = url
+            .trim_start_matches(&format!("http://{raddr}"))
+            .to_string();
+        let (st, body) = raw_get(&raddr, &format!("{path}who.txt"), &raddr, "");
+        assert_eq!(
+            (st, body.as_str()),
+            (200, format!("served-by-{h}\n").as_str()),
+            "path form {url}"
+        );
+        // The host form: the session in the name, the token in a header.
+        let host_url = v["hostUrl"].as_str().expect("hostUrl").to_string();
+        let token = host_url
+            .rsplit("asbx_token=")
+            .next()
+            .expect("token")
+            .to_string();
+        let name = format!("8000-{id}.preview.test:{rp}");
+        assert!(
+            host_url.starts_with(&format!("http://{name}/")),
+            "{host_url}"
+        );
+        let (st, body) = raw_get(
+            &raddr,
+            "/who.txt",
+            &name,
+            &format!("X-Asbx-Token: {token}\r\n"),
+        );
+        assert_eq!(
+            (st, body.as_str()),
+            (200, format!("served-by-{h}\n").as_str()),
+            "host form {host_url}"
+        );
+        // Another host's token in this session's name reaches nothing.
+        let wrong = format!("8000-{id}.preview.test:{rp}");
+        let (st, _) = raw_get(
+            &raddr,
+            "/who.txt",
+            &wrong,
+            "X-Asbx-Token: p-h9-00000000000000000000000000000000\r\n",
+        );
+        assert!(st == 404 || st == 401, "{st}");
+    }
+    assert_eq!(seen.len(), 2, "both hosts served a session: {seen:?}");
 }

@@ -41,13 +41,27 @@ impl Haproxy {
     /// with `haproxy -c`, then started; waits until every host is up in
     /// the create backend.
     pub fn start(hosts: &[(&str, &Daemon)]) -> Haproxy {
+        let hosts: Vec<(&str, &Daemon, Option<u16>)> =
+            hosts.iter().map(|(id, d)| (*id, *d, None)).collect();
+        Self::start_with(&hosts, None)
+    }
+
+    /// [`Haproxy::start`] with a preview frontend on 127.0.0.1:`preview`
+    /// in front of each host's preview listener (127.0.0.1 and the port).
+    pub fn start_with(hosts: &[(&str, &Daemon, Option<u16>)], preview: Option<u16>) -> Haproxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, stats) = (free_port(), free_port());
         let mut cmd = Command::new(BIN);
         cmd.args(["router", "config", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--stats-listen", &format!("127.0.0.1:{stats}")]);
-        for (id, d) in hosts {
-            cmd.args(["--host", &format!("{id}={}", addr_of(d))]);
+        if let Some(p) = preview {
+            cmd.args(["--preview-listen", &format!("127.0.0.1:{p}")]);
+        }
+        for (id, d, pv) in hosts {
+            let pv = pv
+                .map(|p| format!(",preview=127.0.0.1:{p}"))
+                .unwrap_or_default();
+            cmd.args(["--host", &format!("{id}={}{pv}", addr_of(d))]);
         }
         let out = cmd.output().expect("router config");
         assert!(
@@ -86,7 +100,7 @@ impl Haproxy {
             cfg,
             _dir: dir,
         };
-        let ids: Vec<&str> = hosts.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<&str> = hosts.iter().map(|(id, _, _)| *id).collect();
         h.wait_status("place", &ids, "UP");
         h
     }
