@@ -78,23 +78,11 @@ fn main() {
     let creates: usize = std::env::args()
         .find_map(|a| a.strip_prefix("creates=").and_then(|v| v.parse().ok()))
         .unwrap_or(12);
-    let extra = [
-        "--max-sessions-per-key",
-        "100",
-        "--max-vcpus-per-key",
-        "100",
-        "--max-mem-mib-per-key",
-        "65536",
-        // The requests below come faster than a key's default 50/s.
-        "--rate-limit",
-        "100000",
-        "--rate-burst",
-        "100000",
-    ];
-    let d1 = Daemon::start(&[&["--host-id", "h1"][..], &extra].concat());
+    let extra = common::router::QUOTA_ARGS;
+    let d1 = Daemon::start(&[&["--host-id", "h1"][..], extra].concat());
     let keys = d1.state_dir().join("keys.json").display().to_string();
     let more = |id: &'static str| {
-        Daemon::start(&[&["--host-id", id, "--key-file", keys.as_str()][..], &extra].concat())
+        Daemon::start(&[&["--host-id", id, "--key-file", keys.as_str()][..], extra].concat())
     };
     let (d2, d3) = (more("h2"), more("h3"));
     let router = Haproxy::start(&[("h1", &d1), ("h2", &d2), ("h3", &d3)]);

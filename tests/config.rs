@@ -518,6 +518,19 @@ fn a_daemon_runs_from_a_config_file() {
     assert_eq!(r.status, 503, "{}", r.text());
 }
 
+/// `attr` of nixos-module/ci/eval.nix, as JSON (offline, stub nixpkgs).
+fn nix_eval(eval: &Path, root: &Path, attr: &str) -> std::process::Output {
+    Command::new("nix-instantiate")
+        .args(["--readonly-mode", "--eval", "--strict", "--json", "-E"])
+        .arg(format!(
+            "(import {} {{ root = {}; }}).{attr}",
+            eval.display(),
+            root.display()
+        ))
+        .output()
+        .expect("run nix-instantiate")
+}
+
 /// The configs the Nix code writes (NixOS module for a few option sets,
 /// the `nix run` host), rendered by nixos-module/ci/eval.nix through
 /// cli.nix with stub store paths, must pass `config check`: a key the
@@ -533,15 +546,7 @@ fn nix_rendered_configs_are_accepted() {
     if !have_nix || !eval.exists() || !root.join("images/templates").is_dir() {
         skip!("nix-instantiate (Debian: nix-bin), nixos-module/ci/eval.nix or images/templates missing");
     }
-    let out = Command::new("nix-instantiate")
-        .args(["--readonly-mode", "--eval", "--strict", "--json", "-E"])
-        .arg(format!(
-            "(import {} {{ root = {}; }}).configs",
-            eval.display(),
-            root.display()
-        ))
-        .output()
-        .expect("run nix-instantiate");
+    let out = nix_eval(&eval, root, "configs");
     assert!(
         out.status.success(),
         "nix-instantiate: {}",
@@ -597,15 +602,7 @@ fn nix_rendered_router_config_is_accepted_by_haproxy() {
     if !have("nix-instantiate", "--version") || !have("haproxy", "-v") {
         skip!("nix-instantiate (Debian: nix-bin) and haproxy are needed");
     }
-    let out = Command::new("nix-instantiate")
-        .args(["--readonly-mode", "--eval", "--strict", "--json", "-E"])
-        .arg(format!(
-            "(import {} {{ root = {}; }}).routerArgv",
-            eval.display(),
-            root.display()
-        ))
-        .output()
-        .expect("run nix-instantiate");
+    let out = nix_eval(&eval, root, "routerArgv");
     assert!(
         out.status.success(),
         "{}",

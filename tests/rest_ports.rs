@@ -143,32 +143,12 @@ fn addr_of(url: &str) -> String {
 
 /// One request to the preview listener: status and body.
 fn raw(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
-    let (status, text) = raw_whole(addr, path, host, extra);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
+    common::daemon::raw_get(addr, path, host, extra)
 }
 
 /// One request to the preview listener: status and the whole answer.
 fn raw_whole(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
-    let mut c = TcpStream::connect(addr).expect("connect to the preview listener");
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    let _ = c.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    common::daemon::raw_get_whole(addr, path, host, extra)
 }
 
 fn expose(d: &Daemon, s: &str, body: Value) -> Value {

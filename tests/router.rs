@@ -12,7 +12,7 @@ mod netns;
 #[path = "common/skip.rs"]
 mod skip;
 
-use common::daemon::{stdout_of, Daemon, Http, Resp};
+use common::daemon::{raw_get, stdout_of, Daemon, Http, Resp};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,6 +27,18 @@ fn host(r: &Resp) -> String {
 
 fn tag(id: &str) -> &str {
     id.split('-').nth(1).unwrap_or("")
+}
+
+/// `POST /v1/sessions {}` through the router: 201, the id tagged with the
+/// host that answered; recorded in `owner`. The host.
+fn create(r: &Http, owner: &mut BTreeMap<String, String>, why: &str) -> String {
+    let c = r.post("/v1/sessions", &json!({}));
+    assert_eq!(c.status, 201, "{why}: {}", c.text());
+    let id = c.json()["id"].as_str().expect("id").to_string();
+    let h = host(&c);
+    assert_eq!(tag(&id), h, "{id} made on {h}");
+    owner.insert(id, h.clone());
+    h
 }
 
 /// Sessions on each host, as each host counts them.
@@ -62,19 +74,7 @@ impl<'a> Mcp<'a> {
         if let Some(s) = sid {
             rb = rb.header("Mcp-Session-Id", s);
         }
-        let mut r = rb.send(msg.to_string().as_bytes()).expect("POST /mcp");
-        let status = r.status().as_u16();
-        let headers = r
-            .headers()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-            .collect();
-        let body = r.body_mut().read_to_vec().unwrap_or_default();
-        Resp {
-            status,
-            headers,
-            body,
-        }
+        Http::finish(rb.send(msg.to_string().as_bytes()))
     }
 
     fn open(http: &'a Http, key: &str) -> (Mcp<'a>, String) {
@@ -184,18 +184,11 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
     }
     // h1 is small, so creates fill it and must skip it later; all three
     // read the key file h1 made (keys valid on every host).
-    let common_args = [
-        "--max-sessions-per-key",
-        "100",
-        "--max-vcpus-per-key",
-        "100",
-        "--max-mem-mib-per-key",
-        "65536",
-    ];
+    let common_args = common::router::QUOTA_ARGS;
     let d1 = Daemon::start(
         &[
             &["--host-id", "h1", "--max-sessions", "26"][..],
-            &common_args,
+            common_args,
         ]
         .concat(),
     );
@@ -206,7 +199,7 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
         Daemon::start(
             &[
                 &["--host-id", id, "--max-sessions", "60", "--key-file", keys][..],
-                &common_args,
+                common_args,
             ]
             .concat(),
         )
@@ -243,11 +236,7 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
     // 60 sessions: 30 over REST, 15 in three MCP sessions, 15 by the SDK.
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for _ in 0..30 {
-        let c = r.post("/v1/sessions", &json!({}));
-        assert_eq!(c.status, 201, "{}", c.text());
-        let id = c.json()["id"].as_str().expect("id").to_string();
-        assert_eq!(tag(&id), host(&c), "{id} made on {}", host(&c));
-        owner.insert(id, host(&c));
+        create(&r, &mut owner, "REST create");
     }
     let mut mcps = Vec::new();
     let mut mcp_ids = Vec::new();
@@ -319,6 +308,48 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
         assert_eq!(v["stdout"], "mcp\n");
         assert_eq!(&h, &owner[id]);
     }
+    // Stateless MCP (2026-07-28): a call naming a session goes to its host
+    // (the router reads `sessionId` from the body), one naming none to a
+    // host that takes sessions.
+    for h in ["h1", "h2", "h3"] {
+        let id = owner
+            .iter()
+            .find(|(_, o)| *o == h)
+            .map(|(id, _)| id.clone())
+            .expect("a session");
+        let (st, _, v) = common::daemon::mcp_rpc_at(
+            &router.base,
+            &key,
+            "tools/call",
+            Some("execute"),
+            json!({"name": "execute", "arguments": {"sessionId": id, "command": "echo stateless"}}),
+        );
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["result"]["structuredContent"]["stdout"], "stateless\n",
+            "{id}: {v}"
+        );
+    }
+    let (st, _, v) = common::daemon::mcp_rpc_at(
+        &router.base,
+        &key,
+        "tools/call",
+        Some("create_session"),
+        json!({"name": "create_session", "arguments": {}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let made = v["result"]["structuredContent"]["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_string();
+    let g = r.get(&format!("/v1/sessions/{made}"));
+    assert_eq!(
+        (g.status, host(&g)),
+        (200, tag(&made).to_string()),
+        "{made}"
+    );
+    owner.insert(made.clone(), tag(&made).to_string());
+
     // Names a client chose (the seed creates on first use) hash to one host
     // and stay there.
     for i in 0..3 {
@@ -358,17 +389,12 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
     // 503 at_capacity makes HAProxy retry them on another host.
     let mut made = 0;
     while counts(&hosts)["h1"] < 26 {
-        let c = r.post("/v1/sessions", &json!({}));
-        assert_eq!(c.status, 201, "a create while h1 fills: {}", c.text());
-        owner.insert(c.json()["id"].as_str().expect("id").to_string(), host(&c));
+        create(&r, &mut owner, "a create while h1 fills");
         made += 1;
         assert!(made < 100, "h1 never filled: {:?}", counts(&hosts));
     }
     for _ in 0..6 {
-        let c = r.post("/v1/sessions", &json!({}));
-        assert_eq!(c.status, 201, "a create while h1 is full: {}", c.text());
-        assert_ne!(host(&c), "h1");
-        owner.insert(c.json()["id"].as_str().expect("id").to_string(), host(&c));
+        assert_ne!(create(&r, &mut owner, "a create while h1 is full"), "h1");
     }
     assert_eq!(
         counts(&hosts)["h1"],
@@ -377,10 +403,7 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
     );
     router.wait_status("place", &["h1"], "DOWN");
     for _ in 0..3 {
-        let c = r.post("/v1/sessions", &json!({}));
-        assert_eq!(c.status, 201, "{}", c.text());
-        assert_ne!(host(&c), "h1");
-        owner.insert(c.json()["id"].as_str().expect("id").to_string(), host(&c));
+        assert_ne!(create(&r, &mut owner, "h1 seen full"), "h1");
     }
     // ... never for an existing session's requests: a name that hashes to
     // the full h1 is answered by h1 itself.
@@ -411,10 +434,8 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
     assert_eq!(direct.json()["error"]["code"], "draining");
     router.wait_status("place", &["h2"], "DOWN");
     for _ in 0..3 {
-        let c = r.post("/v1/sessions", &json!({}));
-        assert_eq!(c.status, 201, "{}", c.text());
-        assert_eq!(host(&c), "h3", "h1 is full, h2 drains");
-        owner.insert(c.json()["id"].as_str().expect("id").to_string(), host(&c));
+        let h = create(&r, &mut owner, "h2 drains");
+        assert_eq!(h, "h3", "h1 is full, h2 drains");
     }
     let on_h2: Vec<String> = owner
         .iter()
@@ -576,32 +597,6 @@ fn stateful_on_its_host(r: &Http, owner: &mut BTreeMap<String, String>) {
     );
     assert_eq!((e.status, host(&e).as_str()), (200, "h2"), "{}", e.text());
     assert_eq!(stdout_of(&e.json()), "back\n");
-}
-
-/// One GET to `addr` with `host` as the Host header: status and body.
-fn raw_get(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).expect("connect to the router's preview port");
-    c.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut out = Vec::new();
-    let _ = c.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// Preview URLs through the router's preview frontend: two hosts with

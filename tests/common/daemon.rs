@@ -421,7 +421,8 @@ impl Http {
         h
     }
 
-    fn finish(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Resp {
+    /// A response as a [`Resp`] (panics if the request failed).
+    pub fn finish(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Resp {
         let r = r.expect("HTTP request failed");
         let status = r.status().as_u16();
         let headers = r
@@ -619,6 +620,17 @@ pub fn mcp_rpc(
     key: &str,
     method: &str,
     name: Option<&str>,
+    params: serde_json::Value,
+) -> (u16, Option<String>, serde_json::Value) {
+    mcp_rpc_at(&d.base, key, method, name, params)
+}
+
+/// [`mcp_rpc`] to the `/mcp` of `base` (a daemon, or a router in front).
+pub fn mcp_rpc_at(
+    base: &str,
+    key: &str,
+    method: &str,
+    name: Option<&str>,
     mut params: serde_json::Value,
 ) -> (u16, Option<String>, serde_json::Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -632,7 +644,7 @@ pub fn mcp_rpc(
                   "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}});
     let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
     let mut req = agent
-        .post(format!("{}/mcp", d.base))
+        .post(format!("{base}/mcp"))
         .header("Authorization", &format!("Bearer {key}"))
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", v)
@@ -662,4 +674,37 @@ pub fn mcp_rpc(
         retry,
         serde_json::from_str(data).unwrap_or(serde_json::Value::Null),
     )
+}
+
+/// One GET over a fresh connection to `addr` with `host` as its Host and
+/// `extra` header lines: the status and the whole answer (head and body).
+pub fn raw_get_whole(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .expect("write request");
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// [`raw_get_whole`]: the status and the body only.
+pub fn raw_get(addr: &str, path: &str, host: &str, extra: &str) -> (u16, String) {
+    let (status, text) = raw_get_whole(addr, path, host, extra);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
 }

@@ -25,6 +25,21 @@ impl Drop for Haproxy {
     }
 }
 
+/// Per-key quotas raised for one key's 60+ VM sessions (each host counts
+/// its own), and its request rate for benchmarks.
+pub const QUOTA_ARGS: &[&str] = &[
+    "--max-sessions-per-key",
+    "100",
+    "--max-vcpus-per-key",
+    "100",
+    "--max-mem-mib-per-key",
+    "65536",
+    "--rate-limit",
+    "100000",
+    "--rate-burst",
+    "100000",
+];
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
