@@ -270,6 +270,7 @@ fn sixty_sessions_over_three_hosts_behind_haproxy_stay_on_their_host() {
         spread.values().max().copied().unwrap_or(0),
     );
     assert!(spread.len() == 3 && max <= 2 * min, "spread {spread:?}");
+    eprintln!("FIGURE router spread of 60 sessions {spread:?}");
     assert_eq!(
         counts(&hosts).values().sum::<u64>(),
         60,
