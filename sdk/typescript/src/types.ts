@@ -290,15 +290,21 @@ export interface Health {
   version?: string;
   backend?: string;
   sessions?: number;
+  /** This host's id behind a router (`--host-id`), else null. */
+  host?: string | null;
+  /** `serving`, `draining` or `drained`. */
+  drain?: "serving" | "draining" | "drained";
 }
 
 /** `GET /ready`. */
 export interface Readiness {
   status: "ready" | "not_ready";
-  checks: { accepting: boolean; vmm: boolean; images: boolean; capacity: boolean } & Record<string, boolean>;
+  checks: { accepting: boolean; vmm: boolean; images: boolean; capacity: boolean; serving: boolean } & Record<string, boolean>;
   ready?: boolean;
   /** What failed, when not ready. */
   reason?: string;
   sessions?: number;
   maxSessions?: number;
+  host?: string | null;
+  drain?: "serving" | "draining" | "drained";
 }

@@ -99,6 +99,6 @@ test("templates, health, ready, metrics", async () => {
   assert.ok(h.uptime >= 0);
   const r = await ready(client);
   assert.equal(r.status, "ready");
-  assert.deepEqual(Object.keys(r.checks).sort(), ["accepting", "capacity", "images", "vmm"]);
+  assert.deepEqual(Object.keys(r.checks).sort(), ["accepting", "capacity", "images", "serving", "vmm"]);
   assert.match(await metrics(client), /^# (TYPE|HELP) agent_sandbox_/m);
 });
