@@ -102,20 +102,38 @@ fn main() {
         h.get(&format!("/v1/sessions/{id}"));
         h.post(&format!("/v1/sessions/{id}/exec"), &exec);
     }
-    for _ in 0..n {
-        for (h, v) in [(&direct, &mut gd), (&routed, &mut gr)] {
+    // Alternate which path goes first, so neither gains from the other's
+    // warm-up; the paired differences' median is printed too.
+    let (mut gdiff, mut ediff) = (vec![], vec![]);
+    for i in 0..n {
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        let mut g = [Duration::ZERO; 2];
+        for k in order {
+            let h = [&direct, &routed][k];
             let t = Instant::now();
             let r = h.get(&format!("/v1/sessions/{id}"));
-            v.push(t.elapsed());
+            g[k] = t.elapsed();
             assert_eq!(r.status, 200);
         }
-        for (h, v) in [(&direct, &mut ed), (&routed, &mut er)] {
+        let mut e = [Duration::ZERO; 2];
+        for k in order {
+            let h = [&direct, &routed][k];
             let t = Instant::now();
             let r = h.post(&format!("/v1/sessions/{id}/exec"), &exec);
-            v.push(t.elapsed());
+            e[k] = t.elapsed();
             assert_eq!(r.status, 200, "{}", r.text());
         }
+        gd.push(g[0]);
+        gr.push(g[1]);
+        ed.push(e[0]);
+        er.push(e[1]);
+        gdiff.push(ms(g[1]) - ms(g[0]));
+        ediff.push(ms(e[1]) - ms(e[0]));
     }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     let a = report("GET /v1/sessions/:id direct", &mut gd);
     let b = report("GET /v1/sessions/:id through haproxy", &mut gr);
     println!(
@@ -123,12 +141,22 @@ fn main() {
         "  added by the router (p50)",
         ms(b) - ms(a)
     );
+    println!(
+        "{:<40} {:>+8.3} ms",
+        "  median of paired differences",
+        median(&mut gdiff)
+    );
     let a = report("exec `true` direct", &mut ed);
     let b = report("exec `true` through haproxy", &mut er);
     println!(
         "{:<40} {:>+8.3} ms",
         "  added by the router (p50)",
         ms(b) - ms(a)
+    );
+    println!(
+        "{:<40} {:>+8.3} ms",
+        "  median of paired differences",
+        median(&mut ediff)
     );
     direct.delete(&format!("/v1/sessions/{id}"));
 
