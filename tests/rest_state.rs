@@ -570,3 +570,27 @@ fn a_full_disk_fails_the_checkpoint_and_harms_nothing() {
     assert_eq!(state_of(&h, "full")["state"], "ready");
     assert_eq!(sh(&h, "full", "echo still"), "still\n");
 }
+
+/// A paused session holds no sandbox: it leaves room under
+/// `--max-sessions` for a create, and `/ready` (what a router places
+/// creates by) says so; a running one fills it.
+#[test]
+fn a_paused_session_leaves_room_and_ready_says_so() {
+    let Some(d) = vm_daemon(&["--max-sessions", "1"]) else {
+        skip!("needs a VM backend (AGENT_SANDBOX_TEST_BACKEND=qemu)");
+    };
+    let h = d.http();
+    create(&h, json!({"id": "a"}));
+    let r = h.get("/ready");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["checks"]["capacity"], false);
+    let p = h.post("/v1/sessions/a/pause", &json!({}));
+    assert_eq!(p.status, 200, "{}", p.text());
+    let r = h.get("/ready");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sessions"], 1);
+    create(&h, json!({"id": "b"}));
+    let r = h.get("/ready");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["checks"]["capacity"], false);
+}

@@ -51,6 +51,9 @@ pub fn ready(
     _: &Params,
 ) -> ApiResult<Reply> {
     let sessions = ctx.ops.mgr.count();
+    // Paused sessions hold no sandbox and do not count against the
+    // maximum (as admission counts): a host full of them takes creates.
+    let running = ctx.ops.mgr.running_count();
     let max = ctx.cfg.max_sessions;
     let drain = ctx.ops.drain_state();
     let checks = [
@@ -71,8 +74,8 @@ pub fn ready(
         ),
         (
             "capacity",
-            sessions < max,
-            format!("at capacity ({sessions} of {max} sessions)"),
+            running < max,
+            format!("at capacity ({running} of {max} sessions running)"),
         ),
         (
             "serving",

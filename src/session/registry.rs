@@ -512,6 +512,12 @@ impl Manager {
         lock(&self.sessions).len()
     }
 
+    /// Sessions that hold a sandbox (not paused): what `max_sessions`
+    /// bounds, as admission counts them.
+    pub fn running_count(&self) -> usize {
+        lock(&self.sessions).values().filter(|s| running(s)).count()
+    }
+
     /// The existing session, or a new one. `explicit` creation of an id
     /// that exists is a conflict; lazy creation (first exec) reuses it.
     pub fn get_or_create(
