@@ -40,6 +40,23 @@ fn report(name: &str, v: &mut [Duration]) -> Duration {
     pct(v, 0.5)
 }
 
+/// Both paths' lines, the added p50 and the median of paired differences.
+fn compare(name: &str, direct: &mut [Duration], routed: &mut [Duration], diffs: &mut [f64]) {
+    let a = report(&format!("{name} direct"), direct);
+    let b = report(&format!("{name} through haproxy"), routed);
+    diffs.sort_by(f64::total_cmp);
+    println!(
+        "{:<40} {:>+8.3} ms",
+        "  added by the router (p50)",
+        ms(b) - ms(a)
+    );
+    println!(
+        "{:<40} {:>+8.3} ms",
+        "  median of paired differences",
+        diffs[diffs.len() / 2]
+    );
+}
+
 /// `n` creates from 3 threads; sessions per second, then deletes them.
 fn creates_per_sec(h: &Http, n: usize) -> f64 {
     let t = Instant::now();
@@ -130,34 +147,8 @@ fn main() {
         gdiff.push(ms(g[1]) - ms(g[0]));
         ediff.push(ms(e[1]) - ms(e[0]));
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let a = report("GET /v1/sessions/:id direct", &mut gd);
-    let b = report("GET /v1/sessions/:id through haproxy", &mut gr);
-    println!(
-        "{:<40} {:>+8.3} ms",
-        "  added by the router (p50)",
-        ms(b) - ms(a)
-    );
-    println!(
-        "{:<40} {:>+8.3} ms",
-        "  median of paired differences",
-        median(&mut gdiff)
-    );
-    let a = report("exec `true` direct", &mut ed);
-    let b = report("exec `true` through haproxy", &mut er);
-    println!(
-        "{:<40} {:>+8.3} ms",
-        "  added by the router (p50)",
-        ms(b) - ms(a)
-    );
-    println!(
-        "{:<40} {:>+8.3} ms",
-        "  median of paired differences",
-        median(&mut ediff)
-    );
+    compare("GET /v1/sessions/:id", &mut gd, &mut gr, &mut gdiff);
+    compare("exec `true`", &mut ed, &mut er, &mut ediff);
     direct.delete(&format!("/v1/sessions/{id}"));
 
     // Creates: one host directly, then three through the router.

@@ -713,7 +713,7 @@ fn preview_urls_through_the_router_reach_their_hosts_guest() {
             (200, format!("served-by-{h}\n").as_str()),
             "host form {host_url}"
         );
-        // Another host's token in this session's name reaches nothing.
+        // A token no host made, with this session's name, reaches nothing.
         let wrong = format!("8000-{id}.preview.test:{rp}");
         let (st, _) = raw_get(
             &raddr,
